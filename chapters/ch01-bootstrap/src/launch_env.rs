@@ -1,0 +1,249 @@
+//! What torchrun tells each process, read and checked in one place.
+//!
+//! torchrun starts one process per GPU and describes the job through environment variables.
+//! Everything after this module works from a [`LaunchEnv`], never from the environment, so
+//! that tests and the Python package can build one by hand.
+
+use std::time::Duration;
+
+/// Environment variable that overrides the rendezvous port (default: `MASTER_PORT + 1`).
+pub const RDZV_PORT_VAR: &str = "NVSHMEM_TUTORIAL_RDZV_PORT";
+/// Environment variable that bounds every wait of the bootstrap, in milliseconds.
+pub const TIMEOUT_VAR: &str = "NVSHMEM_TUTORIAL_TIMEOUT_MS";
+/// Default bound on every bootstrap wait.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+
+const LAUNCH_HINT: &str = "launch with `torchrun --nproc_per_node=N --no-python <binary>`, or set \
+                           RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT yourself";
+
+/// A variable that is missing or does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EnvError {
+    #[error("{0} is not set: {LAUNCH_HINT}")]
+    Missing(&'static str),
+    #[error("{name}={value:?} is not {expected}")]
+    Malformed {
+        name: &'static str,
+        value: String,
+        expected: &'static str,
+    },
+    #[error("RANK={rank} is out of range for WORLD_SIZE={world_size} (ranks are 0..{world_size})")]
+    RankOutOfRange { rank: usize, world_size: usize },
+    #[error(
+        "LOCAL_RANK={local_rank} is out of range for LOCAL_WORLD_SIZE={local_world_size}"
+    )]
+    LocalRankOutOfRange {
+        local_rank: usize,
+        local_world_size: usize,
+    },
+    #[error("MASTER_PORT={0} + 1 is past 65535: set {RDZV_PORT_VAR} to a free port")]
+    PortOverflow(u16),
+}
+
+// ANCHOR: launch_env
+/// One process's place in the job, as torchrun describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchEnv {
+    /// Global rank: becomes this process's NVSHMEM PE number.
+    pub rank: usize,
+    pub world_size: usize,
+    /// Rank on this host: selects the GPU (`cuda:LOCAL_RANK`).
+    pub local_rank: usize,
+    pub local_world_size: usize,
+    /// Host of rank 0, where the unique id is served.
+    pub master_addr: String,
+    /// Port of our own rendezvous (torchrun's store already owns MASTER_PORT).
+    pub rdzv_port: u16,
+    /// Bound on every wait of the bootstrap.
+    pub timeout: Duration,
+}
+// ANCHOR_END: launch_env
+
+impl LaunchEnv {
+    /// Reads the process environment.
+    pub fn from_env() -> Result<Self, EnvError> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Reads variables through `lookup` (the environment, or a map in tests).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, EnvError> {
+        let required = |name: &'static str| lookup(name).ok_or(EnvError::Missing(name));
+        let rank = parse_usize("RANK", &required("RANK")?)?;
+        let world_size = parse_usize("WORLD_SIZE", &required("WORLD_SIZE")?)?;
+        if world_size == 0 {
+            return Err(EnvError::Malformed {
+                name: "WORLD_SIZE",
+                value: "0".into(),
+                expected: "a positive integer",
+            });
+        }
+        if rank >= world_size {
+            return Err(EnvError::RankOutOfRange { rank, world_size });
+        }
+        let master_addr = required("MASTER_ADDR")?;
+        if master_addr.trim().is_empty() {
+            return Err(EnvError::Malformed {
+                name: "MASTER_ADDR",
+                value: master_addr,
+                expected: "a host name or IP address",
+            });
+        }
+        let master_port = parse_port("MASTER_PORT", &required("MASTER_PORT")?)?;
+        // Without LOCAL_* the job is taken to be on one host, one GPU per rank.
+        let local_rank = match lookup("LOCAL_RANK") {
+            Some(v) => parse_usize("LOCAL_RANK", &v)?,
+            None => rank,
+        };
+        let local_world_size = match lookup("LOCAL_WORLD_SIZE") {
+            Some(v) => parse_usize("LOCAL_WORLD_SIZE", &v)?,
+            None => world_size,
+        };
+        if local_rank >= local_world_size {
+            return Err(EnvError::LocalRankOutOfRange {
+                local_rank,
+                local_world_size,
+            });
+        }
+        let rdzv_port = match lookup(RDZV_PORT_VAR) {
+            Some(v) => parse_port(RDZV_PORT_VAR, &v)?,
+            None => master_port
+                .checked_add(1)
+                .ok_or(EnvError::PortOverflow(master_port))?,
+        };
+        let timeout = match lookup(TIMEOUT_VAR) {
+            Some(v) => {
+                let ms = parse_usize(TIMEOUT_VAR, &v)?;
+                if ms == 0 {
+                    return Err(EnvError::Malformed {
+                        name: TIMEOUT_VAR,
+                        value: v,
+                        expected: "a positive number of milliseconds",
+                    });
+                }
+                Duration::from_millis(ms as u64)
+            }
+            None => DEFAULT_TIMEOUT,
+        };
+        Ok(Self {
+            rank,
+            world_size,
+            local_rank,
+            local_world_size,
+            master_addr,
+            rdzv_port,
+            timeout,
+        })
+    }
+}
+
+fn parse_usize(name: &'static str, value: &str) -> Result<usize, EnvError> {
+    value.trim().parse().map_err(|_| EnvError::Malformed {
+        name,
+        value: value.into(),
+        expected: "a non-negative integer",
+    })
+}
+
+fn parse_port(name: &'static str, value: &str) -> Result<u16, EnvError> {
+    match value.trim().parse::<u16>() {
+        Ok(port) if port > 0 => Ok(port),
+        _ => Err(EnvError::Malformed {
+            name,
+            value: value.into(),
+            expected: "a TCP port (1..=65535)",
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |name| map.get(name).cloned()
+    }
+
+    const GOOD: &[(&str, &str)] = &[
+        ("RANK", "1"),
+        ("WORLD_SIZE", "4"),
+        ("LOCAL_RANK", "1"),
+        ("LOCAL_WORLD_SIZE", "2"),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", "29500"),
+    ];
+
+    fn with(overrides: &[(&str, Option<&str>)]) -> Result<LaunchEnv, EnvError> {
+        let mut pairs: Vec<(&str, &str)> = GOOD.to_vec();
+        for (name, value) in overrides {
+            pairs.retain(|(k, _)| k != name);
+            if let Some(v) = value {
+                pairs.push((name, v));
+            }
+        }
+        LaunchEnv::from_lookup(env_of(&pairs))
+    }
+
+    #[test]
+    fn torchrun_environment_parses() {
+        let env = with(&[]).unwrap();
+        assert_eq!((env.rank, env.world_size, env.local_rank, env.local_world_size), (1, 4, 1, 2));
+        assert_eq!(env.rdzv_port, 29501);
+        assert_eq!(env.timeout, DEFAULT_TIMEOUT);
+    }
+
+    #[test]
+    fn each_missing_variable_is_named_with_the_fix() {
+        for name in ["RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"] {
+            let err = with(&[(name, None)]).unwrap_err();
+            assert_eq!(err, EnvError::Missing(name));
+            assert!(err.to_string().contains("torchrun"), "{err}");
+        }
+    }
+
+    #[test]
+    fn malformed_values_are_rejected_with_the_value_quoted() {
+        let cases: &[(&str, &str)] = &[
+            ("RANK", "one"),
+            ("RANK", "-1"),
+            ("WORLD_SIZE", "0"),
+            ("MASTER_PORT", "70000"),
+            ("MASTER_PORT", "0"),
+            ("MASTER_ADDR", " "),
+            (TIMEOUT_VAR, "0"),
+            (TIMEOUT_VAR, "soon"),
+            (RDZV_PORT_VAR, "http"),
+        ];
+        for (name, value) in cases {
+            let err = with(&[(name, Some(value))]).unwrap_err();
+            assert!(
+                matches!(&err, EnvError::Malformed { name: n, .. } if n == name),
+                "{name}={value}: {err}"
+            );
+            assert!(err.to_string().contains(name), "{err}");
+        }
+    }
+
+    #[test]
+    fn rank_past_world_size_is_an_error() {
+        let err = with(&[("RANK", Some("4"))]).unwrap_err();
+        assert_eq!(err, EnvError::RankOutOfRange { rank: 4, world_size: 4 });
+        let err = with(&[("LOCAL_RANK", Some("2"))]).unwrap_err();
+        assert!(matches!(err, EnvError::LocalRankOutOfRange { .. }), "{err}");
+    }
+
+    #[test]
+    fn overrides_and_defaults() {
+        let env = with(&[(RDZV_PORT_VAR, Some("40000")), (TIMEOUT_VAR, Some("1500"))]).unwrap();
+        assert_eq!(env.rdzv_port, 40000);
+        assert_eq!(env.timeout, Duration::from_millis(1500));
+        let env = with(&[("LOCAL_RANK", None), ("LOCAL_WORLD_SIZE", None)]).unwrap();
+        assert_eq!((env.local_rank, env.local_world_size), (1, 4));
+        let err = with(&[("MASTER_PORT", Some("65535"))]).unwrap_err();
+        assert_eq!(err, EnvError::PortOverflow(65535));
+    }
+}

@@ -1,0 +1,257 @@
+//! `World`: NVSHMEM initialised on this process's GPU, finalised on drop.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cudarc::driver::{CudaContext, CudaStream};
+use nvshmem_sys::{Nvshmem, UniqueId};
+
+use crate::launch_env::LaunchEnv;
+use crate::rendezvous::{RendezvousConfig, broadcast_from_rank0};
+use crate::BootstrapError;
+
+/// What `World::init` needs: who we are, and the id every rank shares.
+#[derive(Debug, Clone)]
+pub struct InitSpec {
+    pub rank: usize,
+    pub world_size: usize,
+    /// GPU ordinal on this host.
+    pub local_rank: usize,
+    pub unique_id: UniqueId,
+}
+
+// ANCHOR: world
+/// This process's membership in the NVSHMEM job. One per process: NVSHMEM is a process-wide
+/// singleton, and a second `World` while one is alive is an error.
+pub struct World {
+    nvshmem: &'static Nvshmem,
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    my_pe: usize,
+    n_pes: usize,
+    node_pe: usize,
+    node_size: usize,
+    init_time: Duration,
+    job_seed: u64,
+}
+// ANCHOR_END: world
+
+static ALIVE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+impl World {
+    // ANCHOR: from_env
+    /// torchrun's path: read the environment, fetch the unique id from rank 0, initialise.
+    pub fn from_env() -> Result<Self, BootstrapError> {
+        let env = LaunchEnv::from_env()?;
+        let nvshmem = load_library()?;
+        let unique_id = share_unique_id(&env, || create_unique_id(nvshmem))?;
+        Self::init(&InitSpec {
+            rank: env.rank,
+            world_size: env.world_size,
+            local_rank: env.local_rank,
+            unique_id,
+        })
+    }
+    // ANCHOR_END: from_env
+
+    // ANCHOR: init
+    /// Initialises NVSHMEM on GPU `local_rank` as PE `rank` of `world_size`. Collective: every
+    /// rank must call it with the same id, and it returns once all of them have.
+    pub fn init(spec: &InitSpec) -> Result<Self, BootstrapError> {
+        if spec.rank >= spec.world_size {
+            return Err(BootstrapError::Env(crate::EnvError::RankOutOfRange {
+                rank: spec.rank,
+                world_size: spec.world_size,
+            }));
+        }
+        if ALIVE.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return Err(BootstrapError::AlreadyInitialized);
+        }
+        let result = Self::init_inner(spec);
+        if result.is_err() {
+            ALIVE.store(false, std::sync::atomic::Ordering::SeqCst);
+        }
+        result
+    }
+
+    fn init_inner(spec: &InitSpec) -> Result<Self, BootstrapError> {
+        let nvshmem = load_library()?;
+        let ctx = open_gpu(spec.local_rank)?;
+        // NVSHMEM attaches to the calling thread's current context: make it ours.
+        ctx.bind_to_thread().map_err(BootstrapError::cuda("binding the context"))?;
+        let stream = ctx.new_stream().map_err(BootstrapError::cuda("creating a stream"))?;
+
+        let mut attr = nvshmem_sys::InitAttr::new();
+        let started = Instant::now();
+        // SAFETY: `attr` and `unique_id` are valid host structs of the 3.4 ABI.
+        let status = unsafe {
+            (nvshmem.set_attr_uniqueid_args)(
+                spec.rank as i32,
+                spec.world_size as i32,
+                &spec.unique_id,
+                &mut attr,
+            )
+        };
+        if status != 0 {
+            return Err(BootstrapError::Nvshmem(format!(
+                "nvshmemx_set_attr_uniqueid_args returned {status}"
+            )));
+        }
+        // SAFETY: collective; a context is current on this thread.
+        let status =
+            unsafe { (nvshmem.hostlib_init_attr)(nvshmem_sys::INIT_WITH_UNIQUEID, &mut attr) };
+        if status != 0 {
+            return Err(BootstrapError::Nvshmem(format!(
+                "nvshmemx_hostlib_init_attr returned {status} (rank {} of {}). Run with \
+                 NVSHMEM_DEBUG=INFO for NVSHMEM's own account",
+                spec.rank, spec.world_size
+            )));
+        }
+        let init_time = started.elapsed();
+        // SAFETY: NVSHMEM is initialised from here on.
+        let (my_pe, n_pes, node_pe, node_size) = unsafe {
+            (
+                (nvshmem.my_pe)(),
+                (nvshmem.n_pes)(),
+                (nvshmem.team_my_pe)(nvshmem_sys::TEAM_NODE),
+                (nvshmem.team_n_pes)(nvshmem_sys::TEAM_NODE),
+            )
+        };
+        Ok(Self {
+            nvshmem,
+            ctx,
+            stream,
+            my_pe: my_pe as usize,
+            n_pes: n_pes as usize,
+            node_pe: node_pe as usize,
+            node_size: node_size as usize,
+            init_time,
+            job_seed: spec.unique_id.fingerprint(),
+        })
+    }
+    // ANCHOR_END: init
+
+    /// This PE's number in `0..n_pes()`.
+    pub fn my_pe(&self) -> usize {
+        self.my_pe
+    }
+    pub fn n_pes(&self) -> usize {
+        self.n_pes
+    }
+    /// This PE's number among the PEs of its host (`NVSHMEMX_TEAM_NODE`).
+    pub fn node_pe(&self) -> usize {
+        self.node_pe
+    }
+    pub fn node_size(&self) -> usize {
+        self.node_size
+    }
+    /// Wall time of `nvshmemx_hostlib_init_attr` (after the rendezvous).
+    pub fn init_time(&self) -> Duration {
+        self.init_time
+    }
+    /// A number every PE of this job shares and that differs between jobs (a hash of the
+    /// unique id): a seed for test data that sender and receiver derive independently.
+    pub fn job_seed(&self) -> u64 {
+        self.job_seed
+    }
+    /// The host API table.
+    pub fn nvshmem(&self) -> &'static Nvshmem {
+        self.nvshmem
+    }
+    /// The CUDA primary context of this PE's GPU (shared with PyTorch, if present).
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+    /// A stream owned by this world for the chapters' work.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+    /// Loads an embedded kernel module and registers it with NVSHMEM.
+    pub fn load_module(&self, name: &'static str) -> Result<kernels::NvshmemModule, BootstrapError> {
+        Ok(kernels::NvshmemModule::load(&self.ctx, self.nvshmem, name)?)
+    }
+    /// Host-blocking barrier across all PEs; also completes every outstanding put.
+    pub fn barrier_all(&self) -> Result<(), BootstrapError> {
+        // nvshmem_barrier_all orders with the device only through a stream synchronise.
+        self.stream.synchronize().map_err(BootstrapError::cuda("synchronising"))?;
+        // SAFETY: initialised; collective.
+        unsafe { (self.nvshmem.barrier_all)() };
+        Ok(())
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        // Finalize is collective and frees the symmetric heap: pending work on our stream
+        // must finish first, or it would touch freed memory.
+        let _ = self.stream.synchronize();
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: initialised by `init`; every rank drops its World at the end of the job.
+        unsafe { (self.nvshmem.hostlib_finalize)() };
+        ALIVE.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Opens the host library, requiring the release the embedded kernels were linked against.
+pub fn load_library() -> Result<&'static Nvshmem, BootstrapError> {
+    Ok(nvshmem_sys::load(kernels::NVSHMEM_DEVICE_VERSION)?)
+}
+
+/// Rank 0's part of the bootstrap: a fresh unique id.
+pub fn create_unique_id(nvshmem: &Nvshmem) -> Result<UniqueId, BootstrapError> {
+    let mut id = UniqueId::new();
+    // SAFETY: `id` is a valid, versioned 128-byte struct.
+    let status = unsafe { (nvshmem.get_uniqueid)(&mut id) };
+    if status != 0 {
+        return Err(BootstrapError::Nvshmem(format!(
+            "nvshmemx_get_uniqueid returned {status}"
+        )));
+    }
+    Ok(id)
+}
+
+// ANCHOR: share_unique_id
+/// Rank 0 creates the id with `create` and serves it; every other rank fetches it.
+pub fn share_unique_id(
+    env: &LaunchEnv,
+    create: impl FnOnce() -> Result<UniqueId, BootstrapError>,
+) -> Result<UniqueId, BootstrapError> {
+    let config = RendezvousConfig {
+        rank: env.rank,
+        world_size: env.world_size,
+        master_addr: env.master_addr.clone(),
+        port: env.rdzv_port,
+        timeout: env.timeout,
+    };
+    let created = if env.rank == 0 { Some(create()?.to_bytes()) } else { None };
+    let bytes = broadcast_from_rank0(&config, created.as_ref().map(|id| id.as_slice()))?;
+    let bytes: &[u8; nvshmem_sys::UNIQUE_ID_BYTES] =
+        bytes.as_slice().try_into().map_err(|_| BootstrapError::BadUniqueId {
+            len: bytes.len(),
+        })?;
+    Ok(UniqueId::from_bytes(bytes))
+}
+// ANCHOR_END: share_unique_id
+
+/// Checks that a driver and the GPU exist before cudarc touches them: cudarc panics when
+/// libcuda is missing, and a panic must not be how a CPU-only machine learns it has no GPU.
+fn open_gpu(ordinal: usize) -> Result<Arc<CudaContext>, BootstrapError> {
+    probe_driver()?;
+    let count = CudaContext::device_count().map_err(BootstrapError::cuda("counting GPUs"))?;
+    if ordinal >= count as usize {
+        return Err(BootstrapError::NoSuchGpu {
+            ordinal,
+            count: count as usize,
+        });
+    }
+    CudaContext::new(ordinal).map_err(BootstrapError::cuda("opening the GPU"))
+}
+
+/// `Err` with the fix when `libcuda.so.1` cannot be opened.
+pub fn probe_driver() -> Result<(), BootstrapError> {
+    // SAFETY: libcuda's initialisers only set up the driver's own state.
+    unsafe { libloading::Library::new("libcuda.so.1") }
+        .map(drop)
+        .map_err(|e| BootstrapError::NoDriver(e.to_string()))
+}
+

@@ -1,0 +1,246 @@
+//! The unique-id rendezvous with real processes on loopback: the good path for several world
+//! sizes, and every failure the bootstrap must turn into a clear error within its timeout.
+
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::{Duration, Instant};
+
+const PROBE: &str = env!("CARGO_BIN_EXE_ch01-rendezvous-probe");
+
+/// A port per test, away from common services; tests in one binary run in parallel.
+fn free_port() -> u16 {
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    loop {
+        let offset = NEXT.fetch_add(1, Ordering::SeqCst);
+        let port = 20000 + (std::process::id() as u16 % 20000) + offset * 7;
+        if TcpListener::bind(("0.0.0.0", port)).is_ok() {
+            return port;
+        }
+    }
+}
+
+/// Starts one probe as `rank` of `world_size`, rendezvous on `port`, bounded by `timeout_ms`.
+fn spawn(rank: &str, world_size: &str, port: u16, timeout_ms: u64) -> Child {
+    Command::new(PROBE)
+        .env_clear()
+        .env("RANK", rank)
+        .env("WORLD_SIZE", world_size)
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", "1")
+        .env("NVSHMEM_TUTORIAL_RDZV_PORT", port.to_string())
+        .env("NVSHMEM_TUTORIAL_TIMEOUT_MS", timeout_ms.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the probe")
+}
+
+/// Waits for a child, failing the test if it outlives `limit` (a hang is a failure).
+fn finish(mut child: Child, limit: Duration) -> Output {
+    let deadline = Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("probe still running after {limit:?}: the rendezvous hung");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+fn fingerprint(output: &Output) -> String {
+    let out = String::from_utf8_lossy(&output.stdout);
+    out.split("fingerprint: ").nth(1).expect(&out).trim().to_string()
+}
+
+#[test]
+fn every_rank_receives_rank_zeros_id() {
+    for world_size in [2usize, 3, 8] {
+        let port = free_port();
+        // Rank 0 starts last: the others must retry until it listens.
+        let mut children: Vec<Child> = (1..world_size)
+            .map(|r| spawn(&r.to_string(), &world_size.to_string(), port, 20_000))
+            .collect();
+        std::thread::sleep(Duration::from_millis(300));
+        children.insert(0, spawn("0", &world_size.to_string(), port, 20_000));
+        let outputs: Vec<Output> = children
+            .into_iter()
+            .map(|c| finish(c, Duration::from_secs(30)))
+            .collect();
+        for (rank, output) in outputs.iter().enumerate() {
+            assert!(output.status.success(), "rank {rank}: {}", stderr(output));
+        }
+        let first = fingerprint(&outputs[0]);
+        for output in &outputs {
+            assert_eq!(fingerprint(output), first, "ranks disagree on the id");
+        }
+    }
+}
+
+#[test]
+fn two_runs_get_different_ids() {
+    let run = || {
+        let port = free_port();
+        let peer = spawn("1", "2", port, 20_000);
+        let root = spawn("0", "2", port, 20_000);
+        let (root, peer) = (finish(root, Duration::from_secs(30)), finish(peer, Duration::from_secs(30)));
+        assert!(root.status.success() && peer.status.success(), "{}{}", stderr(&root), stderr(&peer));
+        fingerprint(&root)
+    };
+    assert_ne!(run(), run());
+}
+
+#[test]
+fn unreachable_rank_zero_fails_within_the_timeout() {
+    let port = free_port();
+    let started = Instant::now();
+    let output = finish(spawn("1", "2", port, 1_000), Duration::from_secs(10));
+    assert_eq!(output.status.code(), Some(2));
+    let err = stderr(&output);
+    assert!(err.contains("unreachable"), "{err}");
+    assert!(err.contains("MASTER_ADDR"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+}
+
+#[test]
+fn a_missing_peer_is_named_by_rank_zero_and_reported_to_the_others() {
+    let port = free_port();
+    let root = spawn("0", "3", port, 1_500);
+    let peer = spawn("1", "3", port, 10_000);
+    let root = finish(root, Duration::from_secs(10));
+    let peer = finish(peer, Duration::from_secs(10));
+    let (root_err, peer_err) = (stderr(&root), stderr(&peer));
+    assert_eq!(root.status.code(), Some(2), "{root_err}");
+    assert!(root_err.contains("[2]") && root_err.contains("never connected"), "{root_err}");
+    // Rank 1 learns from rank 0 at once instead of waiting out its own 10 s.
+    assert_eq!(peer.status.code(), Some(2), "{peer_err}");
+    assert!(peer_err.contains("refused") && peer_err.contains("never connected"), "{peer_err}");
+}
+
+#[test]
+fn two_processes_claiming_one_rank_fail_everyone() {
+    let port = free_port();
+    let root = spawn("0", "3", port, 10_000);
+    let a = spawn("1", "3", port, 10_000);
+    let b = spawn("1", "3", port, 10_000);
+    for output in [root, a, b].map(|c| finish(c, Duration::from_secs(15))) {
+        let err = stderr(&output);
+        assert_eq!(output.status.code(), Some(2), "{err}");
+        assert!(err.contains("two processes claim rank 1"), "{err}");
+    }
+}
+
+#[test]
+fn a_world_size_mismatch_is_a_misconfiguration() {
+    let port = free_port();
+    let root = spawn("0", "2", port, 10_000);
+    let peer = spawn("1", "3", port, 10_000);
+    for output in [root, peer].map(|c| finish(c, Duration::from_secs(15))) {
+        let err = stderr(&output);
+        assert_eq!(output.status.code(), Some(2), "{err}");
+        assert!(err.contains("WORLD_SIZE=3") && err.contains("WORLD_SIZE=2"), "{err}");
+    }
+}
+
+/// A fake rank 0 that answers every connection with `reply` and then closes.
+fn fake_rank_zero(reply: Vec<u8>) -> u16 {
+    let port = free_port();
+    let listener = TcpListener::bind(("127.0.0.1", port)).unwrap();
+    std::thread::spawn(move || {
+        if let Ok((mut stream, _)) = listener.accept() {
+            let mut hello = [0u8; 14];
+            let _ = stream.read_exact(&mut hello);
+            let _ = stream.write_all(&reply);
+        }
+    });
+    port
+}
+
+#[test]
+fn garbage_from_rank_zero_is_reported_as_malformed() {
+    let port = fake_rank_zero(b"HTTP/1.1 400 Bad Request\r\n\r\n".to_vec());
+    let output = finish(spawn("1", "2", port, 5_000), Duration::from_secs(10));
+    let err = stderr(&output);
+    assert_eq!(output.status.code(), Some(2), "{err}");
+    assert!(err.contains("malformed") && err.contains("magic"), "{err}");
+}
+
+#[test]
+fn a_truncated_id_is_reported_with_how_much_arrived() {
+    let mut reply = b"NVTR\0".to_vec();
+    reply.extend_from_slice(&128u32.to_le_bytes());
+    reply.extend_from_slice(&[7u8; 50]); // then the connection closes
+    let port = fake_rank_zero(reply);
+    let output = finish(spawn("1", "2", port, 5_000), Duration::from_secs(10));
+    let err = stderr(&output);
+    assert_eq!(output.status.code(), Some(2), "{err}");
+    assert!(err.contains("closed after 50 of 128 bytes"), "{err}");
+}
+
+#[test]
+fn a_complete_reply_of_the_wrong_length_is_not_an_id() {
+    let mut reply = b"NVTR\0".to_vec();
+    reply.extend_from_slice(&60u32.to_le_bytes());
+    reply.extend_from_slice(&[7u8; 60]);
+    let port = fake_rank_zero(reply);
+    let output = finish(spawn("1", "2", port, 5_000), Duration::from_secs(10));
+    let err = stderr(&output);
+    assert_eq!(output.status.code(), Some(2), "{err}");
+    assert!(err.contains("60-byte unique id"), "{err}");
+}
+
+#[test]
+fn a_stray_connection_does_not_disturb_the_job() {
+    let port = free_port();
+    let root = spawn("0", "2", port, 20_000);
+    // Something that is not a rank connects first and sends junk.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut stray = loop {
+        match std::net::TcpStream::connect(("127.0.0.1", port)) {
+            Ok(s) => break s,
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+            Err(e) => panic!("rank 0 never listened: {e}"),
+        }
+    };
+    stray.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+    let peer = spawn("1", "2", port, 20_000);
+    let root = finish(root, Duration::from_secs(30));
+    let peer = finish(peer, Duration::from_secs(30));
+    assert!(root.status.success(), "{}", stderr(&root));
+    assert!(peer.status.success(), "{}", stderr(&peer));
+    assert!(stderr(&root).contains("ignoring connection"), "{}", stderr(&root));
+}
+
+#[test]
+fn bad_environment_fails_before_any_network_wait() {
+    let output = Command::new(PROBE)
+        .env_clear()
+        .env("WORLD_SIZE", "2")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    assert!(stderr(&output).contains("RANK is not set"), "{}", stderr(&output));
+    let output = finish(spawn("5", "2", free_port(), 60_000), Duration::from_secs(5));
+    assert!(stderr(&output).contains("RANK=5 is out of range"), "{}", stderr(&output));
+}
+
+#[test]
+fn without_a_driver_init_is_an_error_not_a_panic() {
+    if ch01_bootstrap::probe_driver().is_ok() {
+        return; // a GPU machine: scripts/gpu_test.sh covers the real initialisation
+    }
+    let spec = ch01_bootstrap::InitSpec {
+        rank: 0,
+        world_size: 1,
+        local_rank: 0,
+        unique_id: nvshmem_sys::UniqueId::new(),
+    };
+    let err = ch01_bootstrap::World::init(&spec).err().expect("no driver, no World");
+    assert!(err.to_string().contains("no NVIDIA driver"), "{err}");
+}
