@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Run every chapter binary under torchrun on 1, 2, 4 and 8 GPUs (as many as this machine has)
+# and check each run: exit code 0 and a line "<N> passed, 0 failed" in its log.
+# Never builds: on the GPU machine the binaries are prebuilt and carried in.
+#
+# Usage: scripts/gpu_test.sh [BIN...]     (default: every binary in CHAPTER_BINS below)
+# Environment:
+#   BIN_DIR          where the binaries are (default: target/release)
+#   LOG_DIR          where the per-run logs go (default: a fresh temporary directory)
+#   GPU_TEST_NPROCS  process counts to run, e.g. "2" (default: those of 1 2 4 8 <= GPU count)
+#   TORCHRUN         launcher command (default: torchrun on PATH, else python3 -m torch.distributed.run)
+#   GPU_TEST_TIMEOUT_S  wall-clock limit of one run, in seconds (default: 300)
+# The last line printed is "<P> passed, <F> failed" over all runs; the exit code is 0 only
+# when every run passed.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+# NVLink multicast (NVLS) stays off in every layer.
+export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+
+# Chapter binaries, in reading order. Adding a chapter is one line here.
+CHAPTER_BINS=(
+  ch01-bootstrap
+)
+
+step() { printf '\n== gpu_test: %s\n' "$*"; }
+die() { printf 'gpu_test: error: %s\n' "$*" >&2; exit 1; }
+
+if (($# > 0)); then
+  bins=("$@")
+else
+  bins=("${CHAPTER_BINS[@]}")
+fi
+
+num_gpus=0
+if command -v nvidia-smi >/dev/null; then
+  num_gpus=$({ nvidia-smi -L 2>/dev/null || true; } | grep -c '^GPU ' || true)
+fi
+((num_gpus >= 1)) || die "no NVIDIA GPU visible (nvidia-smi -L lists none); these tests need GPUs"
+
+nprocs=()
+for n in ${GPU_TEST_NPROCS:-1 2 4 8}; do
+  [[ "$n" =~ ^[1-9][0-9]*$ ]] || die "GPU_TEST_NPROCS: '$n' is not a positive integer"
+  if ((n <= num_gpus)); then nprocs+=("$n"); fi
+done
+((${#nprocs[@]} > 0)) || die "no process count in '${GPU_TEST_NPROCS:-}' fits $num_gpus GPU(s)"
+
+BIN_DIR=${BIN_DIR:-target/release}
+timeout_s=${GPU_TEST_TIMEOUT_S:-300}
+[[ "$timeout_s" =~ ^[1-9][0-9]*$ ]] || die "GPU_TEST_TIMEOUT_S: '$timeout_s' is not a positive integer"
+if [[ -n "${LOG_DIR:-}" ]]; then
+  mkdir -p "$LOG_DIR"
+else
+  LOG_DIR=$(mktemp -d "${TMPDIR:-/tmp}/gpu_test.XXXXXX")
+fi
+
+if [[ -n "${TORCHRUN:-}" ]]; then
+  read -r -a torchrun <<<"$TORCHRUN"
+elif command -v torchrun >/dev/null; then
+  torchrun=(torchrun)
+elif python3 -c 'import torch.distributed.run' 2>/dev/null; then
+  torchrun=(python3 -m torch.distributed.run)
+else
+  die "torchrun not found: install PyTorch, or set TORCHRUN to the launcher command"
+fi
+
+step "$num_gpus GPU(s); process counts: ${nprocs[*]}"
+echo "binaries: $BIN_DIR"
+echo "logs:     $LOG_DIR"
+echo "launcher: ${torchrun[*]}"
+
+passed=0
+failed=0
+results=()
+for bin in "${bins[@]}"; do
+  if [[ ! -x "$BIN_DIR/$bin" ]]; then
+    echo "skipped: $bin (no executable $BIN_DIR/$bin)"
+    results+=("SKIP  $bin")
+    continue
+  fi
+  for n in "${nprocs[@]}"; do
+    log="$LOG_DIR/$bin-n$n.log"
+    step "$bin on $n GPU(s) -> $log"
+    rc=0
+    timeout --kill-after=30 "$timeout_s" "${torchrun[@]}" --standalone --nproc_per_node="$n" \
+      --no-python "$BIN_DIR/$bin" 2>&1 | tee "$log" || rc=$?
+    if ((rc == 0)) && grep -Eq '^[0-9]+ passed, 0 failed' "$log"; then
+      passed=$((passed + 1))
+      results+=("PASS  $bin n=$n")
+    else
+      failed=$((failed + 1))
+      if ((rc == 0)); then
+        why="no '<N> passed, 0 failed' line"
+      elif ((rc == 124 || rc == 137)); then
+        why="timed out after $timeout_s s"
+      else
+        why="exit code $rc"
+      fi
+      results+=("FAIL  $bin n=$n ($why; log $log)")
+    fi
+  done
+done
+
+# ---- GPU pytest (Python package under torchrun) goes here --------------------------------
+# Each pytest run under torchrun will add to passed/failed like a chapter run above.
+# ------------------------------------------------------------------------------------------
+
+step "summary (logs in $LOG_DIR)"
+printf '%s\n' "${results[@]}"
+if ((passed + failed == 0)); then
+  echo "nothing ran: no binary found in $BIN_DIR (build with: cargo build --release --workspace)"
+  failed=1
+fi
+echo "$passed passed, $failed failed"
+((failed == 0))

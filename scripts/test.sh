@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The full check, as CI runs it: setup (toolchain + release build), formatting, clippy, a
+# lint of the shell scripts, the book, host-side tests, then GPU tests when 2+ GPUs are visible.
+# On a machine without GPUs the last thing printed is cargo test's summary.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
+
+step() { printf '\n== test: %s\n' "$*"; }
+
+gpu_count() {
+  command -v nvidia-smi >/dev/null || { echo 0; return; }
+  { nvidia-smi -L 2>/dev/null || true; } | grep -c '^GPU ' || true
+}
+
+step "setup"
+bash scripts/setup.sh
+
+step "cargo fmt --all -- --check"
+cargo fmt --all -- --check
+
+step "cargo clippy --workspace --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets -- -D warnings
+
+step "shellcheck scripts/*.sh .ci/run"
+.venv/bin/shellcheck scripts/*.sh .ci/run
+echo "shellcheck: clean"
+
+step "mdbook build book"
+mdbook build book
+
+# ---- pytest (Python package) goes here --------------------------------------------------
+# The CPU-side pytest step for python/ (import, error paths) will be added at this spot, before
+# cargo test, so that cargo test's summary stays the last output on a CPU-only machine.
+# ------------------------------------------------------------------------------------------
+
+step "cargo test --workspace (includes the book include-anchor check)"
+cargo test --workspace
+
+num_gpus=$(gpu_count)
+if ((num_gpus >= 2)); then
+  step "GPU tests on $num_gpus GPUs"
+  bash scripts/gpu_test.sh
+fi
