@@ -32,7 +32,13 @@ fn build() -> Result<(), String> {
     let manifest_dir = PathBuf::from(env("CARGO_MANIFEST_DIR").unwrap());
     let out_dir = PathBuf::from(env("OUT_DIR").unwrap());
     let project_venv = manifest_dir.join("../.venv");
-    for var in ["NVCC", "CUDA_HOME", "NVSHMEM_HOME", "KERNEL_ARCHS", "NVCC_FLAGS"] {
+    for var in [
+        "NVCC",
+        "CUDA_HOME",
+        "NVSHMEM_HOME",
+        "KERNEL_ARCHS",
+        "NVCC_FLAGS",
+    ] {
         println!("cargo:rerun-if-env-changed={var}");
     }
 
@@ -60,7 +66,9 @@ fn build() -> Result<(), String> {
         .collect();
     for arch in &archs {
         if !arch.starts_with("sm_") || arch[3..].is_empty() {
-            return Err(format!("KERNEL_ARCHS entry `{arch}` is not of the form sm_90"));
+            return Err(format!(
+                "KERNEL_ARCHS entry `{arch}` is not of the form sm_90"
+            ));
         }
     }
 
@@ -89,7 +97,16 @@ fn build() -> Result<(), String> {
                 let (nvcc, nvshmem, cccl, out_dir, cuda_dir, extra_flags) =
                     (&nvcc, &nvshmem, &cccl, &out_dir, &cuda_dir, &extra_flags);
                 scope.spawn(move || {
-                    compile_one(nvcc, nvshmem, cccl.as_deref(), cuda_dir, source, arch, out_dir, extra_flags)
+                    compile_one(
+                        nvcc,
+                        nvshmem,
+                        cccl.as_deref(),
+                        cuda_dir,
+                        source,
+                        arch,
+                        out_dir,
+                        extra_flags,
+                    )
                 })
             })
             .collect();
@@ -100,10 +117,14 @@ fn build() -> Result<(), String> {
     for result in results {
         let (module, arch, cubin) = result?;
         let source = cuda_dir.join(format!("{module}.cu"));
-        let text = std::fs::read_to_string(&source).map_err(|e| format!("{}: {e}", source.display()))?;
+        let text =
+            std::fs::read_to_string(&source).map_err(|e| format!("{}: {e}", source.display()))?;
         let kernels = extern_c_kernels(&text);
         if kernels.is_empty() {
-            return Err(format!("{} defines no extern \"C\" __global__ kernel", source.display()));
+            return Err(format!(
+                "{} defines no extern \"C\" __global__ kernel",
+                source.display()
+            ));
         }
         table.push_str(&format!(
             "    Cubin {{ module: {module:?}, arch: {arch:?}, kernels: &{kernels:?}, bytes: include_bytes!({:?}) }},\n",
@@ -148,7 +169,12 @@ fn compile_one(
     if let Some(cccl) = cccl {
         compile.arg("-I").arg(cccl);
     }
-    compile.args(extra_flags).arg("-c").arg(source).arg("-o").arg(&object);
+    compile
+        .args(extra_flags)
+        .arg("-c")
+        .arg(source)
+        .arg("-o")
+        .arg(&object);
     run(&mut compile)?;
     let mut link = Command::new(nvcc);
     link.arg(format!("-arch={arch}"))
@@ -192,15 +218,21 @@ fn extern_c_kernels(source: &str) -> Vec<String> {
         let line_start = before.rfind('\n').map_or(0, |p| p + 1);
         let prefix = &source[line_start..i];
         // `extern "C" __global__` on one line, or inside an `extern "C" {` block.
-        let in_block = before.rfind("extern \"C\" {").is_some_and(|b| !before[b..].contains("\n}"));
+        let in_block = before
+            .rfind("extern \"C\" {")
+            .is_some_and(|b| !before[b..].contains("\n}"));
         if !prefix.contains("extern \"C\"") && !in_block {
             continue;
         }
         let rest = &source[i..];
-        let Some(void_at) = rest.find("void") else { continue };
+        let Some(void_at) = rest.find("void") else {
+            continue;
+        };
         let mut after_void = rest[void_at + 4..].trim_start();
         if let Some(bounds) = after_void.strip_prefix("__launch_bounds__") {
-            let Some(close) = bounds.find(')') else { continue };
+            let Some(close) = bounds.find(')') else {
+                continue;
+            };
             after_void = bounds[close + 1..].trim_start();
         }
         let name: String = after_void
@@ -234,14 +266,20 @@ fn find_nvcc(project_venv: &Path) -> Result<PathBuf, String> {
     let mut searched = Vec::new();
     let mut candidates: Vec<(String, Option<PathBuf>)> = vec![
         ("$NVCC".into(), env("NVCC").map(PathBuf::from)),
-        ("$CUDA_HOME/bin/nvcc".into(), env("CUDA_HOME").map(|h| PathBuf::from(h).join("bin/nvcc"))),
+        (
+            "$CUDA_HOME/bin/nvcc".into(),
+            env("CUDA_HOME").map(|h| PathBuf::from(h).join("bin/nvcc")),
+        ),
     ];
     if let Some(path) = env("PATH") {
         for dir in std::env::split_paths(&path) {
             candidates.push(("nvcc on PATH".into(), Some(dir.join("nvcc"))));
         }
     }
-    candidates.push(("system CUDA".into(), Some("/usr/local/cuda/bin/nvcc".into())));
+    candidates.push((
+        "system CUDA".into(),
+        Some("/usr/local/cuda/bin/nvcc".into()),
+    ));
     candidates.push((
         format!("project venv {}", project_venv.display()),
         venv_nvidia(project_venv, "cu13/bin/nvcc"),
@@ -267,7 +305,10 @@ struct Nvshmem {
 
 fn find_nvshmem(project_venv: &Path) -> Result<Nvshmem, String> {
     let mut candidates: Vec<(String, Option<PathBuf>)> = vec![
-        ("$NVSHMEM_HOME".into(), env("NVSHMEM_HOME").map(PathBuf::from)),
+        (
+            "$NVSHMEM_HOME".into(),
+            env("NVSHMEM_HOME").map(PathBuf::from),
+        ),
         ("system".into(), Some("/usr/local/nvshmem".into())),
         ("system".into(), Some("/opt/nvidia/nvshmem".into())),
         (
@@ -306,7 +347,8 @@ fn find_nvshmem(project_venv: &Path) -> Result<Nvshmem, String> {
 
 fn read_nvshmem_version(include: &Path) -> Result<(i32, i32, i32), String> {
     let header = include.join("non_abi/nvshmem_version.h");
-    let text = std::fs::read_to_string(&header).map_err(|e| format!("{}: {e}", header.display()))?;
+    let text =
+        std::fs::read_to_string(&header).map_err(|e| format!("{}: {e}", header.display()))?;
     let field = |name: &str| -> Result<i32, String> {
         text.lines()
             .find_map(|l| l.strip_prefix(&format!("#define {name} ")))

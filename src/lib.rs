@@ -12,6 +12,4 @@
 //! Each chapter crate depends only on earlier chapters, `nvshmem-sys` and `kernels`; this
 //! crate re-exports the chapters so that an application needs one dependency.
 
-
-
 pub use nvshmem_sys;

@@ -17,3 +17,13 @@ __device__ __forceinline__ bool wait_bounded(Done done, long long timeout_cycles
     }
     return true;
 }
+
+// Test data that shows where it came from: word `index` sent by `source_pe` in a run seeded
+// with `seed`. A wrong sender, a shifted index and a slot nobody wrote all read differently.
+// The host mirror is kernels::pattern_word; keep the two identical.
+__host__ __device__ __forceinline__ uint32_t pattern_word(int source_pe, uint64_t index, uint32_t seed) {
+    uint32_t x = static_cast<uint32_t>(index) * 0x9E3779B1u ^ (static_cast<uint32_t>(source_pe) + 1u) * 0x85EBCA77u;
+    x ^= seed;
+    x ^= x >> 15;
+    return x * 0x2C1B3C6Du;
+}

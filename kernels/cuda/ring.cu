@@ -1,15 +1,6 @@
 // Chapter 1: every PE writes a pattern derived from its rank into the next PE's symmetric
-// buffer. The pattern is f(source pe, index) so the receiver can tell a wrong sender, a
-// shifted index and an unwritten slot apart.
+// buffer (pattern_word in common.cuh).
 #include "common.cuh"
-
-__device__ __forceinline__ uint32_t ring_pattern(int source_pe, uint64_t index, uint32_t seed) {
-    // A cheap bijective mix: distinct (pe, index) pairs give distinct words for a run.
-    uint32_t x = static_cast<uint32_t>(index) * 0x9E3779B1u ^ (static_cast<uint32_t>(source_pe) + 1u) * 0x85EBCA77u;
-    x ^= seed;
-    x ^= x >> 15;
-    return x * 0x2C1B3C6Du;
-}
 
 // ANCHOR: ring_put
 // received: symmetric [num_words] u32, written by the previous PE
@@ -22,7 +13,7 @@ extern "C" __global__ void ring_put(uint32_t* received, uint32_t* staging, uint6
     const uint64_t begin = min(num_words, blockIdx.x * per_block);
     const uint64_t end = min(num_words, begin + per_block);
     for (uint64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-        staging[i] = ring_pattern(my_pe, i, seed);
+        staging[i] = pattern_word(my_pe, i, seed);
     }
     // The put reads what the whole block wrote.
     __syncthreads();

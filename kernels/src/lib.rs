@@ -59,6 +59,16 @@ impl KernelError {
     }
 }
 
+/// Host mirror of `pattern_word` in `cuda/common.cuh`: word `index` sent by `source_pe` in a
+/// run seeded with `seed`. Test data made of these shows where it came from.
+pub fn pattern_word(source_pe: usize, index: u64, seed: u32) -> u32 {
+    let mut x = (index as u32).wrapping_mul(0x9E37_79B1)
+        ^ (source_pe as u32).wrapping_add(1).wrapping_mul(0x85EB_CA77);
+    x ^= seed;
+    x ^= x >> 15;
+    x.wrapping_mul(0x2C1B_3C6D)
+}
+
 /// The cubin of `module` for `arch`, if it was built.
 pub fn cubin(module: &str, arch: &str) -> Result<&'static [u8], KernelError> {
     let candidates: Vec<&Cubin> = CUBINS.iter().filter(|c| c.module == module).collect();
@@ -124,10 +134,12 @@ impl NvshmemModule {
 
     /// A kernel of this module by its `extern "C"` name.
     pub fn function(&self, kernel: &str) -> Result<CudaFunction, KernelError> {
-        self.module.load_function(kernel).map_err(KernelError::driver(format!(
-            "looking up kernel `{kernel}` in module `{}`",
-            self.name
-        )))
+        self.module
+            .load_function(kernel)
+            .map_err(KernelError::driver(format!(
+                "looking up kernel `{kernel}` in module `{}`",
+                self.name
+            )))
     }
 
     pub fn name(&self) -> &'static str {

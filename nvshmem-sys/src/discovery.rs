@@ -210,15 +210,24 @@ mod tests {
         let tmp = std::env::temp_dir().join(format!("nvshmem-sys-empty-{}", std::process::id()));
         std::fs::create_dir_all(&tmp).unwrap();
         let err = find_in(
-            &[candidate("NVSHMEM_HOME", Some(&tmp)), candidate("project virtualenv", None)],
+            &[
+                candidate("NVSHMEM_HOME", Some(&tmp)),
+                candidate("project virtualenv", None),
+            ],
             || Err("cannot open shared object file".into()),
         )
         .unwrap_err();
         let msg = err.to_string();
-        assert!(msg.contains(&tmp.join(HOST_LIBRARY).display().to_string()), "{msg}");
+        assert!(
+            msg.contains(&tmp.join(HOST_LIBRARY).display().to_string()),
+            "{msg}"
+        );
         assert!(msg.contains("project virtualenv: not set"), "{msg}");
         assert!(msg.contains("system loader"), "{msg}");
-        assert!(msg.contains("pip install nvidia-nvshmem-cu13==3.4.5"), "{msg}");
+        assert!(
+            msg.contains("pip install nvidia-nvshmem-cu13==3.4.5"),
+            "{msg}"
+        );
         assert!(msg.contains("NVSHMEM_HOME"), "{msg}");
     }
 
@@ -230,7 +239,10 @@ mod tests {
         std::fs::create_dir_all(&second).unwrap();
         std::fs::write(second.join(HOST_LIBRARY), b"stand-in").unwrap();
         let found = find_in(
-            &[candidate("first", Some(&first)), candidate("second", Some(&second))],
+            &[
+                candidate("first", Some(&first)),
+                candidate("second", Some(&second)),
+            ],
             || panic!("the system loader must not be asked when a candidate has the file"),
         )
         .unwrap();

@@ -28,8 +28,7 @@ pub const PINNED_VERSION: Version = Version {
 };
 
 /// The command that installs the pinned library, quoted in every discovery error.
-pub const INSTALL_HINT: &str =
-    "pip install nvidia-nvshmem-cu13==3.4.5 (or run scripts/setup.sh), or set NVSHMEM_HOME to \
+pub const INSTALL_HINT: &str = "pip install nvidia-nvshmem-cu13==3.4.5 (or run scripts/setup.sh), or set NVSHMEM_HOME to \
      a directory containing lib/libnvshmem_host.so.3";
 
 /// A (major, minor, patch) release number.
@@ -193,7 +192,11 @@ impl Nvshmem {
         let (mut major, mut minor, mut patch) = (0, 0, 0);
         // SAFETY: returns compile-time constants; valid before initialisation.
         unsafe { (self.vendor_get_version_info)(&mut major, &mut minor, &mut patch) };
-        Version { major, minor, patch }
+        Version {
+            major,
+            minor,
+            patch,
+        }
     }
 
     /// The host library's release.
@@ -294,7 +297,11 @@ mod tests {
         std::fs::write(&path, b"definitely not ELF").unwrap();
         let err = open(&path).unwrap_err();
         assert!(matches!(err, LoadError::Open { .. }), "{err}");
-        assert!(err.to_string().contains("pip install nvidia-nvshmem-cu13==3.4.5"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("pip install nvidia-nvshmem-cu13==3.4.5"),
+            "{err}"
+        );
     }
 
     #[test]

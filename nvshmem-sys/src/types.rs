@@ -100,16 +100,21 @@ impl UniqueId {
     /// A stable 64-bit hash (FNV-1a) of the id: equal on every PE of a job, different
     /// between jobs. Short enough for a human to compare in logs.
     pub fn fingerprint(&self) -> u64 {
-        self.to_bytes()
-            .iter()
-            .fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
+        self.to_bytes().iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+            (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+        })
     }
 }
 
 impl std::fmt::Debug for UniqueId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // The payload is an address blob; the fingerprint is what a human can compare.
-        write!(f, "UniqueId {{ version: {:#x}, fingerprint: {:016x} }}", self.version, self.fingerprint())
+        write!(
+            f,
+            "UniqueId {{ version: {:#x}, fingerprint: {:016x} }}",
+            self.version,
+            self.fingerprint()
+        )
     }
 }
 

@@ -11,6 +11,7 @@
 
 use std::process::ExitCode;
 
+use ch01_bootstrap::checks::Tally;
 use ch01_bootstrap::{BootstrapError, World};
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
@@ -19,32 +20,7 @@ use cudarc::driver::{LaunchConfig, PushKernelArg};
 const RING_SIZES_WORDS: [u64; 3] = [1, 1_000_003, 16 << 20];
 
 fn main() -> ExitCode {
-    match run() {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::FAILURE,
-        Err(error) => {
-            eprintln!("ch01-bootstrap: error: {error}");
-            ExitCode::from(2)
-        }
-    }
-}
-
-/// Counts checks on this PE.
-#[derive(Default)]
-struct Tally {
-    passed: u32,
-    failed: u32,
-}
-
-impl Tally {
-    fn check(&mut self, pe: usize, ok: bool, what: String) {
-        if ok {
-            self.passed += 1;
-        } else {
-            self.failed += 1;
-            eprintln!("pe {pe}: FAILED: {what}");
-        }
-    }
+    ch01_bootstrap::checks::exit_code("ch01-bootstrap", run().map_err(Into::into))
 }
 
 fn run() -> Result<bool, BootstrapError> {
@@ -68,29 +44,31 @@ fn run() -> Result<bool, BootstrapError> {
     // ANCHOR_END: init
     let me = world.my_pe();
     let mut tally = Tally::default();
-    tally.check(me, me == env.rank, format!("my_pe {me} != RANK {}", env.rank));
-    tally.check(
-        me,
-        world.n_pes() == env.world_size,
-        format!("n_pes {} != WORLD_SIZE {}", world.n_pes(), env.world_size),
-    );
+    tally.check(me, me == env.rank, || {
+        format!("my_pe {me} != RANK {}", env.rank)
+    });
+    tally.check(me, world.n_pes() == env.world_size, || {
+        format!("n_pes {} != WORLD_SIZE {}", world.n_pes(), env.world_size)
+    });
     tally.check(
         me,
         world.node_size() == env.local_world_size && world.node_pe() == env.local_rank,
-        format!(
-            "node pe {}/{} != LOCAL_RANK/LOCAL_WORLD_SIZE {}/{}",
-            world.node_pe(),
-            world.node_size(),
-            env.local_rank,
-            env.local_world_size
-        ),
+        || {
+            format!(
+                "node pe {}/{} != LOCAL_RANK/LOCAL_WORLD_SIZE {}/{}",
+                world.node_pe(),
+                world.node_size(),
+                env.local_rank,
+                env.local_world_size
+            )
+        },
     );
 
     let module = world.load_module("ring")?;
     for num_words in RING_SIZES_WORDS {
         ring_round(&world, &module, num_words, &mut tally)?;
     }
-    report(&world, &tally)
+    tally.finish(&world)
 }
 
 // ANCHOR: ring
@@ -115,8 +93,10 @@ fn ring_round(
     let result = (|| {
         // Poison: 0xFFFFFFFF is never produced for every word by the pattern, and a slot the
         // kernel forgot keeps it.
-        unsafe { cudarc::driver::result::memset_d8_async(received, 0xFF, num_bytes, stream.cu_stream()) }
-            .map_err(BootstrapError::cuda("poisoning the receive buffer"))?;
+        unsafe {
+            cudarc::driver::result::memset_d8_async(received, 0xFF, num_bytes, stream.cu_stream())
+        }
+        .map_err(BootstrapError::cuda("poisoning the receive buffer"))?;
         let staging = stream
             .alloc_zeros::<u32>(num_words as usize)
             .map_err(BootstrapError::cuda("allocating the staging buffer"))?;
@@ -133,7 +113,11 @@ fn ring_round(
             shared_mem_bytes: 0,
         };
         let mut launch = stream.launch_builder(&ring_put);
-        launch.arg(&received).arg(&staging).arg(&num_words).arg(&seed);
+        launch
+            .arg(&received)
+            .arg(&staging)
+            .arg(&num_words)
+            .arg(&seed);
         // SAFETY: argument types match `ring_put(uint32_t*, uint32_t*, uint64_t, uint32_t)`.
         unsafe { launch.launch(config) }.map_err(BootstrapError::cuda("launching ring_put"))?;
         // The barrier completes every PE's puts: after it, our buffer holds the previous
@@ -144,20 +128,20 @@ fn ring_round(
             cudarc::driver::result::memcpy_dtoh_async(&mut host, received, stream.cu_stream())
         }
         .map_err(BootstrapError::cuda("copying the result back"))?;
-        stream.synchronize().map_err(BootstrapError::cuda("synchronising"))?;
+        stream
+            .synchronize()
+            .map_err(BootstrapError::cuda("synchronising"))?;
 
         let me = world.my_pe();
         let source = (me + world.n_pes() - 1) % world.n_pes();
         let wrong = host
             .iter()
             .enumerate()
-            .filter(|&(i, &w)| w != ring_pattern(source, i as u64, seed))
+            .filter(|&(i, &w)| w != kernels::pattern_word(source, i as u64, seed))
             .count();
-        tally.check(
-            me,
-            wrong == 0,
-            format!("{wrong} of {num_words} words from pe {source} are wrong"),
-        );
+        tally.check(me, wrong == 0, || {
+            format!("{wrong} of {num_words} words from pe {source} are wrong")
+        });
         Ok(())
     })();
     // SAFETY: collective free of the pointer allocated above (every PE reaches this line).
@@ -165,58 +149,3 @@ fn ring_round(
     result
 }
 // ANCHOR_END: ring
-
-/// Host reference of `ring_pattern` in `kernels/cuda/ring.cu`.
-fn ring_pattern(source_pe: usize, index: u64, seed: u32) -> u32 {
-    let mut x = (index as u32).wrapping_mul(0x9E37_79B1)
-        ^ (source_pe as u32 + 1).wrapping_mul(0x85EB_CA77);
-    x ^= seed;
-    x ^= x >> 15;
-    x.wrapping_mul(0x2C1B_3C6D)
-}
-
-/// Every PE puts its (passed, failed) into PE 0's symmetric tally array; PE 0 prints the sum.
-fn report(world: &World, tally: &Tally) -> Result<bool, BootstrapError> {
-    let nvshmem = world.nvshmem();
-    let stream = world.stream();
-    let n = world.n_pes();
-    let bytes = n * 8;
-    let tallies = unsafe { (nvshmem.malloc)(bytes) } as u64;
-    if tallies == 0 {
-        return Err(BootstrapError::Nvshmem("nvshmem_malloc for the tally failed".into()));
-    }
-    // Zero PE 0's copy before anyone writes into it.
-    unsafe { cudarc::driver::result::memset_d8_async(tallies, 0, bytes, stream.cu_stream()) }
-        .map_err(BootstrapError::cuda("zeroing the tallies"))?;
-    world.barrier_all()?;
-    let mine = stream
-        .clone_htod(&[tally.passed, tally.failed])
-        .map_err(BootstrapError::cuda("uploading the tally"))?;
-    let (mine_ptr, _guard) = cudarc::driver::DevicePtr::device_ptr(&mine, stream);
-    unsafe {
-        (nvshmem.putmem_on_stream)(
-            (tallies + 8 * world.my_pe() as u64) as *mut _,
-            mine_ptr as *const _,
-            8,
-            0,
-            stream.cu_stream() as _,
-        );
-        (nvshmem.barrier_all_on_stream)(stream.cu_stream() as _);
-    }
-    let mut all = vec![0u32; 2 * n];
-    unsafe { cudarc::driver::result::memcpy_dtoh_async(&mut all, tallies, stream.cu_stream()) }
-        .map_err(BootstrapError::cuda("reading the tallies"))?;
-    stream.synchronize().map_err(BootstrapError::cuda("synchronising"))?;
-    drop(_guard);
-    unsafe { (nvshmem.free)(tallies as *mut _) };
-    println!("pe {}: {} passed, {} failed", world.my_pe(), tally.passed, tally.failed);
-    if world.my_pe() == 0 {
-        let passed: u32 = all.iter().step_by(2).sum();
-        let failed: u32 = all.iter().skip(1).step_by(2).sum();
-        // A PE whose put never arrived left 0/0: count it as a failure, not as silence.
-        let silent = all.chunks(2).filter(|c| c[0] + c[1] == 0).count() as u32;
-        println!("{passed} passed, {} failed", failed + silent);
-        return Ok(failed + silent == 0);
-    }
-    Ok(tally.failed == 0)
-}

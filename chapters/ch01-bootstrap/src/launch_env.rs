@@ -29,9 +29,7 @@ pub enum EnvError {
     },
     #[error("RANK={rank} is out of range for WORLD_SIZE={world_size} (ranks are 0..{world_size})")]
     RankOutOfRange { rank: usize, world_size: usize },
-    #[error(
-        "LOCAL_RANK={local_rank} is out of range for LOCAL_WORLD_SIZE={local_world_size}"
-    )]
+    #[error("LOCAL_RANK={local_rank} is out of range for LOCAL_WORLD_SIZE={local_world_size}")]
     LocalRankOutOfRange {
         local_rank: usize,
         local_world_size: usize,
@@ -191,7 +189,15 @@ mod tests {
     #[test]
     fn torchrun_environment_parses() {
         let env = with(&[]).unwrap();
-        assert_eq!((env.rank, env.world_size, env.local_rank, env.local_world_size), (1, 4, 1, 2));
+        assert_eq!(
+            (
+                env.rank,
+                env.world_size,
+                env.local_rank,
+                env.local_world_size
+            ),
+            (1, 4, 1, 2)
+        );
         assert_eq!(env.rdzv_port, 29501);
         assert_eq!(env.timeout, DEFAULT_TIMEOUT);
     }
@@ -231,7 +237,13 @@ mod tests {
     #[test]
     fn rank_past_world_size_is_an_error() {
         let err = with(&[("RANK", Some("4"))]).unwrap_err();
-        assert_eq!(err, EnvError::RankOutOfRange { rank: 4, world_size: 4 });
+        assert_eq!(
+            err,
+            EnvError::RankOutOfRange {
+                rank: 4,
+                world_size: 4
+            }
+        );
         let err = with(&[("LOCAL_RANK", Some("2"))]).unwrap_err();
         assert!(matches!(err, EnvError::LocalRankOutOfRange { .. }), "{err}");
     }

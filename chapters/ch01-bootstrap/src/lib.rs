@@ -10,6 +10,7 @@
 //!    the others' address space where NVLink allows, and returns. [`World`] owns that state
 //!    and finalises it on drop.
 
+pub mod checks;
 pub mod launch_env;
 pub mod rendezvous;
 pub mod world;

@@ -127,8 +127,12 @@ pub fn broadcast_from_rank0(
     let deadline = Instant::now() + config.timeout;
     runtime.block_on(async {
         match (config.rank, payload) {
-            (0, Some(payload)) => serve(config, payload, deadline).await.map(|()| payload.to_vec()),
-            (0, None) => Err(RendezvousError::Conflict("rank 0 must provide the payload".into())),
+            (0, Some(payload)) => serve(config, payload, deadline)
+                .await
+                .map(|()| payload.to_vec()),
+            (0, None) => Err(RendezvousError::Conflict(
+                "rank 0 must provide the payload".into(),
+            )),
             (_, _) => fetch(config, deadline).await,
         }
     })
@@ -160,8 +164,9 @@ async fn serve(
         let accepted = timeout_at(deadline, listener.accept()).await;
         let (mut stream, addr) = match accepted {
             Err(_elapsed) => {
-                let missing: Vec<usize> =
-                    (1..config.world_size).filter(|r| !peers.contains_key(r)).collect();
+                let missing: Vec<usize> = (1..config.world_size)
+                    .filter(|r| !peers.contains_key(r))
+                    .collect();
                 let error = RendezvousError::PeersMissing {
                     missing,
                     world_size: config.world_size,

@@ -6,9 +6,9 @@ use std::time::{Duration, Instant};
 use cudarc::driver::{CudaContext, CudaStream};
 use nvshmem_sys::{Nvshmem, UniqueId};
 
+use crate::BootstrapError;
 use crate::launch_env::LaunchEnv;
 use crate::rendezvous::{RendezvousConfig, broadcast_from_rank0};
-use crate::BootstrapError;
 
 /// What `World::init` needs: who we are, and the id every rank shares.
 #[derive(Debug, Clone)]
@@ -78,8 +78,11 @@ impl World {
         let nvshmem = load_library()?;
         let ctx = open_gpu(spec.local_rank)?;
         // NVSHMEM attaches to the calling thread's current context: make it ours.
-        ctx.bind_to_thread().map_err(BootstrapError::cuda("binding the context"))?;
-        let stream = ctx.new_stream().map_err(BootstrapError::cuda("creating a stream"))?;
+        ctx.bind_to_thread()
+            .map_err(BootstrapError::cuda("binding the context"))?;
+        let stream = ctx
+            .new_stream()
+            .map_err(BootstrapError::cuda("creating a stream"))?;
 
         let mut attr = nvshmem_sys::InitAttr::new();
         let started = Instant::now();
@@ -167,13 +170,18 @@ impl World {
         &self.stream
     }
     /// Loads an embedded kernel module and registers it with NVSHMEM.
-    pub fn load_module(&self, name: &'static str) -> Result<kernels::NvshmemModule, BootstrapError> {
+    pub fn load_module(
+        &self,
+        name: &'static str,
+    ) -> Result<kernels::NvshmemModule, BootstrapError> {
         Ok(kernels::NvshmemModule::load(&self.ctx, self.nvshmem, name)?)
     }
     /// Host-blocking barrier across all PEs; also completes every outstanding put.
     pub fn barrier_all(&self) -> Result<(), BootstrapError> {
         // nvshmem_barrier_all orders with the device only through a stream synchronise.
-        self.stream.synchronize().map_err(BootstrapError::cuda("synchronising"))?;
+        self.stream
+            .synchronize()
+            .map_err(BootstrapError::cuda("synchronising"))?;
         // SAFETY: initialised; collective.
         unsafe { (self.nvshmem.barrier_all)() };
         Ok(())
@@ -223,12 +231,16 @@ pub fn share_unique_id(
         port: env.rdzv_port,
         timeout: env.timeout,
     };
-    let created = if env.rank == 0 { Some(create()?.to_bytes()) } else { None };
+    let created = if env.rank == 0 {
+        Some(create()?.to_bytes())
+    } else {
+        None
+    };
     let bytes = broadcast_from_rank0(&config, created.as_ref().map(|id| id.as_slice()))?;
-    let bytes: &[u8; nvshmem_sys::UNIQUE_ID_BYTES] =
-        bytes.as_slice().try_into().map_err(|_| BootstrapError::BadUniqueId {
-            len: bytes.len(),
-        })?;
+    let bytes: &[u8; nvshmem_sys::UNIQUE_ID_BYTES] = bytes
+        .as_slice()
+        .try_into()
+        .map_err(|_| BootstrapError::BadUniqueId { len: bytes.len() })?;
     Ok(UniqueId::from_bytes(bytes))
 }
 // ANCHOR_END: share_unique_id
@@ -254,4 +266,3 @@ pub fn probe_driver() -> Result<(), BootstrapError> {
         .map(drop)
         .map_err(|e| BootstrapError::NoDriver(e.to_string()))
 }
-

@@ -56,7 +56,11 @@ fn stderr(output: &Output) -> String {
 
 fn fingerprint(output: &Output) -> String {
     let out = String::from_utf8_lossy(&output.stdout);
-    out.split("fingerprint: ").nth(1).expect(&out).trim().to_string()
+    out.split("fingerprint: ")
+        .nth(1)
+        .expect(&out)
+        .trim()
+        .to_string()
 }
 
 #[test]
@@ -89,8 +93,16 @@ fn two_runs_get_different_ids() {
         let port = free_port();
         let peer = spawn("1", "2", port, 20_000);
         let root = spawn("0", "2", port, 20_000);
-        let (root, peer) = (finish(root, Duration::from_secs(30)), finish(peer, Duration::from_secs(30)));
-        assert!(root.status.success() && peer.status.success(), "{}{}", stderr(&root), stderr(&peer));
+        let (root, peer) = (
+            finish(root, Duration::from_secs(30)),
+            finish(peer, Duration::from_secs(30)),
+        );
+        assert!(
+            root.status.success() && peer.status.success(),
+            "{}{}",
+            stderr(&root),
+            stderr(&peer)
+        );
         fingerprint(&root)
     };
     assert_ne!(run(), run());
@@ -105,7 +117,11 @@ fn unreachable_rank_zero_fails_within_the_timeout() {
     let err = stderr(&output);
     assert!(err.contains("unreachable"), "{err}");
     assert!(err.contains("MASTER_ADDR"), "{err}");
-    assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        started.elapsed()
+    );
 }
 
 #[test]
@@ -117,10 +133,16 @@ fn a_missing_peer_is_named_by_rank_zero_and_reported_to_the_others() {
     let peer = finish(peer, Duration::from_secs(10));
     let (root_err, peer_err) = (stderr(&root), stderr(&peer));
     assert_eq!(root.status.code(), Some(2), "{root_err}");
-    assert!(root_err.contains("[2]") && root_err.contains("never connected"), "{root_err}");
+    assert!(
+        root_err.contains("[2]") && root_err.contains("never connected"),
+        "{root_err}"
+    );
     // Rank 1 learns from rank 0 at once instead of waiting out its own 10 s.
     assert_eq!(peer.status.code(), Some(2), "{peer_err}");
-    assert!(peer_err.contains("refused") && peer_err.contains("never connected"), "{peer_err}");
+    assert!(
+        peer_err.contains("refused") && peer_err.contains("never connected"),
+        "{peer_err}"
+    );
 }
 
 #[test]
@@ -144,7 +166,10 @@ fn a_world_size_mismatch_is_a_misconfiguration() {
     for output in [root, peer].map(|c| finish(c, Duration::from_secs(15))) {
         let err = stderr(&output);
         assert_eq!(output.status.code(), Some(2), "{err}");
-        assert!(err.contains("WORLD_SIZE=3") && err.contains("WORLD_SIZE=2"), "{err}");
+        assert!(
+            err.contains("WORLD_SIZE=3") && err.contains("WORLD_SIZE=2"),
+            "{err}"
+        );
     }
 }
 
@@ -214,7 +239,11 @@ fn a_stray_connection_does_not_disturb_the_job() {
     let peer = finish(peer, Duration::from_secs(30));
     assert!(root.status.success(), "{}", stderr(&root));
     assert!(peer.status.success(), "{}", stderr(&peer));
-    assert!(stderr(&root).contains("ignoring connection"), "{}", stderr(&root));
+    assert!(
+        stderr(&root).contains("ignoring connection"),
+        "{}",
+        stderr(&root)
+    );
 }
 
 #[test]
@@ -225,9 +254,17 @@ fn bad_environment_fails_before_any_network_wait() {
         .output()
         .unwrap();
     assert_eq!(output.status.code(), Some(2));
-    assert!(stderr(&output).contains("RANK is not set"), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("RANK is not set"),
+        "{}",
+        stderr(&output)
+    );
     let output = finish(spawn("5", "2", free_port(), 60_000), Duration::from_secs(5));
-    assert!(stderr(&output).contains("RANK=5 is out of range"), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("RANK=5 is out of range"),
+        "{}",
+        stderr(&output)
+    );
 }
 
 #[test]
@@ -241,6 +278,8 @@ fn without_a_driver_init_is_an_error_not_a_panic() {
         local_rank: 0,
         unique_id: nvshmem_sys::UniqueId::new(),
     };
-    let err = ch01_bootstrap::World::init(&spec).err().expect("no driver, no World");
+    let err = ch01_bootstrap::World::init(&spec)
+        .err()
+        .expect("no driver, no World");
     assert!(err.to_string().contains("no NVIDIA driver"), "{err}");
 }

@@ -1,0 +1,193 @@
+//! Chapter 2's runnable step:
+//!
+//! ```text
+//! torchrun --nproc_per_node=N --no-python target/release/ch02-symmetric-memory
+//! ```
+//!
+//! Shows that one symmetric offset names the same buffer on every PE, that stores through a
+//! peer view land in the peer's buffer once a barrier has passed, and that the mistakes
+//! symmetric memory invites (different sizes on different PEs, a PE that does not exist, an
+//! index past the end, a pointer from outside the heap) are caught on the host.
+
+use std::process::ExitCode;
+
+use ch01_bootstrap::World;
+use ch01_bootstrap::checks::Tally;
+use ch02_symmetric_memory::{
+    SymmetricBuffer, SymmetricError, check_sizes_agree, check_symmetric, configured_heap_bytes,
+};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+
+const INBOX_WORDS: usize = 3 << 20;
+
+type AnyError = Box<dyn std::error::Error>;
+
+fn main() -> ExitCode {
+    ch01_bootstrap::checks::exit_code("ch02-symmetric-memory", run())
+}
+
+fn run() -> Result<bool, AnyError> {
+    let world = World::from_env()?;
+    let me = world.my_pe();
+    let n = world.n_pes();
+    let mut tally = Tally::default();
+    println!(
+        "pe {me}/{n}: symmetric heap {} MiB (NVSHMEM_SYMMETRIC_SIZE), size checks {}",
+        configured_heap_bytes().map_err(|t| format!("NVSHMEM_SYMMETRIC_SIZE={t:?}"))? >> 20,
+        if ch02_symmetric_memory::size_checks_enabled() {
+            "on"
+        } else {
+            "off (release build)"
+        }
+    );
+
+    same_offset_everywhere(&world, &mut tally)?;
+    peer_stores_land_after_a_barrier(&world, &mut tally)?;
+    mistakes_are_caught(&world, &mut tally)?;
+
+    Ok(tally.finish(&world)?)
+}
+
+// ANCHOR: same_offset
+/// Two allocations made in the same order sit at the same distance from each other on every
+/// PE: the heap's layout is symmetric, so an offset is a name every PE understands.
+fn same_offset_everywhere(world: &World, tally: &mut Tally) -> Result<(), AnyError> {
+    let (me, n) = (world.my_pe(), world.n_pes());
+    let first = SymmetricBuffer::<_, u8>::new(world, 1000)?;
+    let second = SymmetricBuffer::<_, u32>::new(world, 4096)?;
+    let distance = second.device_ptr() - first.device_ptr();
+    // Every PE writes its distance into slot `me` of every PE's table, through peer views.
+    let table = SymmetricBuffer::<_, u64>::new(world, n)?;
+    table.fill_bytes(0xFF)?;
+    world.barrier_all()?;
+    for pe in 0..n {
+        let Some(peer_table) = table.peer_ptr(pe)? else {
+            println!("pe {me}: pe {pe} is not load/store reachable; skipping it");
+            continue;
+        };
+        let stream = world.stream();
+        // SAFETY: `peer_table` is pe's copy of `table`, n u64 long; slot `me` is in range.
+        unsafe {
+            cudarc::driver::result::memcpy_htod_async(
+                peer_table + 8 * me as u64,
+                &[distance][..],
+                stream.cu_stream(),
+            )
+        }?;
+        stream.synchronize()?;
+    }
+    world.barrier_all()?;
+    let distances = table.copy_to_host()?;
+    println!("pe {me}: second - first = {distance} bytes; as seen by every PE: {distances:?}");
+    tally.check(me, distances.iter().all(|&d| d == distance), || {
+        format!("symmetric offsets differ across PEs: {distances:?}")
+    });
+    Ok(())
+}
+// ANCHOR_END: same_offset
+
+// ANCHOR: peer_stores
+/// Each PE stores a pattern into the next PE's inbox with a plain kernel through the peer
+/// view, then everyone passes a barrier and checks its own inbox.
+fn peer_stores_land_after_a_barrier(world: &World, tally: &mut Tally) -> Result<(), AnyError> {
+    let (me, n) = (world.my_pe(), world.n_pes());
+    let next = (me + 1) % n;
+    let previous = (me + n - 1) % n;
+    let inbox = SymmetricBuffer::<_, u32>::new(world, INBOX_WORDS)?;
+    inbox.fill_bytes(0xFF)?; // poison: what nobody writes stays 0xFFFFFFFF
+    world.barrier_all()?; // no peer may store before our poison has landed
+    let seed = world.job_seed() as u32;
+    let Some(next_inbox) = inbox.peer_ptr(next)? else {
+        println!(
+            "pe {me}: pe {next} is not load/store reachable (another node?); chapter 3's put reaches it"
+        );
+        return Ok(());
+    };
+    let module = world.load_module("symmetric")?;
+    let store = module.function("store_pattern")?;
+    let num_words = INBOX_WORDS as u64;
+    let source_pe = me as i32;
+    let mut launch = world.stream().launch_builder(&store);
+    launch
+        .arg(&next_inbox)
+        .arg(&num_words)
+        .arg(&source_pe)
+        .arg(&seed);
+    // SAFETY: matches store_pattern(uint32_t*, uint64_t, int, uint32_t); next_inbox holds
+    // INBOX_WORDS words on the peer.
+    unsafe { launch.launch(LaunchConfig::for_num_elems(INBOX_WORDS as u32)) }?;
+    // The kernel's stores are complete when the stream is; the barrier tells the peer so.
+    world.barrier_all()?;
+    let received = inbox.copy_to_host()?;
+    let wrong = (0..INBOX_WORDS)
+        .filter(|&i| received[i] != kernels::pattern_word(previous, i as u64, seed))
+        .count();
+    println!(
+        "pe {me}: stored {INBOX_WORDS} words into pe {next}; {wrong} wrong words from pe {previous}"
+    );
+    tally.check(me, wrong == 0, || {
+        format!("{wrong} words from pe {previous} are wrong")
+    });
+    Ok(())
+}
+// ANCHOR_END: peer_stores
+
+// ANCHOR: mistakes
+fn mistakes_are_caught(world: &World, tally: &mut Tally) -> Result<(), AnyError> {
+    let (me, n) = (world.my_pe(), world.n_pes());
+    // Different sizes on different PEs: every PE gets the same error (with 2+ PEs).
+    let asked = 4096 + if n > 1 { 4096 * me as u64 } else { 0 };
+    match check_sizes_agree(world, asked) {
+        Err(SymmetricError::SizeMismatch { sizes }) if n > 1 => {
+            println!(
+                "pe {me}: mismatch caught: {}",
+                SymmetricError::SizeMismatch { sizes }
+            );
+            tally.check(me, true, String::new);
+        }
+        Ok(()) if n == 1 => tally.check(me, true, String::new),
+        other => tally.check(me, false, || {
+            format!("size mismatch not reported: {other:?}")
+        }),
+    }
+    tally.check(me, check_sizes_agree(world, 4096).is_ok(), || {
+        "equal sizes reported as a mismatch".into()
+    });
+
+    let buffer = SymmetricBuffer::<_, f32>::new(world, 1024)?;
+    let errors = [
+        buffer.peer_ptr(n).err().map(|e| e.to_string()),
+        buffer.element_ptr(1000, 25).err().map(|e| e.to_string()),
+        buffer
+            .copy_from_host(&[0.0; 3])
+            .err()
+            .map(|e| e.to_string()),
+        SymmetricBuffer::<_, u64>::new(world, usize::MAX / 16)
+            .err()
+            .map(|e| e.to_string()),
+    ];
+    for (error, expected) in errors.iter().zip([
+        "out of range",
+        "past the end",
+        "host slice has 3",
+        "larger than the GPU",
+    ]) {
+        tally.check(
+            me,
+            error.as_deref().is_some_and(|e| e.contains(expected)),
+            || format!("expected an error containing {expected:?}, got {error:?}"),
+        );
+    }
+    let private = world.stream().alloc_zeros::<u32>(16)?;
+    let (private_ptr, _sync) = cudarc::driver::DevicePtr::device_ptr(&private, world.stream());
+    tally.check(me, check_symmetric(world, private_ptr).is_err(), || {
+        "a cudaMalloc pointer passed as symmetric".into()
+    });
+    tally.check(
+        me,
+        check_symmetric(world, buffer.device_ptr()).is_ok(),
+        || "a symmetric pointer rejected".into(),
+    );
+    Ok(())
+}
+// ANCHOR_END: mistakes
