@@ -21,6 +21,7 @@ export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAS
 # Chapter binaries, in reading order. Adding a chapter is one line here.
 CHAPTER_BINS=(
   ch01-bootstrap
+  ch02-symmetric-memory
 )
 
 step() { printf '\n== gpu_test: %s\n' "$*"; }

@@ -207,13 +207,13 @@ async fn serve(
                 "a process at {peer} claims rank {} (valid: 1..{})",
                 hello.rank, config.world_size
             ))
-        } else if let Some(first) = peers.get(&hello.rank) {
-            Some(format!(
-                "two processes claim rank {}: {} and {peer}",
-                hello.rank, first.addr
-            ))
         } else {
-            None
+            peers.get(&hello.rank).map(|first| {
+                format!(
+                    "two processes claim rank {}: {} and {peer}",
+                    hello.rank, first.addr
+                )
+            })
         };
         if let Some(detail) = conflict {
             let error = RendezvousError::Conflict(detail);
