@@ -44,6 +44,7 @@ fn run() -> Result<bool, AnyError> {
     same_offset_everywhere(&world, &mut tally)?;
     peer_stores_land_after_a_barrier(&world, &mut tally)?;
     mistakes_are_caught(&world, &mut tally)?;
+    past_the_heap(&world, &mut tally)?;
 
     Ok(tally.finish(&world)?)
 }
@@ -191,3 +192,51 @@ fn mistakes_are_caught(world: &World, tally: &mut Tally) -> Result<(), AnyError>
     Ok(())
 }
 // ANCHOR_END: mistakes
+
+// ANCHOR: past_the_heap
+/// With a small heap configured (`NVSHMEM_SYMMETRIC_SIZE=256M`, say), ask for twice that.
+/// NVSHMEM 3.x reserves virtual space and may map more physical memory on demand, so either
+/// outcome is legitimate; what is not is a crash, a hang, or an error that does not say which
+/// variable to raise.
+fn past_the_heap(world: &World, tally: &mut Tally) -> Result<(), AnyError> {
+    let me = world.my_pe();
+    let heap = configured_heap_bytes().map_err(|t| format!("NVSHMEM_SYMMETRIC_SIZE={t:?}"))?;
+    if std::env::var(ch02_symmetric_memory::SYMMETRIC_SIZE_VAR).is_err()
+        || heap as usize > world.context().total_mem()? / 8
+    {
+        return Ok(()); // only meaningful with a small explicit heap
+    }
+    let words = (2 * heap / 4) as usize;
+    match SymmetricBuffer::<_, u32>::new(world, words) {
+        Ok(big) => {
+            // The heap grew: prove the far end is real memory.
+            big.fill_bytes(0xA5)?;
+            let last = big.element_ptr(words - 1, 1)?;
+            let mut word = [0u32];
+            let stream = world.stream();
+            // SAFETY: `last` is the buffer's final element.
+            unsafe {
+                cudarc::driver::result::memcpy_dtoh_async(&mut word[..], last, stream.cu_stream())
+            }?;
+            stream.synchronize()?;
+            println!(
+                "pe {me}: {} MiB with a {} MiB heap: NVSHMEM grew the heap",
+                (words * 4) >> 20,
+                heap >> 20
+            );
+            tally.check(me, word[0] == 0xA5A5_A5A5, || {
+                format!("last word reads {:#x}", word[0])
+            });
+        }
+        Err(error) => {
+            println!("pe {me}: {error}");
+            tally.check(
+                me,
+                error.to_string().contains("Raise NVSHMEM_SYMMETRIC_SIZE"),
+                || format!("heap exhaustion reported without the fix: {error}"),
+            );
+        }
+    }
+    Ok(())
+}
+// ANCHOR_END: past_the_heap
