@@ -22,6 +22,7 @@ export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAS
 CHAPTER_BINS=(
   ch01-bootstrap
   ch02-symmetric-memory
+  ch03-put-get
 )
 
 step() { printf '\n== gpu_test: %s\n' "$*"; }

@@ -27,3 +27,27 @@ __host__ __device__ __forceinline__ uint32_t pattern_word(int source_pe, uint64_
     x ^= x >> 15;
     return x * 0x2C1B3C6Du;
 }
+
+// ANCHOR: signal_wait_bounded
+// nvshmem_signal_wait_until(signal, NVSHMEM_CMP_GE, expected) with a deadline. On success
+// returns 1 with acquire ordering: the data a putmem_signal delivered before raising the signal
+// is visible to this thread. On timeout returns 0 and records, in the local u64[4] `error`,
+// (1, the PE it waited for, the value it waited for, the value it saw) for the host to report.
+__device__ __forceinline__ int signal_wait_bounded(uint64_t* signal, uint64_t expected, long long timeout_cycles,
+                                                   int from_pe, uint64_t* error) {
+    uint64_t seen = 0;
+    const bool arrived = wait_bounded([&] { return (seen = nvshmem_signal_fetch(signal)) >= expected; },
+                                      timeout_cycles);
+    if (!arrived) {
+        error[1] = static_cast<uint64_t>(from_pe);
+        error[2] = expected;
+        error[3] = seen;
+        __threadfence_system();
+        error[0] = 1;
+        return 0;
+    }
+    // The fetch is a relaxed (volatile) load; a fence after it makes it an acquire.
+    __threadfence_system();
+    return 1;
+}
+// ANCHOR_END: signal_wait_bounded

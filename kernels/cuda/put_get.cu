@@ -1,0 +1,218 @@
+// Chapter 3: device-initiated put and get, the signal handshake, and the kernels the p2p
+// benchmark times. Every kernel that waits for another PE bounds its wait and reports a
+// timeout through `error` (a local u64[4], see `report_timeout` in common.cuh), which the host
+// turns into an error naming the PE and what it waited for.
+#include "common.cuh"
+
+// Which threads cooperate in one NVSHMEM call. The same bytes can be moved by one thread, a
+// warp or a whole block; the wider the scope, the more threads issue loads and stores for the
+// one call, and the fewer calls (and slices) there are.
+enum Scope : int { SCOPE_THREAD = 0, SCOPE_WARP = 1, SCOPE_BLOCK = 2 };
+
+// ANCHOR: slice
+// The bytes [begin, end) that part `part_idx` of `num_parts` moves: equal shares rounded up to
+// 16 bytes (so every share but the last starts 16-byte aligned and vector loads stay legal),
+// empty for parts past the end. The host mirror is ch03_put_get::slice_bounds.
+__device__ __forceinline__ void slice_bounds(uint64_t num_bytes, uint64_t num_parts, uint64_t part_idx,
+                                             uint64_t* begin, uint64_t* end) {
+    const uint64_t per_part = ((num_bytes + 15) / 16 + num_parts - 1) / num_parts * 16;
+    *begin = min(num_bytes, part_idx * per_part);
+    *end = min(num_bytes, *begin + per_part);
+}
+// ANCHOR_END: slice
+
+// ANCHOR: scoped_put
+// One slice per thread, warp or block (whichever owns the call): the caller of a collective
+// _warp/_block function must be every thread of that warp/block, with the same arguments.
+// dest: symmetric [num_bytes] on `pe`; source: local device [num_bytes].
+template <int S>
+__device__ __forceinline__ void put_slice(char* dest, const char* source, uint64_t num_bytes, int pe, bool nbi) {
+    const uint64_t warps_per_block = blockDim.x / 32;
+    uint64_t num_parts, part_idx;
+    if (S == SCOPE_THREAD) {
+        num_parts = uint64_t(gridDim.x) * blockDim.x;
+        part_idx = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    } else if (S == SCOPE_WARP) {
+        num_parts = uint64_t(gridDim.x) * warps_per_block;
+        part_idx = uint64_t(blockIdx.x) * warps_per_block + threadIdx.x / 32;
+    } else {
+        num_parts = gridDim.x;
+        part_idx = blockIdx.x;
+    }
+    uint64_t begin, end;
+    slice_bounds(num_bytes, num_parts, part_idx, &begin, &end);
+    // A warp or block whose slice is empty skips the call as a whole: the condition is the
+    // same for all of its threads, so no thread is left waiting inside a collective call.
+    if (begin < end) {
+        char* d = dest + begin;
+        const char* s = source + begin;
+        const size_t n = end - begin;
+        if (S == SCOPE_THREAD) {
+            nbi ? nvshmem_putmem_nbi(d, s, n, pe) : nvshmem_putmem(d, s, n, pe);
+        } else if (S == SCOPE_WARP) {
+            nbi ? nvshmemx_putmem_nbi_warp(d, s, n, pe) : nvshmemx_putmem_warp(d, s, n, pe);
+        } else {
+            nbi ? nvshmemx_putmem_nbi_block(d, s, n, pe) : nvshmemx_putmem_block(d, s, n, pe);
+        }
+    }
+    // A blocking put returns once `source` may be reused; an _nbi put returns at once, and
+    // only quiet says the bytes were delivered. Over NVLink, quiet is a system-scope fence.
+    if (nbi) nvshmem_quiet();
+}
+// ANCHOR_END: scoped_put
+
+// dest: local device [num_bytes]; source: symmetric [num_bytes] read on `pe`.
+template <int S>
+__device__ __forceinline__ void get_slice(char* dest, const char* source, uint64_t num_bytes, int pe, bool nbi) {
+    const uint64_t warps_per_block = blockDim.x / 32;
+    uint64_t num_parts, part_idx;
+    if (S == SCOPE_THREAD) {
+        num_parts = uint64_t(gridDim.x) * blockDim.x;
+        part_idx = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    } else if (S == SCOPE_WARP) {
+        num_parts = uint64_t(gridDim.x) * warps_per_block;
+        part_idx = uint64_t(blockIdx.x) * warps_per_block + threadIdx.x / 32;
+    } else {
+        num_parts = gridDim.x;
+        part_idx = blockIdx.x;
+    }
+    uint64_t begin, end;
+    slice_bounds(num_bytes, num_parts, part_idx, &begin, &end);
+    if (begin < end) {
+        char* d = dest + begin;
+        const char* s = source + begin;
+        const size_t n = end - begin;
+        if (S == SCOPE_THREAD) {
+            nbi ? nvshmem_getmem_nbi(d, s, n, pe) : nvshmem_getmem(d, s, n, pe);
+        } else if (S == SCOPE_WARP) {
+            nbi ? nvshmemx_getmem_nbi_warp(d, s, n, pe) : nvshmemx_getmem_warp(d, s, n, pe);
+        } else {
+            nbi ? nvshmemx_getmem_nbi_block(d, s, n, pe) : nvshmemx_getmem_block(d, s, n, pe);
+        }
+    }
+    // A blocking get returns with the data in `dest`; an _nbi get only after quiet.
+    if (nbi) nvshmem_quiet();
+}
+
+// Launch with blockDim.x a multiple of 32 (the warp variants need whole warps).
+extern "C" __global__ void put_thread(char* dest, const char* source, uint64_t num_bytes, int pe, int nbi) {
+    put_slice<SCOPE_THREAD>(dest, source, num_bytes, pe, nbi);
+}
+extern "C" __global__ void put_warp(char* dest, const char* source, uint64_t num_bytes, int pe, int nbi) {
+    put_slice<SCOPE_WARP>(dest, source, num_bytes, pe, nbi);
+}
+extern "C" __global__ void put_block(char* dest, const char* source, uint64_t num_bytes, int pe, int nbi) {
+    put_slice<SCOPE_BLOCK>(dest, source, num_bytes, pe, nbi);
+}
+extern "C" __global__ void get_thread(char* dest, const char* source, uint64_t num_bytes, int pe, int nbi) {
+    get_slice<SCOPE_THREAD>(dest, source, num_bytes, pe, nbi);
+}
+extern "C" __global__ void get_warp(char* dest, const char* source, uint64_t num_bytes, int pe, int nbi) {
+    get_slice<SCOPE_WARP>(dest, source, num_bytes, pe, nbi);
+}
+extern "C" __global__ void get_block(char* dest, const char* source, uint64_t num_bytes, int pe, int nbi) {
+    get_slice<SCOPE_BLOCK>(dest, source, num_bytes, pe, nbi);
+}
+
+// ANCHOR: consume
+// The consumer half of the handshake: wait (bounded) until the local `signal` reaches
+// `expected`, then copy this block's slice of `inbox` into `seen`. Copying right after the
+// wait, before any barrier, is the test: if the signal could overtake the data, `seen`
+// would hold poison.
+// inbox: symmetric [num_bytes]; signal: symmetric u64; seen: local device [num_bytes].
+__device__ __forceinline__ void consume_after_signal(const char* inbox, uint64_t* signal, uint64_t expected,
+                                                     char* seen, uint64_t num_bytes, int from_pe,
+                                                     long long timeout_cycles, uint64_t* error) {
+    __shared__ int arrived;
+    if (threadIdx.x == 0) {
+        arrived = signal_wait_bounded(signal, expected, timeout_cycles, from_pe, error);
+    }
+    __syncthreads();
+    if (!arrived) return;
+    uint64_t begin, end;
+    slice_bounds(num_bytes, gridDim.x, blockIdx.x, &begin, &end);
+    for (uint64_t i = begin + threadIdx.x; i < end; i += blockDim.x) seen[i] = inbox[i];
+}
+// ANCHOR_END: consume
+
+// ANCHOR: put_signal_ring
+// Producer and consumer in one kernel, on every PE of a ring: each block puts its slice of
+// `source` into `next_pe`'s inbox and adds 1 to `next_pe`'s signal once those bytes have
+// landed (putmem_signal orders the signal after the data). The consumer side waits until
+// every block of the previous PE has added its 1, i.e. signal == gridDim.x. One signal word
+// counts many producers: no per-block flag array, and no barrier.
+// inbox: symmetric [num_bytes]; source: local device [num_bytes]; signal: symmetric u64,
+// zeroed before launch; seen: local device [num_bytes]; error: local u64[4].
+extern "C" __global__ void put_signal_ring(char* inbox, const char* source, uint64_t num_bytes, uint64_t* signal,
+                                           int next_pe, int previous_pe, char* seen, long long timeout_cycles,
+                                           uint64_t* error) {
+    uint64_t begin, end;
+    slice_bounds(num_bytes, gridDim.x, blockIdx.x, &begin, &end);
+    // Every block signals, even one with an empty slice: the consumer counts blocks.
+    nvshmemx_putmem_signal_nbi_block(inbox + begin, source + begin, end - begin, signal, 1, NVSHMEM_SIGNAL_ADD,
+                                     next_pe);
+    consume_after_signal(inbox, signal, gridDim.x, seen, num_bytes, previous_pe, timeout_cycles, error);
+}
+// ANCHOR_END: put_signal_ring
+
+// Consumer alone, for a producer that is the host (nvshmemx_putmem_signal_on_stream).
+extern "C" __global__ void wait_signal_copy(const char* inbox, uint64_t* signal, uint64_t expected, char* seen,
+                                            uint64_t num_bytes, int from_pe, long long timeout_cycles,
+                                            uint64_t* error) {
+    consume_after_signal(inbox, signal, expected, seen, num_bytes, from_pe, timeout_cycles, error);
+}
+
+// ANCHOR: store_copy
+// Plain loads and stores into a peer's memory through the pointer nvshmem_ptr returned: no
+// NVSHMEM call at all. 16-byte vectors when both pointers and the size allow it (the widest
+// store an SM issues, and what NVSHMEM's own NVLink put does inside), bytes otherwise.
+// dest: device [num_bytes] on a peer (from nvshmem_ptr); source: local device [num_bytes].
+extern "C" __global__ void store_copy(char* dest, const char* source, uint64_t num_bytes) {
+    const uint64_t thread_idx = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    const uint64_t num_threads = uint64_t(gridDim.x) * blockDim.x;
+    const bool aligned = ((reinterpret_cast<uintptr_t>(dest) | reinterpret_cast<uintptr_t>(source)) & 15) == 0;
+    uint64_t num_vectors = aligned ? num_bytes / 16 : 0;
+    const int4* s = reinterpret_cast<const int4*>(source);
+    int4* d = reinterpret_cast<int4*>(dest);
+    for (uint64_t i = thread_idx; i < num_vectors; i += num_threads) d[i] = s[i];
+    for (uint64_t i = num_vectors * 16 + thread_idx; i < num_bytes; i += num_threads) dest[i] = source[i];
+}
+// ANCHOR_END: store_copy
+
+// ANCHOR: pingpong
+// Latency: PE `initiator` sends `num_bytes` with a signal, the peer waits for it and sends
+// the same back; `num_iters` round trips. Round i sets the signal to i, so a late or repeated
+// message cannot be mistaken for the current one. One block per PE: both kernels must be
+// resident at the same time, and one block per GPU always is.
+// buffer: symmetric [num_bytes]; source: local device [num_bytes]; signal: symmetric u64,
+// zeroed before launch; error: local u64[4].
+extern "C" __global__ void pingpong(char* buffer, const char* source, uint64_t num_bytes, uint64_t* signal,
+                                    int peer, int initiator, uint64_t num_iters, long long timeout_cycles,
+                                    uint64_t* error) {
+    __shared__ int ok;
+    // One thread is enough for a few bytes; a block-wide put spreads larger messages over
+    // all of the block's threads.
+    const bool whole_block = num_bytes > 256;
+    if (threadIdx.x == 0) ok = 1;
+    __syncthreads();
+    for (uint64_t i = 1; i <= num_iters; ++i) {
+        if (!initiator) {
+            if (threadIdx.x == 0) ok = signal_wait_bounded(signal, i, timeout_cycles, peer, error);
+            __syncthreads();
+            if (!ok) return;
+        }
+        if (whole_block) {
+            nvshmemx_putmem_signal_nbi_block(buffer, source, num_bytes, signal, i, NVSHMEM_SIGNAL_SET, peer);
+        } else if (threadIdx.x == 0) {
+            nvshmem_putmem_signal_nbi(buffer, source, num_bytes, signal, i, NVSHMEM_SIGNAL_SET, peer);
+        }
+        if (initiator) {
+            if (threadIdx.x == 0) ok = signal_wait_bounded(signal, i, timeout_cycles, peer, error);
+            __syncthreads();
+            if (!ok) return;
+        }
+    }
+    // Nothing may still be in flight when the kernel ends.
+    nvshmem_quiet();
+}
+// ANCHOR_END: pingpong
