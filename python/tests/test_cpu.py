@@ -1,0 +1,176 @@
+"""CPU tests: what works, and how things fail, on a machine without a GPU (and without torch).
+
+These run in CI (scripts/test.sh). The GPU suite is python/tests/gpu, run under torchrun by
+scripts/gpu_test.sh.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import nvshmem_tutorial as nv
+from nvshmem_tutorial import _native
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _have(module: str) -> bool:
+    try:
+        __import__(module)
+    except ImportError:
+        return False
+    return True
+
+
+def test_version_matches_the_crate():
+    assert nv.__version__ == _native.__version__
+    cargo = (REPO / "Cargo.toml").read_text()
+    workspace_version = re.search(r'^version = "([^"]+)"', cargo, re.M)
+    assert workspace_version, "workspace version not found in Cargo.toml"
+    assert nv.__version__ == workspace_version.group(1)
+
+
+def test_native_module_and_public_names_load():
+    for name in nv.__all__:
+        assert hasattr(nv, name), name
+    assert _native.UNIQUE_ID_BYTES == 128
+    assert _native.pinned_nvshmem_version() == (3, 4, 5)
+
+
+def test_importing_does_not_import_torch():
+    # The package must import on machines without torch: check in a fresh interpreter.
+    code = "import sys, nvshmem_tutorial; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out
+
+
+def test_exception_hierarchy():
+    assert issubclass(nv.NvshmemError, RuntimeError)
+    for cls in (nv.NotInitializedError, nv.NoDeviceError, nv.LibraryError):
+        assert issubclass(cls, nv.NvshmemError)
+    assert issubclass(nv.InvalidArgumentError, ValueError)
+    for cls in (nv.NotSymmetricError, nv.OutOfBoundsError, nv.PeOutOfRangeError):
+        assert issubclass(cls, nv.InvalidArgumentError)
+
+
+def test_library_is_found_and_is_the_pinned_release():
+    path, version = nv.library_info()
+    assert path.endswith("libnvshmem_host.so.3")
+    assert Path(path).exists()
+    assert version == (3, 4, 5)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: nv.my_pe(),
+        lambda: nv.n_pes(),
+        lambda: nv.node_pe(),
+        lambda: nv.node_size(),
+        lambda: nv.empty((4,), None),
+        lambda: nv.zeros(4),
+        lambda: nv.peer_view(None, 0),
+        lambda: nv.put(None, None, 0),
+        lambda: nv.get(None, None, 0),
+        lambda: nv.put_nbi(None, None, 0),
+        lambda: nv.get_nbi(None, None, 0),
+        lambda: nv.barrier(),
+        lambda: nv.quiet(),
+        lambda: nv.collect(),
+        lambda: nv.heap_usage(),
+        lambda: nv.is_symmetric(None),
+    ],
+)
+def test_use_before_init_is_a_clear_error(call):
+    assert not nv.is_initialized()
+    with pytest.raises(nv.NotInitializedError, match=r"nvshmem_tutorial\.init\(\) first"):
+        call()
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: _native.topology(),
+        lambda: _native.alloc(16),
+        lambda: _native.released_ids(),
+        lambda: _native.locate(0x1000, 8),
+        lambda: _native.peer_ptr(0x1000, 8, 0),
+        lambda: _native.put(0x1000, 0x2000, 8, 0, 0),
+        lambda: _native.get(0x1000, 0x2000, 8, 0, 0),
+        lambda: _native.barrier(0),
+        lambda: _native.quiet(0),
+    ],
+)
+def test_native_calls_before_init_raise_instead_of_crashing(call):
+    with pytest.raises(nv.NotInitializedError, match="not initialised"):
+        call()
+
+
+def test_finalize_before_init_is_a_no_op():
+    nv.finalize()
+    assert not nv.is_initialized()
+
+
+def test_init_without_torch_says_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)  # makes `import torch` raise ImportError
+    with pytest.raises(ImportError, match="needs PyTorch"):
+        nv.init()
+
+
+def test_unique_id_of_the_wrong_size_is_rejected():
+    with pytest.raises(nv.InvalidArgumentError, match="exactly 128"):
+        _native.init(0, 1, 0, b"\0" * 12)
+
+
+def test_rank_outside_the_world_is_rejected():
+    with pytest.raises(nv.InvalidArgumentError, match="rank"):
+        _native.init(3, 2, 0, b"\0" * 128)
+
+
+@pytest.mark.skipif(_have("torch"), reason="torch installed: the no-torch path is not reachable")
+def test_without_torch_every_call_that_needs_it_says_so():
+    with pytest.raises(ImportError, match="needs PyTorch"):
+        nv.init()
+
+
+def _driver_present() -> bool:
+    try:
+        _native.probe_driver()
+    except nv.NoDeviceError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(_driver_present(), reason="an NVIDIA driver is present")
+def test_no_gpu_is_a_no_device_error():
+    with pytest.raises(nv.NoDeviceError, match="libcuda.so.1"):
+        _native.probe_driver()
+    # The full native init path reaches the same check without crashing the interpreter.
+    with pytest.raises(nv.NoDeviceError, match="no NVIDIA driver"):
+        _native.init(0, 1, 0, b"\0" * 128)
+    assert not nv.is_initialized()
+
+
+def test_a_broken_library_is_a_library_error_with_the_fix(tmp_path):
+    # A fresh interpreter (the library is not loaded yet) whose NVSHMEM_HOME, searched first,
+    # holds a file that is not a library: loading must fail with the fix, not crash.
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "libnvshmem_host.so.3").write_bytes(b"not an ELF file")
+    code = (
+        "import nvshmem_tutorial as nv\n"
+        "try:\n"
+        "    nv.library_info()\n"
+        "except nv.LibraryError as e:\n"
+        "    print('LibraryError:', e)\n"
+    )
+    env = {"NVSHMEM_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text
+    assert "LibraryError:" in text, text
+    assert "pip install nvidia-nvshmem-cu13==3.4.5" in text, text
