@@ -216,3 +216,73 @@ extern "C" __global__ void pingpong(char* buffer, const char* source, uint64_t n
     nvshmem_quiet();
 }
 // ANCHOR_END: pingpong
+
+// ANCHOR: put_bulk
+// A put through Hopper's bulk-copy (TMA) unit instead of SM stores. Thread 0 of each block
+// streams its slice through shared memory: a bulk load from local HBM completes on an
+// mbarrier, then a bulk store writes the stage into the peer's memory (the pointer
+// nvshmem_ptr gives) without any SM load/store instruction per 16 bytes. BULK_STAGES stores
+// stay in flight per block; a stage is reused only once its store has finished reading it.
+// Where the peer is not load/store reachable (another node), it falls back to NVSHMEM's block
+// put, so the kernel is a put for any PE.
+// dest: symmetric [num_bytes] on `pe`; source: local device [num_bytes]. The `nbi` argument
+// is ignored: the bytes have landed when the kernel ends.
+constexpr uint32_t BULK_CHUNK_BYTES = 8192;
+constexpr int BULK_STAGES = 4;
+
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+extern "C" __global__ void put_bulk(char* dest, const char* source, uint64_t num_bytes, int pe, int nbi) {
+    (void)nbi;
+    char* peer = static_cast<char*>(nvshmem_ptr(dest, pe));
+    const bool aligned = ((reinterpret_cast<uintptr_t>(dest) | reinterpret_cast<uintptr_t>(source)) & 15) == 0;
+    if (peer == nullptr || !aligned) {
+        put_slice<SCOPE_BLOCK>(dest, source, num_bytes, pe, true);
+        return;
+    }
+    __shared__ alignas(128) char stage[BULK_STAGES][BULK_CHUNK_BYTES];
+    __shared__ alignas(8) uint64_t loaded[BULK_STAGES];
+    if (threadIdx.x != 0) return;
+    uint64_t begin, end;
+    slice_bounds(num_bytes, gridDim.x, blockIdx.x, &begin, &end);
+    const uint64_t bulk_end = begin + ((end - begin) & ~uint64_t(15));  // bulk copies move 16 B multiples
+    for (int s = 0; s < BULK_STAGES; ++s) {
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(&loaded[s])));
+    }
+    // Make the initialised barriers visible to the bulk-copy unit (the async proxy).
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    uint32_t phases = 0;
+    int k = 0;
+    for (uint64_t offset = begin; offset < bulk_end; offset += BULK_CHUNK_BYTES, ++k) {
+        const int s = k % BULK_STAGES;
+        const uint32_t n = static_cast<uint32_t>(min(uint64_t(BULK_CHUNK_BYTES), bulk_end - offset));
+        // At most BULK_STAGES - 1 stores may still be reading shared memory: the one that
+        // used stage `s` (BULK_STAGES iterations ago) is done with it.
+        asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(BULK_STAGES - 1) : "memory");
+        const uint32_t bar = shared_address(&loaded[s]);
+        const uint32_t smem = shared_address(stage[s]);
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(n) : "memory");
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                     ::"r"(smem), "l"(source + offset), "r"(n), "r"(bar) : "memory");
+        // A local load always completes; the bound only keeps a broken GPU from hanging us.
+        const uint32_t parity = (phases >> s) & 1u;
+        const bool ok = wait_bounded([&] {
+            uint32_t done;
+            asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                         : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+            return done != 0;
+        }, 2000000000ll);
+        if (!ok) break;  // the destination stays partly unwritten: the caller's check sees it
+        phases ^= 1u << s;
+        asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
+                     ::"l"(peer + offset), "r"(smem), "r"(n) : "memory");
+        asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+    }
+    // Every bulk store complete (written, not just read from shared memory) before we leave.
+    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+    for (uint64_t i = bulk_end; i < end; ++i) peer[i] = source[i];
+    __threadfence_system();
+}
+// ANCHOR_END: put_bulk

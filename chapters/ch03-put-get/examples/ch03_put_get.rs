@@ -40,6 +40,7 @@ enum Op {
     DeviceGet(Scope, Completion),
     DevicePutSignal,
     DeviceStore,
+    DeviceBulkPut,
     HostPut(Completion),
     HostGet(Completion),
     HostPutSignal,
@@ -54,7 +55,7 @@ impl Op {
                 ops.push(Op::DeviceGet(scope, completion));
             }
         }
-        ops.extend([Op::DevicePutSignal, Op::DeviceStore]);
+        ops.extend([Op::DevicePutSignal, Op::DeviceStore, Op::DeviceBulkPut]);
         for completion in Completion::ALL {
             ops.extend([Op::HostPut(completion), Op::HostGet(completion)]);
         }
@@ -68,6 +69,7 @@ impl Op {
             Op::DeviceGet(s, c) => format!("device get  {:<6} {}", s.name(), c.name()),
             Op::DevicePutSignal => "device putmem_signal (block) + signal wait".into(),
             Op::DeviceStore => "device stores through nvshmem_ptr".into(),
+            Op::DeviceBulkPut => "device put through the bulk-copy (TMA) unit".into(),
             Op::HostPut(c) => format!("host put on stream  {}", c.name()),
             Op::HostGet(c) => format!("host get on stream  {}", c.name()),
             Op::HostPutSignal => "host putmem_signal on stream + device wait".into(),
@@ -232,6 +234,10 @@ fn run_case(
         }
         Op::DeviceStore => {
             ops.store(shape, &b.inbox, OFFSET, &b.src_local, count, next)?;
+            Expect::PutInbox
+        }
+        Op::DeviceBulkPut => {
+            ops.put_bulk(shape, &b.inbox, OFFSET, &b.src_local, count, next)?;
             Expect::PutInbox
         }
         Op::HostPut(Completion::Blocking) => {

@@ -35,6 +35,8 @@ const NUM_SAMPLES: usize = 7;
 /// Launch shapes the device put is swept over, per size.
 const PUT_SCOPES: [Scope; 2] = [Scope::Warp, Scope::Block];
 const PUT_BLOCKS: [u32; 6] = [8, 16, 32, 66, 132, 264];
+/// Blocks of the bulk-copy put (one issuing thread each, 32 KiB of shared memory).
+const BULK_BLOCKS: [u32; 5] = [16, 66, 132, 264, 528];
 const STORE_BLOCKS: [u32; 5] = [66, 132, 264, 528, 1056];
 const THREADS: [u32; 3] = [256, 512, 1024];
 /// Latency message sizes, and round trips per timed kernel or graph.
@@ -157,6 +159,34 @@ fn run() -> Result<bool, AnyError> {
                     }
                 }
             }
+            // The same put through the bulk-copy unit: one issuing thread per block, so the
+            // sweep is over blocks (shared memory allows several per SM).
+            for num_blocks in BULK_BLOCKS {
+                let shape = LaunchShape {
+                    num_blocks,
+                    threads_per_block: 32,
+                };
+                let config = shape.checked()?;
+                let us = bench.time_ops(num_bytes, || {
+                    Ok(ops.launch_put_bulk_raw(config, dst.device_ptr(), src_ptr, num_bytes, 1)?)
+                })?;
+                if best.as_ref().is_none_or(|b| us < b.us) {
+                    best = Some(SweepPoint {
+                        method: "put",
+                        scope: "bulk",
+                        shape,
+                        num_bytes,
+                        us,
+                    });
+                }
+                sweep.push(SweepPoint {
+                    method: "put",
+                    scope: "bulk",
+                    shape,
+                    num_bytes,
+                    us,
+                });
+            }
             let best = best.unwrap();
             rows.push(row("put", num_bytes, best.us));
             best_put.push(format!(
@@ -214,9 +244,10 @@ fn run() -> Result<bool, AnyError> {
             .min_by(|a, b| a.us.total_cmp(&b.us))
             .unwrap();
         comments.push(format!(
-            "put: tuned shape at 1 GiB: {} scope, {} blocks x {} threads (swept {:?} x {:?} x {:?})",
+            "put: tuned shape at 1 GiB: {} scope, {} blocks x {} threads (swept {:?} x {:?} x {:?}, \
+             and bulk (TMA) x {:?} blocks x 32 threads)",
             tuned.scope, tuned.shape.num_blocks, tuned.shape.threads_per_block, PUT_SCOPES.map(Scope::name),
-            PUT_BLOCKS, THREADS
+            PUT_BLOCKS, THREADS, BULK_BLOCKS
         ));
     }
     world.barrier_all()?;
@@ -518,8 +549,9 @@ fn header(world: &World, gpu_name: &str) -> Result<Vec<String>, AnyError> {
              1 warm-up + {NUM_SAMPLES} replays between CUDA events, {} MiB L2 flush before each, median",
             FLUSH_BYTES >> 20
         ),
-        "methods: put = nvshmemx_putmem_nbi_{warp,block} + nvshmem_quiet in one kernel; store = int4 \
-         stores through nvshmem_ptr; copy_engine = cuMemcpyDtoDAsync into the peer pointer; \
+        "methods: put = the best device put per size, either nvshmemx_putmem_nbi_{warp,block} + \
+         nvshmem_quiet in one kernel or put_bulk (bulk-copy/TMA stores into the nvshmem_ptr peer \
+         pointer; the sweep csv's scope column says which); store = int4 stores through nvshmem_ptr; copy_engine = cuMemcpyDtoDAsync into the peer pointer; \
          nccl = ncclSend/ncclRecv"
             .into(),
     ])

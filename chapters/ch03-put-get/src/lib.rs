@@ -537,6 +537,7 @@ pub struct DeviceOps<'w> {
     put_signal_ring: CudaFunction,
     wait_signal_copy: CudaFunction,
     store_copy: CudaFunction,
+    put_bulk: CudaFunction,
     pingpong: CudaFunction,
     /// Device [4] u64: (timed out?, PE waited for, expected, seen), written by a kernel that
     /// gave up waiting.
@@ -566,6 +567,7 @@ impl<'w> DeviceOps<'w> {
             put_signal_ring: f("put_signal_ring")?,
             wait_signal_copy: f("wait_signal_copy")?,
             store_copy: f("store_copy")?,
+            put_bulk: f("put_bulk")?,
             pingpong: f("pingpong")?,
             _module: module,
             error,
@@ -830,6 +832,54 @@ impl<'w> DeviceOps<'w> {
         // SAFETY: matches store_copy(char*, const char*, uint64_t).
         unsafe { launch.launch(config) }.map_err(PutGetError::cuda("launching store_copy"))?;
         Ok(())
+    }
+
+    // ANCHOR: device_put_bulk
+    /// Device-initiated put through the bulk-copy (TMA) unit: each block of `shape` streams
+    /// its slice of `src[0..count]` through shared memory into `dst[dst_offset..]` on `pe`
+    /// (NVSHMEM's block put where `pe` is not load/store reachable). The data has landed
+    /// when the kernel ends.
+    #[allow(clippy::too_many_arguments)]
+    pub fn put_bulk<W, T, L>(
+        &self,
+        shape: LaunchShape,
+        dst: &SymmetricBuffer<W, T>,
+        dst_offset: usize,
+        src: &L,
+        count: usize,
+        pe: usize,
+    ) -> Result<(), PutGetError>
+    where
+        W: Deref<Target = World>,
+        T: DeviceRepr,
+        L: LocalBuffer<T>,
+    {
+        let config = shape.checked()?;
+        let dst_ptr = remote_range(dst, dst_offset, count, pe)?;
+        local_range("source", src.num_elements(), 0, count, size_of::<T>())?;
+        let src_ptr = src.device_address(self.world.stream());
+        self.launch_put_bulk_raw(config, dst_ptr, src_ptr, count * size_of::<T>(), pe)
+    }
+    // ANCHOR_END: device_put_bulk
+
+    /// `put_bulk` on raw pointers, for the benchmark (ranges checked by the caller).
+    pub fn launch_put_bulk_raw(
+        &self,
+        config: LaunchConfig,
+        dst_ptr: u64,
+        src_ptr: u64,
+        num_bytes: usize,
+        pe: usize,
+    ) -> Result<(), PutGetError> {
+        self.launch_transfer(
+            &self.put_bulk,
+            config,
+            dst_ptr,
+            src_ptr,
+            num_bytes,
+            pe,
+            Completion::Blocking,
+        )
     }
 
     /// Launches `put_{scope}` on raw pointers, for the benchmark (ranges checked by the
