@@ -8,6 +8,7 @@ for it). Exit code 0: all passed, 1: a check failed, 2: an error stopped the run
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import sys
 import time
@@ -18,6 +19,8 @@ from typing import Callable
 # read their environment.
 for _name in ("NVSHMEM_DISABLE_NVLS", "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST"):
     os.environ.setdefault(_name, "0" if _name == "NCCL_NVLS_ENABLE" else "1")
+
+faulthandler.enable()  # a crash in native code prints the Python stack of every rank
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402

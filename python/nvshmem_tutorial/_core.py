@@ -103,6 +103,26 @@ def _check_tensor(torch: Any, tensor: Any, name: str, runtime: _Runtime) -> None
         )
 
 
+def _tensor_at(address: int, num_bytes: int, anchor: "torch.Tensor") -> "torch.Tensor":
+    """uint8 [num_bytes] on this PE's GPU over device memory at `address`, zero-copy, keeping
+    the symmetric allocation under `anchor` (a local symmetric tensor) alive while torch's
+    storage lives.
+
+    Through DLPack, which names the device explicitly: for a peer's memory the driver would
+    report the peer's GPU, and torch would copy instead of aliasing (see python/src/dlpack.rs).
+    """
+    runtime = _require_init("_tensor_at")
+    torch = _import_torch("_tensor_at")
+    return _from_capsule(torch, _native.to_dlpack(address, num_bytes, anchor.data_ptr()))
+
+
+def _from_capsule(torch: Any, capsule: object) -> "torch.Tensor":
+    """torch.from_dlpack, then mark the capsule consumed so only torch's storage frees it."""
+    tensor = torch.from_dlpack(capsule)
+    _native.mark_consumed(capsule)
+    return tensor
+
+
 def _check_contiguous(tensor: Any, name: str) -> None:
     if not tensor.is_contiguous():
         raise InvalidArgumentError(
@@ -363,7 +383,8 @@ def empty(
         A contiguous ``torch.Tensor`` of ``shape`` and ``dtype`` on ``cuda:<device>`` that
         aliases NVSHMEM's symmetric heap (zero-copy). The same allocation exists on every PE
         at the same heap offset, so it can be the remote side of ``put``/``get`` and of
-        ``peer_view``. Its memory is released when the last tensor over it dies and freed at
+        ``peer_view``. Its memory is released when the last tensor over it (peer views
+        included) dies and freed at
         the next collective point (``empty``, ``collect``, ``finalize``) once every rank has
         released it.
 
@@ -385,10 +406,10 @@ def empty(
             )
     num_bytes = math.prod(dims) * _itemsize(torch, dtype)
     _collect(runtime, (num_bytes, f"empty({dims}, {dtype})"))
-    allocation = _native.alloc(num_bytes)
-    # torch keeps `allocation` alive (and so the memory unreleased) as long as any tensor
-    # sharing this storage lives: views, slices and dtype views included.
-    raw = torch.as_tensor(allocation, device=here)
+    capsule, _allocation_id, _address = _native.alloc(num_bytes)
+    # The storage keeps the allocation unreleased as long as any tensor sharing it lives:
+    # views, slices and dtype views included.
+    raw = _from_capsule(torch, capsule)
     return raw[:num_bytes].view(dtype).view(dims)
 
 
@@ -430,7 +451,7 @@ def peer_view(tensor: "torch.Tensor", pe: int) -> "Optional[torch.Tensor]":
         A tensor of the same shape, dtype and strides, on this PE's GPU (``cuda:<device>``),
         whose elements are ``pe``'s copy, reached by loads and stores over NVLink/PCIe
         (``nvshmem_ptr``). None when ``pe`` is only reachable through put/get (another
-        node). The view keeps ``tensor`` alive. Stores become visible to ``pe`` after a
+        node). The view keeps the symmetric allocation alive. Stores become visible to ``pe`` after a
         ``barrier()``.
 
     Raises ``NotSymmetricError`` for a tensor outside the symmetric heap, ``OutOfBoundsError``
@@ -446,9 +467,7 @@ def peer_view(tensor: "torch.Tensor", pe: int) -> "Optional[torch.Tensor]":
         return None
     if span == 0:
         return torch.empty(tuple(tensor.shape), dtype=tensor.dtype, device=tensor.device)
-    raw = torch.as_tensor(
-        _native.PeerMemory(address, span, tensor), device=torch.device("cuda", runtime.device)
-    )
+    raw = _tensor_at(address, span, tensor)
     return raw.view(tensor.dtype).as_strided(tuple(tensor.shape), tuple(tensor.stride()))
 
 

@@ -5,9 +5,8 @@
 //! module adds only what Python needs on top:
 //!
 //! - one process-wide `Arc<World>` ([`state`]), because Python has no lifetimes to borrow with;
-//! - allocations handed to Python as objects exposing `__cuda_array_interface__`, so torch
-//!   wraps the symmetric memory zero-copy (`torch.as_tensor(allocation)`), and keeps the
-//!   object alive exactly as long as any tensor over it lives;
+//! - allocations handed to torch zero-copy as DLPack capsules ([`dlpack`]) whose storage
+//!   keeps the allocation alive exactly as long as any tensor over it lives;
 //! - the deferred, collective free those objects need ([`state`] explains the rule);
 //! - put/get/barrier/quiet enqueued on a stream the caller names (torch's current stream),
 //!   validated before anything is enqueued.
@@ -16,13 +15,14 @@
 //! and cudarc both use the GPU's primary context, so the addresses mean the same to both.
 //! Every entry point that touches the state or blocks in NVSHMEM releases the GIL.
 
+mod dlpack;
 mod errors;
 mod state;
 
 use ch01_bootstrap::{InitSpec, World};
 use nvshmem_sys::{CudaStream, UNIQUE_ID_BYTES, UniqueId};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyTuple};
+use pyo3::types::PyBytes;
 
 use errors::Error;
 
@@ -135,92 +135,21 @@ fn topology(py: Python<'_>) -> PyResult<(usize, usize, usize, usize, usize)> {
 
 // ---- symmetric allocations ----------------------------------------------------------------
 
-/// One symmetric allocation of this PE, as raw bytes on its GPU. Torch wraps it without a
-/// copy through `__cuda_array_interface__` and holds a reference for as long as any tensor
-/// over it lives; when the last one dies the allocation is *released* (freed at the next
-/// collective point, see `collect`).
-#[pyclass(frozen, module = "nvshmem_tutorial._native")]
-struct SymmetricAllocation {
-    /// Allocation order; the same id names the same allocation on every PE.
-    #[pyo3(get)]
-    id: u64,
-    /// Device pointer [num_bytes] u8 on this PE's GPU.
-    #[pyo3(get)]
-    ptr: u64,
-    /// Bytes requested (the exposed array has max(num_bytes, 1) bytes).
-    #[pyo3(get)]
-    num_bytes: usize,
-    /// CUDA ordinal of the GPU the memory lives on.
-    #[pyo3(get)]
-    device: usize,
-}
-
-/// A `__cuda_array_interface__` (version 3) dict for `num_bytes` bytes at device `ptr`.
-fn byte_array_interface<'py>(
-    py: Python<'py>,
-    ptr: u64,
-    num_bytes: usize,
-) -> PyResult<Bound<'py, PyDict>> {
-    let interface = PyDict::new(py);
-    interface.set_item("shape", PyTuple::new(py, [num_bytes])?)?;
-    interface.set_item("typestr", "|u1")?;
-    interface.set_item("data", (ptr, false))?;
-    interface.set_item("strides", py.None())?;
-    // No "stream" key: the memory has no pending work of ours to wait for.
-    interface.set_item("version", 3)?;
-    Ok(interface)
-}
-
-#[pymethods]
-impl SymmetricAllocation {
-    #[getter]
-    fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        byte_array_interface(py, self.ptr, self.num_bytes.max(1))
-    }
-
-    fn __repr__(&self) -> String {
-        format!(
-            "SymmetricAllocation(id={}, ptr={:#x}, num_bytes={}, device=cuda:{})",
-            self.id, self.ptr, self.num_bytes, self.device
-        )
-    }
-}
-
-impl Drop for SymmetricAllocation {
-    fn drop(&mut self) {
-        // Never nvshmem_free here: it is collective, and refcounts reach zero at different
-        // moments on different ranks. See state.rs.
-        state::release(self.id);
-    }
-}
-
 /// Collective: allocates `num_bytes` bytes (256-byte aligned) on every PE's symmetric heap.
-/// Every rank must call it with the same size, in the same order.
+/// Every rank must call it with the same size, in the same order. Returns (a DLPack capsule
+/// of uint8 [max(num_bytes, 1)] on this PE's GPU, allocation id, device pointer). The
+/// allocation is released when the last torch storage over it (this one, and any peer view)
+/// dies, and freed at the next collective point (see state.rs).
 #[pyfunction]
-fn alloc(py: Python<'_>, num_bytes: usize) -> PyResult<SymmetricAllocation> {
-    let allocation = py.detach(|| {
+fn alloc(py: Python<'_>, num_bytes: usize) -> PyResult<(Py<PyAny>, u64, u64)> {
+    let (id, ptr, device, token) = py.detach(|| {
         state::with_state("alloc", |s| {
-            // ch02 refuses zero-length buffers; a zero-element tensor still gets an address.
-            let buffer = state::Buffer::new(s.world.clone(), num_bytes.max(1))?;
-            let id = state::next_id();
-            let (ptr, device) = (buffer.device_ptr(), s.world.context().ordinal());
-            s.allocations.insert(
-                id,
-                state::Allocation {
-                    buffer,
-                    num_bytes,
-                    released: false,
-                },
-            );
-            Ok(SymmetricAllocation {
-                id,
-                ptr,
-                num_bytes,
-                device,
-            })
+            let (id, ptr, token) = s.alloc(num_bytes)?;
+            Ok((id, ptr, s.world.context().ordinal() as i32, token))
         })
     })?;
-    Ok(allocation)
+    let capsule = dlpack::byte_tensor(py, ptr, num_bytes.max(1), device, token)?;
+    Ok((capsule, id, ptr))
 }
 
 /// Ids released on this rank (no Python reference left) and not yet freed, in allocation
@@ -279,35 +208,26 @@ fn peer_ptr(py: Python<'_>, ptr: u64, num_bytes: usize, pe: i64) -> PyResult<Opt
     .map_err(Into::into)
 }
 
-/// Keeps the tensor a peer view was made from alive while torch holds the view, and exposes
-/// the peer's bytes through `__cuda_array_interface__`.
-#[pyclass(frozen, module = "nvshmem_tutorial._native")]
-struct PeerMemory {
-    /// Device pointer [num_bytes] u8: the peer's copy, mapped into this GPU's address space.
-    #[pyo3(get)]
-    ptr: u64,
-    #[pyo3(get)]
-    num_bytes: usize,
-    /// The local symmetric tensor: while it lives, the allocation (and so the mapping) does.
-    #[pyo3(get)]
-    owner: Py<PyAny>,
+/// A DLPack capsule (1-D uint8, `num_bytes` long) over device address `ptr` on this PE's
+/// GPU, keeping alive the symmetric allocation that contains device address `anchor_ptr`
+/// (for a peer view: the local tensor's address). `torch.from_dlpack` takes the device from
+/// the capsule, so a peer's memory mapped into our address space stays on our device (see
+/// dlpack.rs). Private: the Python layer passes only addresses it has checked.
+#[pyfunction]
+fn to_dlpack(py: Python<'_>, ptr: u64, num_bytes: usize, anchor_ptr: u64) -> PyResult<Py<PyAny>> {
+    let (device, token) = py.detach(|| {
+        state::with_state("to_dlpack", |s| {
+            Ok((s.world.context().ordinal() as i32, s.token_for(anchor_ptr)?))
+        })
+    })?;
+    dlpack::byte_tensor(py, ptr, num_bytes, device, token)
 }
 
-#[pymethods]
-impl PeerMemory {
-    #[new]
-    fn new(ptr: u64, num_bytes: usize, owner: Py<PyAny>) -> Self {
-        Self {
-            ptr,
-            num_bytes,
-            owner,
-        }
-    }
-
-    #[getter]
-    fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        byte_array_interface(py, self.ptr, self.num_bytes)
-    }
+/// After `torch.from_dlpack(capsule)`: makes sure the capsule's destructor leaves the
+/// DLPack deleter to torch (see dlpack.rs).
+#[pyfunction]
+fn mark_consumed(capsule: &Bound<'_, PyAny>) {
+    dlpack::mark_consumed(capsule)
 }
 
 // ---- communication on a stream ------------------------------------------------------------
@@ -512,8 +432,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     ] {
         m.add(name, exception)?;
     }
-    m.add_class::<SymmetricAllocation>()?;
-    m.add_class::<PeerMemory>()?;
     m.add_function(wrap_pyfunction!(library_info, m)?)?;
     m.add_function(wrap_pyfunction!(pinned_nvshmem_version, m)?)?;
     m.add_function(wrap_pyfunction!(probe_driver, m)?)?;
@@ -528,6 +446,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(heap_usage, m)?)?;
     m.add_function(wrap_pyfunction!(locate, m)?)?;
     m.add_function(wrap_pyfunction!(peer_ptr, m)?)?;
+    m.add_function(wrap_pyfunction!(to_dlpack, m)?)?;
+    m.add_function(wrap_pyfunction!(mark_consumed, m)?)?;
     m.add_function(wrap_pyfunction!(put, m)?)?;
     m.add_function(wrap_pyfunction!(get, m)?)?;
     m.add_function(wrap_pyfunction!(barrier, m)?)?;

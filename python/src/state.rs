@@ -8,7 +8,11 @@
 //! that are busy elsewhere: a deadlock, or a heap whose layout differs between PEs.
 //!
 //! So dropping the last reference only *releases* an allocation: its id goes onto
-//! [`RELEASED`]. Memory is returned at collective points that every rank reaches in the same
+//! [`RELEASED`]. "The last reference" is a [`Token`]: every torch storage over the allocation
+//! (the tensor `empty()` returned, and every peer view of it) holds an `Arc` of it in its
+//! DLPack context, and the token's `Drop` does the release. That is plain Rust, with no call
+//! into Python: torch runs DLPack deleters on whichever thread frees the storage, with or
+//! without the GIL. Memory is returned at collective points that every rank reaches in the same
 //! order (`empty()`, `collect()`, `finalize()`): the Python layer gathers every rank's released
 //! ids over torch.distributed and calls [`free_released`] with the intersection, which frees
 //! them in allocation order. An allocation released on one rank but still in use on another
@@ -22,7 +26,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use ch01_bootstrap::World;
 use ch02_symmetric_memory::SymmetricBuffer;
@@ -32,8 +36,23 @@ use crate::errors::Error;
 /// One symmetric allocation, as bytes. Python gives it a dtype and a shape with views.
 pub type Buffer = SymmetricBuffer<Arc<World>, u8>;
 
+/// Alive while any torch storage over the allocation lives; its `Drop` releases it.
+#[derive(Debug)]
+pub struct Token {
+    id: u64,
+}
+
+impl Drop for Token {
+    fn drop(&mut self) {
+        // Never nvshmem_free here: it is collective (see the module docs).
+        release(self.id);
+    }
+}
+
 pub struct Allocation {
     pub buffer: Buffer,
+    /// The token the storages hold; dead once every one of them is gone.
+    pub token: Weak<Token>,
     /// Bytes the caller asked for (the buffer holds at least one byte more when this is 0).
     pub num_bytes: usize,
     /// Python dropped its last reference on this rank.
@@ -92,16 +111,42 @@ pub fn install(init: impl FnOnce() -> Result<World, Error>) -> Result<(), Error>
     Ok(())
 }
 
-/// Called by the Python owner's `Drop`: marks `id` released (never frees; see module docs).
-pub fn release(id: u64) {
+/// Called by [`Token`]'s `Drop`: marks `id` released (never frees; see module docs).
+fn release(id: u64) {
     lock(&RELEASED).push(id);
 }
 
-pub fn next_id() -> u64 {
-    NEXT_ID.fetch_add(1, Ordering::Relaxed)
-}
-
 impl State {
+    /// Collective: a new allocation of `num_bytes` (at least one byte is allocated, so a
+    /// zero-element tensor still has an address). Returns (id, device pointer, token).
+    pub fn alloc(&mut self, num_bytes: usize) -> Result<(u64, u64, Arc<Token>), Error> {
+        let buffer = Buffer::new(self.world.clone(), num_bytes.max(1))?;
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        let token = Arc::new(Token { id });
+        let ptr = buffer.device_ptr();
+        self.allocations.insert(
+            id,
+            Allocation {
+                buffer,
+                token: Arc::downgrade(&token),
+                num_bytes,
+                released: false,
+            },
+        );
+        Ok((id, ptr, token))
+    }
+
+    /// The token of the live allocation containing device address `ptr`, for a new storage
+    /// (a peer view) that must keep the allocation alive.
+    pub fn token_for(&self, ptr: u64) -> Result<Arc<Token>, Error> {
+        let (id, _) = self.locate(ptr, 0)?;
+        self.allocations[&id].token.upgrade().ok_or_else(|| {
+            Error::Invalid(format!(
+                "allocation {id} has been released (no tensor references it any more)"
+            ))
+        })
+    }
+
     /// Moves the ids dropped since the last call into the table, and returns every released,
     /// not yet freed id in allocation order. Ids of earlier worlds are forgotten.
     pub fn take_released(&mut self) -> Vec<u64> {

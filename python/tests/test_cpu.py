@@ -97,6 +97,7 @@ def test_use_before_init_is_a_clear_error(call):
     [
         lambda: _native.topology(),
         lambda: _native.alloc(16),
+        lambda: _native.to_dlpack(0x1000, 16, 0x1000),
         lambda: _native.released_ids(),
         lambda: _native.locate(0x1000, 8),
         lambda: _native.peer_ptr(0x1000, 8, 0),

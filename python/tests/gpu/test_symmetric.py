@@ -192,9 +192,7 @@ def test_bad_arguments_raise_before_anything_is_enqueued():
     local = torch.zeros(256, device="cuda")
     # 512 floats starting at `sym`, which holds 256: torch cannot make such a view of `sym`
     # (storage bounds), so wrap the address directly, as a buggy extension might.
-    overhang = torch.as_tensor(
-        nv._native.PeerMemory(sym.data_ptr(), 2048, sym), device="cuda"
-    ).view(torch.float32)
+    overhang = nv._core._tensor_at(sym.data_ptr(), 2048, sym).view(torch.float32)
     cases = [
         (lambda: nv.put(sym, local.cpu(), 0), nv.InvalidArgumentError, "CPU tensor"),
         (lambda: nv.put(sym.cpu(), local, 0), nv.InvalidArgumentError, "CPU tensor"),
@@ -224,6 +222,7 @@ def test_bad_arguments_raise_before_anything_is_enqueued():
 
 
 def test_different_sizes_on_different_ranks_fail_on_every_rank():
+    nv.collect()  # free what earlier tests released, so `live` only counts what follows
     before = nv.heap_usage()["live"]
     with pytest.raises(nv.InvalidArgumentError, match="identical on every rank"):
         nv.empty((16 + me(),), torch.float32)
@@ -238,14 +237,20 @@ def test_freeing_waits_for_every_rank_and_every_reference():
     nv.collect()
     base = nv.heap_usage()
     x = nv.empty((1 << 20,), torch.float32)
+    gc.collect()
+    # Alive while referenced: neither the capsule's end nor a GC pass releases it.
+    assert nv.heap_usage() == {
+        "live": base["live"] + 1,
+        "released": 0,
+        "bytes": base["bytes"] + (4 << 20),
+    }
     part = x[5:10]
     peer = nv.peer_view(x, ring()[1])
-    assert nv.heap_usage()["live"] == base["live"] + 1
     del x
     gc.collect()
     assert nv.collect() == 0  # `part` and `peer` still hold the allocation
     del part
-    assert nv.collect() == 0  # `peer` keeps the local tensor (and so the allocation) alive
+    assert nv.collect() == 0  # the peer view keeps the allocation alive too
     # Released on rank 0 only: no rank frees it yet (nvshmem_free is collective).
     if me() == 0:
         del peer
