@@ -92,6 +92,20 @@ impl SymmetricError {
 /// `W` is how the buffer holds the world: `&World` in a program (the borrow checker then
 /// proves the buffer dies first), `Arc<World>` where lifetimes cannot be written, as in the
 /// Python package.
+///
+/// A buffer that outlives its world (and so NVSHMEM's heap) does not compile:
+///
+/// ```compile_fail,E0505
+/// # use ch01_bootstrap::World;
+/// # use ch02_symmetric_memory::SymmetricBuffer;
+/// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// let world = World::from_env()?;
+/// let buffer = SymmetricBuffer::<_, f32>::new(&world, 1024)?;
+/// drop(world); // finalize NVSHMEM while `buffer` still points into its heap
+/// buffer.fill_bytes(0)?;
+/// # Ok(())
+/// # }
+/// ```
 pub struct SymmetricBuffer<W: Deref<Target = World>, T> {
     world: W,
     /// Device pointer [len] T, symmetric: the same offset in every PE's heap.
