@@ -22,11 +22,10 @@ __device__ __forceinline__ void slice_bounds(uint64_t num_bytes, uint64_t num_pa
 // ANCHOR_END: slice
 
 // ANCHOR: scoped_put
-// One slice per thread, warp or block (whichever owns the call): the caller of a collective
-// _warp/_block function must be every thread of that warp/block, with the same arguments.
-// dest: symmetric [num_bytes] on `pe`; source: local device [num_bytes].
+// The slice of this thread's owner (itself, its warp or its block) when the grid splits
+// `num_bytes` into one slice per owner.
 template <int S>
-__device__ __forceinline__ void put_slice(char* dest, const char* source, uint64_t num_bytes, int pe, bool nbi) {
+__device__ __forceinline__ void scope_slice(uint64_t num_bytes, uint64_t* begin, uint64_t* end) {
     const uint64_t warps_per_block = blockDim.x / 32;
     uint64_t num_parts, part_idx;
     if (S == SCOPE_THREAD) {
@@ -39,8 +38,16 @@ __device__ __forceinline__ void put_slice(char* dest, const char* source, uint64
         num_parts = gridDim.x;
         part_idx = blockIdx.x;
     }
+    slice_bounds(num_bytes, num_parts, part_idx, begin, end);
+}
+
+// One slice per thread, warp or block (whichever owns the call): the caller of a collective
+// _warp/_block function must be every thread of that warp/block, with the same arguments.
+// dest: symmetric [num_bytes] on `pe`; source: local device [num_bytes].
+template <int S>
+__device__ __forceinline__ void put_slice(char* dest, const char* source, uint64_t num_bytes, int pe, bool nbi) {
     uint64_t begin, end;
-    slice_bounds(num_bytes, num_parts, part_idx, &begin, &end);
+    scope_slice<S>(num_bytes, &begin, &end);
     // A warp or block whose slice is empty skips the call as a whole: the condition is the
     // same for all of its threads, so no thread is left waiting inside a collective call.
     if (begin < end) {
@@ -64,20 +71,8 @@ __device__ __forceinline__ void put_slice(char* dest, const char* source, uint64
 // dest: local device [num_bytes]; source: symmetric [num_bytes] read on `pe`.
 template <int S>
 __device__ __forceinline__ void get_slice(char* dest, const char* source, uint64_t num_bytes, int pe, bool nbi) {
-    const uint64_t warps_per_block = blockDim.x / 32;
-    uint64_t num_parts, part_idx;
-    if (S == SCOPE_THREAD) {
-        num_parts = uint64_t(gridDim.x) * blockDim.x;
-        part_idx = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    } else if (S == SCOPE_WARP) {
-        num_parts = uint64_t(gridDim.x) * warps_per_block;
-        part_idx = uint64_t(blockIdx.x) * warps_per_block + threadIdx.x / 32;
-    } else {
-        num_parts = gridDim.x;
-        part_idx = blockIdx.x;
-    }
     uint64_t begin, end;
-    slice_bounds(num_bytes, num_parts, part_idx, &begin, &end);
+    scope_slice<S>(num_bytes, &begin, &end);
     if (begin < end) {
         char* d = dest + begin;
         const char* s = source + begin;

@@ -70,6 +70,29 @@ struct SweepPoint {
     us: f64,
 }
 
+/// Records one sweep point and keeps it in `best` if it is the fastest so far.
+fn keep_best(
+    best: &mut Option<SweepPoint>,
+    sweep: &mut Vec<SweepPoint>,
+    method: &'static str,
+    scope: &'static str,
+    shape: LaunchShape,
+    num_bytes: usize,
+    us: f64,
+) {
+    let point = SweepPoint {
+        method,
+        scope,
+        shape,
+        num_bytes,
+        us,
+    };
+    if best.as_ref().is_none_or(|b| us < b.us) {
+        *best = Some(SweepPoint { ..point });
+    }
+    sweep.push(point);
+}
+
 fn run() -> Result<bool, AnyError> {
     let world = World::from_env()?;
     let me = world.my_pe();
@@ -139,23 +162,15 @@ fn run() -> Result<bool, AnyError> {
                                 1,
                             )?)
                         })?;
-                        let point = SweepPoint {
-                            method: "put",
-                            scope: scope.name(),
+                        keep_best(
+                            &mut best,
+                            &mut sweep,
+                            "put",
+                            scope.name(),
                             shape,
                             num_bytes,
                             us,
-                        };
-                        if best.as_ref().is_none_or(|b| us < b.us) {
-                            best = Some(SweepPoint { ..point });
-                        }
-                        sweep.push(SweepPoint {
-                            method: "put",
-                            scope: scope.name(),
-                            shape,
-                            num_bytes,
-                            us,
-                        });
+                        );
                     }
                 }
             }
@@ -170,22 +185,7 @@ fn run() -> Result<bool, AnyError> {
                 let us = bench.time_ops(num_bytes, || {
                     Ok(ops.launch_put_bulk_raw(config, dst.device_ptr(), src_ptr, num_bytes, 1)?)
                 })?;
-                if best.as_ref().is_none_or(|b| us < b.us) {
-                    best = Some(SweepPoint {
-                        method: "put",
-                        scope: "bulk",
-                        shape,
-                        num_bytes,
-                        us,
-                    });
-                }
-                sweep.push(SweepPoint {
-                    method: "put",
-                    scope: "bulk",
-                    shape,
-                    num_bytes,
-                    us,
-                });
+                keep_best(&mut best, &mut sweep, "put", "bulk", shape, num_bytes, us);
             }
             let best = best.unwrap();
             rows.push(row("put", num_bytes, best.us));

@@ -602,21 +602,37 @@ impl<'w> DeviceOps<'w> {
         T: DeviceRepr,
         L: LocalBuffer<T>,
     {
+        let kernel = &self.put[scope as usize];
+        self.checked_put(kernel, completion, shape, dst, dst_offset, src, count, pe)
+    }
+    // ANCHOR_END: device_put
+
+    /// The host-side checks every device put makes before launching `kernel`: the launch
+    /// shape, the remote range on `pe` and the local source range.
+    #[allow(clippy::too_many_arguments)]
+    fn checked_put<W, T, L>(
+        &self,
+        kernel: &CudaFunction,
+        completion: Completion,
+        shape: LaunchShape,
+        dst: &SymmetricBuffer<W, T>,
+        dst_offset: usize,
+        src: &L,
+        count: usize,
+        pe: usize,
+    ) -> Result<(), PutGetError>
+    where
+        W: Deref<Target = World>,
+        T: DeviceRepr,
+        L: LocalBuffer<T>,
+    {
         let config = shape.checked()?;
         let dst_ptr = remote_range(dst, dst_offset, count, pe)?;
         local_range("source", src.num_elements(), 0, count, size_of::<T>())?;
         let src_ptr = src.device_address(self.world.stream());
-        self.launch_transfer(
-            &self.put[scope as usize],
-            config,
-            dst_ptr,
-            src_ptr,
-            count * size_of::<T>(),
-            pe,
-            completion,
-        )
+        let num_bytes = count * size_of::<T>();
+        self.launch_transfer(kernel, config, dst_ptr, src_ptr, num_bytes, pe, completion)
     }
-    // ANCHOR_END: device_put
 
     /// Device-initiated get: elements `src_offset..src_offset + count` of `src` on `pe` land
     /// in elements `0..count` of the local `dst`, sliced as in [`DeviceOps::put`].
@@ -854,11 +870,18 @@ impl<'w> DeviceOps<'w> {
         T: DeviceRepr,
         L: LocalBuffer<T>,
     {
-        let config = shape.checked()?;
-        let dst_ptr = remote_range(dst, dst_offset, count, pe)?;
-        local_range("source", src.num_elements(), 0, count, size_of::<T>())?;
-        let src_ptr = src.device_address(self.world.stream());
-        self.launch_put_bulk_raw(config, dst_ptr, src_ptr, count * size_of::<T>(), pe)
+        // Blocking: the kernel waits for its bulk stores before it ends.
+        let completion = Completion::Blocking;
+        self.checked_put(
+            &self.put_bulk,
+            completion,
+            shape,
+            dst,
+            dst_offset,
+            src,
+            count,
+            pe,
+        )
     }
     // ANCHOR_END: device_put_bulk
 
