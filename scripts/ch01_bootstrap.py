@@ -48,6 +48,7 @@ def run() -> bool:
     return tally.finish()
 
 
+# ANCHOR: ring
 def ring_round(num_words: int, job: int, tally: Tally) -> None:
     """One ring pass of `num_words` int32: put to the next PE, check what came from the previous."""
     me, n = nv.my_pe(), nv.n_pes()
@@ -63,6 +64,7 @@ def ring_round(num_words: int, job: int, tally: Tally) -> None:
     wrong = (received != pattern_words(source, num_words, seed)).sum().item()
     print(f"pe {me}: ring of {num_words} words: {wrong} wrong words from pe {source}", flush=True)
     tally.check(wrong == 0, f"{wrong} of {num_words} words from pe {source} are wrong")
+# ANCHOR_END: ring
 
 
 if __name__ == "__main__":

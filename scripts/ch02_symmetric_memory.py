@@ -33,6 +33,7 @@ def run() -> bool:
     return tally.finish()
 
 
+# ANCHOR: same_offset
 def same_offset_everywhere(tally: Tally) -> None:
     """Two allocations made in the same order sit at the same distance on every PE."""
     me, n = nv.my_pe(), nv.n_pes()
@@ -59,6 +60,7 @@ def same_offset_everywhere(tally: Tally) -> None:
         all(d == distance for d in distances),
         f"symmetric offsets differ across PEs: {distances}",
     )
+# ANCHOR_END: same_offset
 
 
 def peer_stores_land_after_a_barrier(tally: Tally) -> None:
