@@ -19,6 +19,16 @@ Typical use (every rank runs the same code)::
     ...
     nv.finalize()
 
+Between two PEs, a put can carry a signal instead of waiting for every PE at a barrier::
+
+    flags = nv.zeros((1,), torch.uint64)        # symmetric signal word(s)
+    nv.barrier()                                # every PE's flags are zero
+    nv.put_signal(x, src, peer, flags[0], 1)    # data, then the peer's flag := 1
+    nv.wait_signal(flags[0], 1)                 # our stream waits for the peer's flag >= 1
+    y = x * 2                                   # sees the peer's data; no host sync
+
+(the wait has no timeout: see ``wait_signal``).
+
 Importing the package needs neither torch nor a GPU; the calls that do raise clear errors
 (``NotInitializedError``, ``NoDeviceError``, ``ImportError``) when they are missing.
 
@@ -74,7 +84,10 @@ from ._core import (  # noqa: E402
     peer_view,
     put,
     put_nbi,
+    put_signal,
     quiet,
+    signal_op,
+    wait_signal,
     zeros,
 )
 from ._native import (  # noqa: E402
@@ -119,6 +132,9 @@ __all__ = [
     "peer_view",
     "put",
     "put_nbi",
+    "put_signal",
     "quiet",
+    "signal_op",
+    "wait_signal",
     "zeros",
 ]

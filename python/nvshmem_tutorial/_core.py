@@ -45,6 +45,7 @@ SUPPORTED_DTYPES: Tuple[str, ...] = (
     "int32",
     "int64",
     "uint8",
+    "uint64",  # signal words (put_signal/wait_signal); torch has few uint64 kernels
     "bool",
 )
 
@@ -424,7 +425,12 @@ def zeros(
     The zeros are ordered before later work on that stream only; call ``barrier()`` before
     peers write into the tensor.
     """
-    return empty(shape, dtype, device=device).zero_()
+    tensor = empty(shape, dtype, device=device)
+    # Zero the bytes, not the elements: all-zero bytes are 0 in every supported dtype, and
+    # torch has no zero_ kernel for some of them (uint64 signal words on older releases).
+    # reshape(-1) of a contiguous tensor is a view, and lets a 0-d tensor be viewed as bytes.
+    tensor.reshape(-1).view(_import_torch("zeros").uint8).zero_()
+    return tensor
 
 
 def is_symmetric(tensor: "torch.Tensor") -> bool:
@@ -497,6 +503,41 @@ def collect() -> int:
 # ---- communication --------------------------------------------------------------------------
 
 
+def _check_copy_pair(
+    torch: Any, what: str, dst: Any, src: Any, runtime: _Runtime, same_numel: bool = False
+) -> None:
+    """dst and src: CUDA tensors on our GPU, same dtype, both contiguous, and the same shape
+    (or, with `same_numel`, the same number of elements: contiguous, so the same bytes)."""
+    _check_tensor(torch, dst, "dst", runtime)
+    _check_tensor(torch, src, "src", runtime)
+    if dst.dtype != src.dtype:
+        raise InvalidArgumentError(
+            f"dst is {dst.dtype} but src is {src.dtype}; {what} copies bytes and needs equal "
+            "dtypes (convert src with .to(dst.dtype) first)"
+        )
+    if same_numel:
+        if dst.numel() != src.numel():
+            raise InvalidArgumentError(
+                f"dst has {dst.numel()} elements (shape {tuple(dst.shape)}) but src has "
+                f"{src.numel()} (shape {tuple(src.shape)}); {what} needs equal numel (slice "
+                "one of them)"
+            )
+    elif dst.shape != src.shape:
+        raise InvalidArgumentError(
+            f"dst has shape {tuple(dst.shape)} but src has {tuple(src.shape)}; {what} needs "
+            "equal shapes (slice or reshape one of them)"
+        )
+    _check_contiguous(dst, "dst")
+    _check_contiguous(src, "src")
+
+
+def _keep_local_alive(torch: Any, stream: "StreamLike", local: "torch.Tensor") -> None:
+    """The caching allocator must not hand a non-symmetric local tensor's memory to someone
+    else while a copy on a side stream may still touch it."""
+    if isinstance(stream, torch.cuda.Stream) and not _is_symmetric_quiet(local):
+        local.record_stream(stream)
+
+
 def _one_sided(
     what: str,
     dst: "torch.Tensor",
@@ -507,20 +548,7 @@ def _one_sided(
 ) -> None:
     runtime = _require_init(what)
     torch = _import_torch(what)
-    _check_tensor(torch, dst, "dst", runtime)
-    _check_tensor(torch, src, "src", runtime)
-    if dst.dtype != src.dtype:
-        raise InvalidArgumentError(
-            f"dst is {dst.dtype} but src is {src.dtype}; {what} copies bytes and needs equal "
-            "dtypes (convert src with .to(dst.dtype) first)"
-        )
-    if dst.shape != src.shape:
-        raise InvalidArgumentError(
-            f"dst has shape {tuple(dst.shape)} but src has {tuple(src.shape)}; {what} needs "
-            "equal shapes (slice or reshape one of them)"
-        )
-    _check_contiguous(dst, "dst")
-    _check_contiguous(src, "src")
+    _check_copy_pair(torch, what, dst, src, runtime)
     pe = _check_pe_type(pe)
     handle = _stream_handle(torch, stream, runtime)
     num_bytes = _num_bytes(dst)
@@ -530,10 +558,7 @@ def _one_sided(
     else:
         _native.get(dst.data_ptr(), src.data_ptr(), num_bytes, pe, handle, nbi)
         local = dst
-    if isinstance(stream, torch.cuda.Stream) and not _is_symmetric_quiet(local):
-        # The caching allocator must not hand the local tensor's memory to someone else
-        # while the copy on a side stream may still touch it.
-        local.record_stream(stream)
+    _keep_local_alive(torch, stream, local)
 
 
 def _is_symmetric_quiet(tensor: "torch.Tensor") -> bool:
@@ -631,3 +656,194 @@ def quiet(*, stream: "StreamLike" = None) -> None:
     runtime = _require_init("quiet")
     torch = _import_torch("quiet")
     _native.quiet(_stream_handle(torch, stream, runtime))
+
+
+# ---- signals: the pairwise handshake --------------------------------------------------------
+#
+# put + barrier completes a transfer by waiting for *every* PE. When only the two PEs of a
+# transfer care, the NVSHMEM idiom is cheaper: the sender's put carries a signal, a u64 word
+# in the receiver's symmetric memory that NVSHMEM updates only after the data has landed, and
+# the receiver's stream waits until the word reaches a value. Every step is enqueued on a
+# stream, so torch kernels before and after need no host synchronisation.
+
+
+def _check_value(value: Any) -> int:
+    """A signal value: a Python int that fits NVSHMEM's uint64_t."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgumentError(
+            f"value must be a Python int in 0..2**64-1, got {type(value).__name__} (use "
+            "int(x) for a tensor or numpy scalar)"
+        )
+    if not 0 <= value < 1 << 64:
+        raise InvalidArgumentError(
+            f"value {value} does not fit a signal word: signals are uint64, 0..2**64-1"
+        )
+    return value
+
+
+def _check_name(kind: str, name: Any, choices: Tuple[str, ...]) -> str:
+    """`name` is one of `choices` (the Rust tables, `_native.SIGNAL_OPS`/`SIGNAL_CMPS`)."""
+    if not isinstance(name, str) or name not in choices:
+        raise InvalidArgumentError(
+            f"{kind}={name!r} is not one of " + ", ".join(repr(c) for c in choices)
+        )
+    return name
+
+
+def _check_signal(torch: Any, signal: Any, runtime: _Runtime) -> int:
+    """One uint64 element of a tensor on our GPU; returns its device address. Whether it lies
+    in the symmetric heap (and is aligned) is Rust's check."""
+    _check_tensor(torch, signal, "signal", runtime)
+    uint64 = getattr(torch, "uint64", None)
+    if uint64 is None or signal.dtype != uint64:
+        raise InvalidArgumentError(
+            f"signal is {signal.dtype}; NVSHMEM signal words are uint64. Allocate them with "
+            "nvshmem_tutorial.empty((n,), torch.uint64) (torch >= 2.3) and pass one element"
+        )
+    if signal.numel() != 1:
+        raise InvalidArgumentError(
+            f"signal has shape {tuple(signal.shape)} ({signal.numel()} elements); pass exactly "
+            "one signal word: signals[i] or signals[i:i+1] of a symmetric uint64 tensor"
+        )
+    return signal.data_ptr()
+
+
+def put_signal(
+    dst: "torch.Tensor",
+    src: "torch.Tensor",
+    pe: int,
+    signal: "torch.Tensor",
+    value: int,
+    *,
+    op: str = "set",
+    nbi: bool = False,
+    stream: "StreamLike" = None,
+) -> None:
+    """Copies ``src`` into ``pe``'s copy of ``dst``, then updates ``pe``'s copy of ``signal``;
+    enqueued on ``stream``.
+
+    NVSHMEM orders the signal after the data: once ``pe`` sees the signal change (for example
+    with ``wait_signal`` on its stream), the bytes are in its ``dst``. No barrier is needed and
+    no third PE is involved.
+
+    Args:
+        dst: symmetric tensor (from ``empty``, or a contiguous slice of one), contiguous, on
+            this PE's GPU; any supported dtype and shape. Written on ``pe``, not here.
+        src: tensor on this PE's GPU (symmetric or not), contiguous, same dtype and number
+            of elements as ``dst`` (shapes may differ: the bytes are copied in order). Zero
+            elements: only the signal is sent.
+        pe: destination PE, 0 <= pe < n_pes() (may be this PE).
+        signal: one uint64 element of a symmetric tensor (``signals[i]`` or
+            ``signals[i:i+1]`` of ``empty((n,), torch.uint64)``) on this PE's GPU; the word
+            updated is ``pe``'s copy. Must not overlap ``dst``.
+        value: Python int, 0 <= value < 2**64.
+        op: ``"set"`` (the word becomes ``value``) or ``"add"`` (atomically adds ``value``;
+            use it when several senders, or several puts, count into one word).
+        nbi: non-blocking: the stream does not wait for ``src`` to be read; do not change
+            ``src`` before ``quiet()`` on the stream. The signal still follows the data.
+        stream: torch.cuda.Stream of this GPU, a raw ``cudaStream_t`` int, or None for
+            torch's current stream. Runs after the work already on it.
+
+    Under CUDA-graph capture the value is baked into the graph: every replay sends the same
+    value, so a receiver waiting for it passes at once on the word the previous replay left.
+    Reset the words between replays (zero them, then a barrier) or count with ``op="add"``
+    against a wait value that the reset makes meaningful again. Blocking ``put_signal`` and
+    ``wait_signal`` capture as they are. ``nbi=True`` does not: with NVSHMEM 3.4.5 (2x H200)
+    ending a capture after ``put_signal(..., nbi=True)`` + ``wait_signal`` fails with
+    ``cudaErrorStreamCaptureUnjoined`` (the non-blocking work evidently runs on a stream of
+    NVSHMEM's own); ``quiet()`` on the stream, which completes it, should join it before the
+    capture ends (not measured under capture).
+
+    Raises before enqueueing anything: ``InvalidArgumentError`` (CPU tensor, wrong device,
+    dtype/numel mismatch, not contiguous, signal not one uint64 element, bad ``op`` or
+    ``value``, signal overlapping ``dst``, misaligned signal), ``NotSymmetricError`` (``dst``
+    or ``signal``), ``OutOfBoundsError``, ``PeOutOfRangeError``, ``NotInitializedError``.
+    """
+    _check_name("op", op, _native.SIGNAL_OPS)
+    value = _check_value(value)
+    runtime = _require_init("put_signal")
+    torch = _import_torch("put_signal")
+    _check_copy_pair(torch, "put_signal", dst, src, runtime, same_numel=True)
+    signal_ptr = _check_signal(torch, signal, runtime)
+    pe = _check_pe_type(pe)
+    handle = _stream_handle(torch, stream, runtime)
+    _native.put_signal(
+        dst.data_ptr(), src.data_ptr(), _num_bytes(dst), signal_ptr, value, op, pe, handle, nbi
+    )
+    _keep_local_alive(torch, stream, src)
+
+
+def signal_op(
+    signal: "torch.Tensor",
+    value: int,
+    pe: int,
+    *,
+    op: str = "set",
+    stream: "StreamLike" = None,
+) -> None:
+    """Updates ``pe``'s copy of ``signal`` (``op`` with ``value``), enqueued on ``stream``.
+
+    A signal without data: "I am ready", "you may overwrite my buffer", a counter. It does
+    *not* wait for earlier ``put``s to land on ``pe``; to publish data use ``put_signal``, or
+    ``quiet()`` before this.
+
+    Args:
+        signal: one uint64 element of a symmetric tensor on this PE's GPU (as for
+            ``put_signal``); the word updated is ``pe``'s copy.
+        value: Python int, 0 <= value < 2**64.
+        pe: target PE, 0 <= pe < n_pes() (may be this PE).
+        op: ``"set"`` or ``"add"`` (atomic).
+        stream: as for ``put_signal``.
+
+    Raises the ``put_signal`` errors that apply, before enqueueing anything.
+    """
+    _check_name("op", op, _native.SIGNAL_OPS)
+    value = _check_value(value)
+    runtime = _require_init("signal_op")
+    torch = _import_torch("signal_op")
+    signal_ptr = _check_signal(torch, signal, runtime)
+    pe = _check_pe_type(pe)
+    _native.signal_op(signal_ptr, value, op, pe, _stream_handle(torch, stream, runtime))
+
+
+def wait_signal(
+    signal: "torch.Tensor",
+    value: int,
+    *,
+    cmp: str = "ge",
+    stream: "StreamLike" = None,
+) -> None:
+    """Enqueued on ``stream``: later work on it waits until ``signal <cmp> value`` holds on
+    this PE's copy of ``signal``. The host does not block.
+
+    After the wait, the stream sees the data of every ``put_signal`` whose signal update
+    made the comparison true, so a torch kernel enqueued next may read that ``dst``.
+
+    Args:
+        signal: one uint64 element of a symmetric tensor (``signals[i]`` or
+            ``signals[i:i+1]`` of ``empty((n,), torch.uint64)``) on this PE's GPU.
+        value: Python int, 0 <= value < 2**64.
+        cmp: ``"ge"`` (default: counters and increasing sequence numbers, robust to a
+            sender that is already further ahead), ``"eq"``, ``"ne"``, ``"gt"``, ``"lt"``,
+            ``"le"``.
+        stream: as for ``put_signal``.
+
+    Hazard: the wait is unbounded. NVSHMEM's on-stream wait has no timeout, so if no PE ever
+    makes the comparison true (a peer crashed, skipped its ``put_signal``, sent another value,
+    or a graph replay expects a value the words were not reset for), the stream stalls for
+    good, and so does every host call that synchronises with it (``.item()``,
+    ``torch.cuda.synchronize()``, the next collective). This package cannot bound it from
+    Python (that needs a spin-wait kernel with a deadline, which it does not ship), so it
+    validates every argument before enqueueing: a mistake is an exception, never a hang.
+    Keep ``put_signal`` and ``wait_signal`` paired by construction (same loop, same counter).
+
+    Raises before enqueueing anything: ``InvalidArgumentError`` (CPU tensor, wrong device,
+    signal not one uint64 element, bad ``cmp`` or ``value``, misaligned signal),
+    ``NotSymmetricError``, ``OutOfBoundsError``, ``NotInitializedError``.
+    """
+    _check_name("cmp", cmp, _native.SIGNAL_CMPS)
+    value = _check_value(value)
+    runtime = _require_init("wait_signal")
+    torch = _import_torch("wait_signal")
+    signal_ptr = _check_signal(torch, signal, runtime)
+    _native.wait_signal(signal_ptr, cmp, value, _stream_handle(torch, stream, runtime))

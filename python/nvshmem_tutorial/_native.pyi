@@ -5,6 +5,10 @@ from typing import List, Optional, Tuple
 
 __version__: str
 UNIQUE_ID_BYTES: int
+SIGNAL_OPS: Tuple[str, ...]
+"""Names put_signal/signal_op take as ``op``: ("set", "add")."""
+SIGNAL_CMPS: Tuple[str, ...]
+"""Names wait_signal takes as ``cmp``: ("eq", "ne", "gt", "ge", "lt", "le")."""
 
 class NvshmemError(RuntimeError): ...
 class NotInitializedError(NvshmemError): ...
@@ -39,3 +43,24 @@ def put(dst_ptr: int, src_ptr: int, num_bytes: int, pe: int, stream: int, nbi: b
 def get(dst_ptr: int, src_ptr: int, num_bytes: int, pe: int, stream: int, nbi: bool = False) -> None: ...
 def barrier(stream: int) -> None: ...
 def quiet(stream: int) -> None: ...
+def signal_op_code(op: str) -> int:
+    """NVSHMEM's nvshmemx_signal_op_t for ``op``; InvalidArgumentError for an unknown name."""
+def signal_cmp_code(cmp: str) -> int:
+    """NVSHMEM's nvshmemx_cmp_type_t for ``cmp``; InvalidArgumentError for an unknown name."""
+def put_signal(
+    dst_ptr: int,
+    src_ptr: int,
+    num_bytes: int,
+    signal_ptr: int,
+    value: int,
+    op: str,
+    pe: int,
+    stream: int,
+    nbi: bool = False,
+) -> None:
+    """``num_bytes`` from local ``src_ptr`` into ``pe``'s symmetric ``dst_ptr``, then ``op``
+    ("set"/"add") ``value`` into ``pe``'s symmetric, 8-byte aligned u64 at ``signal_ptr``."""
+def signal_op(signal_ptr: int, value: int, op: str, pe: int, stream: int) -> None: ...
+def wait_signal(signal_ptr: int, cmp: str, value: int, stream: int) -> None:
+    """Stalls ``stream`` until the local u64 at ``signal_ptr`` satisfies ``<cmp> value``
+    (no timeout)."""

@@ -8,8 +8,9 @@
 //! - allocations handed to torch zero-copy as DLPack capsules ([`dlpack`]) whose storage
 //!   keeps the allocation alive exactly as long as any tensor over it lives;
 //! - the deferred, collective free those objects need ([`state`] explains the rule);
-//! - put/get/barrier/quiet enqueued on a stream the caller names (torch's current stream),
-//!   validated before anything is enqueued.
+//! - put/get/barrier/quiet, and the pairwise signal handshake (put_signal, signal_op,
+//!   wait_signal), enqueued on a stream the caller names (torch's current stream), validated
+//!   before anything is enqueued.
 //!
 //! Pointers cross the boundary as integers (`tensor.data_ptr()`, `stream.cuda_stream`): torch
 //! and cudarc both use the GPU's primary context, so the addresses mean the same to both.
@@ -19,10 +20,12 @@ mod dlpack;
 mod errors;
 mod state;
 
+use std::ffi::c_int;
+
 use ch01_bootstrap::{InitSpec, World};
 use nvshmem_sys::{CudaStream, UNIQUE_ID_BYTES, UniqueId};
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyTuple};
 
 use errors::Error;
 
@@ -398,6 +401,266 @@ fn quiet(py: Python<'_>, stream: u64) -> PyResult<()> {
     .map_err(Into::into)
 }
 
+// ---- signals: the pairwise handshake -------------------------------------------------------
+//
+// A global barrier answers "has every PE finished?" when a pair of PEs only needs "has my
+// partner's data landed?". The NVSHMEM idiom for the latter: the sender's put carries a signal
+// (NVSHMEM updates a u64 word on the receiver only after the data is visible there), and the
+// receiver's stream waits until that word reaches a value. No third PE is involved.
+
+/// Signal update operations by the name Python passes, and NVSHMEM's code for each.
+const SIGNAL_OPS: [(&str, c_int); 2] = [
+    ("set", nvshmem_sys::SIGNAL_SET),
+    ("add", nvshmem_sys::SIGNAL_ADD),
+];
+
+/// Comparisons `wait_signal` can wait for (`signal <cmp> value`), by name, and NVSHMEM's code.
+const SIGNAL_CMPS: [(&str, c_int); 6] = [
+    ("eq", nvshmem_sys::CMP_EQ),
+    ("ne", nvshmem_sys::CMP_NE),
+    ("gt", nvshmem_sys::CMP_GT),
+    ("ge", nvshmem_sys::CMP_GE),
+    ("lt", nvshmem_sys::CMP_LT),
+    ("le", nvshmem_sys::CMP_LE),
+];
+
+/// Bytes of one signal word (`uint64_t`).
+const SIGNAL_BYTES: usize = 8;
+
+/// Looks `name` up in `table`, or says which names exist. Needs no NVSHMEM: argument errors
+/// come before "not initialised", so they can be tested on any machine.
+fn parse_name(table: &[(&str, c_int)], what: &str, name: &str) -> Result<c_int, Error> {
+    table
+        .iter()
+        .find(|(known, _)| *known == name)
+        .map(|&(_, code)| code)
+        .ok_or_else(|| {
+            let known: Vec<String> = table.iter().map(|(n, _)| format!("{n:?}")).collect();
+            Error::Invalid(format!(
+                "{what}={name:?} is not one of {}",
+                known.join(", ")
+            ))
+        })
+}
+
+/// NVSHMEM's code for signal operation `op` ("set" or "add"). Raises InvalidArgumentError for
+/// anything else. Needs no NVSHMEM.
+#[pyfunction]
+fn signal_op_code(op: &str) -> PyResult<i32> {
+    Ok(parse_name(&SIGNAL_OPS, "op", op)?)
+}
+
+/// NVSHMEM's code for comparison `cmp` ("eq", "ne", "gt", "ge", "lt", "le"). Raises
+/// InvalidArgumentError for anything else. Needs no NVSHMEM.
+#[pyfunction]
+fn signal_cmp_code(cmp: &str) -> PyResult<i32> {
+    Ok(parse_name(&SIGNAL_CMPS, "cmp", cmp)?)
+}
+
+impl state::State {
+    /// `Err` unless `ptr` is one whole, 8-byte aligned u64 inside a live symmetric allocation:
+    /// the only kind of word NVSHMEM's signal operations may touch (its atomics need alignment,
+    /// and the remote PE finds the word at the same heap offset).
+    fn check_signal(&self, ptr: u64) -> Result<(), Error> {
+        self.locate(ptr, SIGNAL_BYTES)?;
+        if !ptr.is_multiple_of(SIGNAL_BYTES as u64) {
+            return Err(Error::Invalid(format!(
+                "signal word at device address {ptr:#x} is not 8-byte aligned; NVSHMEM's signal \
+                 atomics need aligned u64 words. Use an element of a tensor from \
+                 nvshmem_tutorial.empty((n,), torch.uint64)"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Binds the world's context to this thread: NVSHMEM's on-stream calls use the current
+    /// context, and the GIL-free thread we run on may never have had one.
+    fn bind(&self) -> Result<(), Error> {
+        self.world
+            .context()
+            .bind_to_thread()
+            .map_err(Error::cuda("binding the context"))
+    }
+}
+
+/// One put-with-signal as Python asked for it.
+struct PutSignal {
+    /// Device pointer [num_bytes] u8, symmetric: written on `pe`.
+    dst_ptr: u64,
+    /// Device pointer [num_bytes] u8 on this GPU.
+    src_ptr: u64,
+    num_bytes: usize,
+    /// Device pointer to one u64, symmetric: updated on `pe` after the data landed there.
+    signal_ptr: u64,
+    value: u64,
+    op: c_int,
+    pe: i64,
+    stream: u64,
+    nbi: bool,
+}
+
+/// Enqueues on `stream`: copy `num_bytes` from local `src_ptr` into `pe`'s copy of symmetric
+/// `dst_ptr`, then update `pe`'s copy of the symmetric u64 at `signal_ptr` with `op` ("set"
+/// or "add") and `value`. NVSHMEM orders the signal after the data: a PE that sees the signal
+/// change sees the bytes. `nbi`: the stream does not wait for the source to be read (reuse it
+/// only after `quiet`). With `num_bytes == 0` only the signal is sent.
+#[pyfunction]
+#[pyo3(signature = (dst_ptr, src_ptr, num_bytes, signal_ptr, value, op, pe, stream, nbi=false))]
+#[allow(clippy::too_many_arguments)] // mirrors nvshmemx_putmem_signal_on_stream one to one
+fn put_signal(
+    py: Python<'_>,
+    dst_ptr: u64,
+    src_ptr: u64,
+    num_bytes: usize,
+    signal_ptr: u64,
+    value: u64,
+    op: &str,
+    pe: i64,
+    stream: u64,
+    nbi: bool,
+) -> PyResult<()> {
+    let op = parse_name(&SIGNAL_OPS, "op", op)?;
+    let call = PutSignal {
+        dst_ptr,
+        src_ptr,
+        num_bytes,
+        signal_ptr,
+        value,
+        op,
+        pe,
+        stream,
+        nbi,
+    };
+    py.detach(|| state::with_state("put_signal", |s| enqueue_put_signal(s, call)))
+        .map_err(Into::into)
+}
+
+fn enqueue_put_signal(s: &mut state::State, call: PutSignal) -> Result<(), Error> {
+    let pe = s.check_pe(call.pe)? as i32;
+    s.check_signal(call.signal_ptr)?;
+    if call.num_bytes > 0 {
+        s.locate(call.dst_ptr, call.num_bytes)?;
+        let dst_end = call.dst_ptr + call.num_bytes as u64;
+        if call.signal_ptr < dst_end && call.dst_ptr < call.signal_ptr + SIGNAL_BYTES as u64 {
+            // The data would land on the word that says it has landed: the receiver could see
+            // a "signal" written by the copy, or the copy could overwrite the signal.
+            return Err(Error::Invalid(format!(
+                "signal word {:#x} lies inside dst ({:#x}..{dst_end:#x}); keep signal words in \
+                 a tensor of their own (nvshmem_tutorial.empty((n,), torch.uint64))",
+                call.signal_ptr, call.dst_ptr
+            )));
+        }
+    }
+    s.bind()?;
+    let nvshmem = s.world.nvshmem();
+    let stream = stream_handle(call.stream);
+    let signal = call.signal_ptr as usize as *mut u64;
+    let (dst, src) = (call.dst_ptr as usize, call.src_ptr as usize);
+    // SAFETY: NVSHMEM is initialised (we hold the state); the destination range and the
+    // signal word lie inside live symmetric allocations and the word is aligned (checked
+    // above); the source is `num_bytes` of device memory on this GPU (checked by the Python
+    // layer); every call only enqueues work on `stream`.
+    unsafe {
+        if call.num_bytes == 0 {
+            // Nothing to copy, but the receiver still counts on the signal.
+            (nvshmem.signal_op_on_stream)(signal, call.value, call.op, pe, stream);
+        } else if call.nbi {
+            (nvshmem.putmem_signal_nbi_on_stream)(
+                dst as _,
+                src as _,
+                call.num_bytes,
+                signal,
+                call.value,
+                call.op,
+                pe,
+                stream,
+            );
+        } else {
+            (nvshmem.putmem_signal_on_stream)(
+                dst as _,
+                src as _,
+                call.num_bytes,
+                signal,
+                call.value,
+                call.op,
+                pe,
+                stream,
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Enqueues on `stream`: update `pe`'s copy of the symmetric u64 at `signal_ptr` with `op`
+/// ("set" or "add") and `value`, after the work already on the stream. Carries no data: to
+/// publish data with it, complete the puts first (`quiet`), or use `put_signal`.
+#[pyfunction]
+fn signal_op(
+    py: Python<'_>,
+    signal_ptr: u64,
+    value: u64,
+    op: &str,
+    pe: i64,
+    stream: u64,
+) -> PyResult<()> {
+    let op = parse_name(&SIGNAL_OPS, "op", op)?;
+    py.detach(|| {
+        state::with_state("signal_op", |s| {
+            let pe = s.check_pe(pe)? as i32;
+            s.check_signal(signal_ptr)?;
+            s.bind()?;
+            // SAFETY: initialised; the word is an aligned u64 of a live symmetric allocation
+            // (checked above); the call only enqueues work on `stream`.
+            unsafe {
+                (s.world.nvshmem().signal_op_on_stream)(
+                    signal_ptr as usize as *mut u64,
+                    value,
+                    op,
+                    pe,
+                    stream_handle(stream),
+                )
+            };
+            Ok(())
+        })
+    })
+    .map_err(Into::into)
+}
+
+/// Enqueues on `stream`: later work on it waits until this PE's symmetric u64 at
+/// `signal_ptr` satisfies `signal <cmp> value` (nvshmemx_signal_wait_until_on_stream).
+///
+/// The wait has no timeout inside NVSHMEM: if no PE ever makes the comparison true, the
+/// stream stalls for good (and so does anything that synchronises with it). Everything is
+/// validated here, before the wait is enqueued, so a bad argument can never become a hang.
+#[pyfunction]
+fn wait_signal(
+    py: Python<'_>,
+    signal_ptr: u64,
+    cmp: &str,
+    value: u64,
+    stream: u64,
+) -> PyResult<()> {
+    let cmp = parse_name(&SIGNAL_CMPS, "cmp", cmp)?;
+    py.detach(|| {
+        state::with_state("wait_signal", |s| {
+            s.check_signal(signal_ptr)?;
+            s.bind()?;
+            // SAFETY: initialised; the word is an aligned u64 of a live symmetric allocation
+            // (checked above); the call only enqueues work on `stream`.
+            unsafe {
+                (s.world.nvshmem().signal_wait_until_on_stream)(
+                    signal_ptr as usize as *mut u64,
+                    cmp,
+                    value,
+                    stream_handle(stream),
+                )
+            };
+            Ok(())
+        })
+    })
+    .map_err(Into::into)
+}
+
 // ---- the module ---------------------------------------------------------------------------
 
 #[pymodule]
@@ -405,6 +668,15 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("UNIQUE_ID_BYTES", UNIQUE_ID_BYTES)?;
+    // The names put_signal/signal_op take as `op` and wait_signal as `cmp`, in table order.
+    m.add(
+        "SIGNAL_OPS",
+        PyTuple::new(py, SIGNAL_OPS.map(|(name, _)| name))?,
+    )?;
+    m.add(
+        "SIGNAL_CMPS",
+        PyTuple::new(py, SIGNAL_CMPS.map(|(name, _)| name))?,
+    )?;
     for (name, exception) in [
         ("NvshmemError", py.get_type::<errors::NvshmemError>()),
         (
@@ -452,5 +724,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(get, m)?)?;
     m.add_function(wrap_pyfunction!(barrier, m)?)?;
     m.add_function(wrap_pyfunction!(quiet, m)?)?;
+    m.add_function(wrap_pyfunction!(signal_op_code, m)?)?;
+    m.add_function(wrap_pyfunction!(signal_cmp_code, m)?)?;
+    m.add_function(wrap_pyfunction!(put_signal, m)?)?;
+    m.add_function(wrap_pyfunction!(signal_op, m)?)?;
+    m.add_function(wrap_pyfunction!(wait_signal, m)?)?;
     Ok(())
 }

@@ -81,6 +81,11 @@ def test_library_is_found_and_is_the_pinned_release():
         lambda: nv.get_nbi(None, None, 0),
         lambda: nv.barrier(),
         lambda: nv.quiet(),
+        lambda: nv.put_signal(None, None, 0, None, 1),
+        lambda: nv.put_signal(None, None, 0, None, 1, op="add", nbi=True),
+        lambda: nv.signal_op(None, 1, 0),
+        lambda: nv.wait_signal(None, 1),
+        lambda: nv.wait_signal(None, 0, cmp="eq"),
         lambda: nv.collect(),
         lambda: nv.heap_usage(),
         lambda: nv.is_symmetric(None),
@@ -105,11 +110,73 @@ def test_use_before_init_is_a_clear_error(call):
         lambda: _native.get(0x1000, 0x2000, 8, 0, 0),
         lambda: _native.barrier(0),
         lambda: _native.quiet(0),
+        lambda: _native.put_signal(0x1000, 0x2000, 8, 0x3000, 1, "set", 0, 0),
+        lambda: _native.signal_op(0x3000, 1, "add", 0, 0),
+        lambda: _native.wait_signal(0x3000, "ge", 1, 0),
     ],
 )
 def test_native_calls_before_init_raise_instead_of_crashing(call):
     with pytest.raises(nv.NotInitializedError, match="not initialised"):
         call()
+
+
+def test_signal_names_are_nvshmems_constants():
+    # The Rust tables behind op=/cmp=, checked against nvshmem-sys/src/types.rs's values
+    # (nvshmemx_signal_op_t, nvshmemx_cmp_type_t).
+    assert _native.SIGNAL_OPS == ("set", "add")
+    assert [_native.signal_op_code(op) for op in _native.SIGNAL_OPS] == [9, 10]
+    assert _native.SIGNAL_CMPS == ("eq", "ne", "gt", "ge", "lt", "le")
+    codes = [_native.signal_cmp_code(cmp) for cmp in _native.SIGNAL_CMPS]
+    assert codes == [0, 1, 2, 5, 4, 3]
+    assert "uint64" in nv.SUPPORTED_DTYPES  # signal words are symmetric uint64 tensors
+
+
+# Scalar arguments are checked before anything else, so these need neither NVSHMEM nor torch
+# (the tensor checks, which need torch, are in python/tests/gpu/test_signals.py).
+@pytest.mark.parametrize(
+    "call, text",
+    [
+        (lambda: nv.put_signal(None, None, 0, None, 1, op="xor"), "op='xor' is not one of"),
+        (lambda: nv.put_signal(None, None, 0, None, 1, op="SET"), "'set', 'add'"),
+        (lambda: nv.put_signal(None, None, 0, None, 1, op=None), "op=None"),
+        (lambda: nv.put_signal(None, None, 0, None, -1), "0..2\\*\\*64-1"),
+        (lambda: nv.put_signal(None, None, 0, None, 1 << 64), "does not fit"),
+        (lambda: nv.put_signal(None, None, 0, None, 1.0), "must be a Python int"),
+        (lambda: nv.put_signal(None, None, 0, None, True), "must be a Python int"),
+        (lambda: nv.signal_op(None, 1, 0, op="inc"), "op='inc'"),
+        (lambda: nv.signal_op(None, -5, 0), "does not fit"),
+        (lambda: nv.wait_signal(None, 1, cmp=">="), "cmp='>=' is not one of"),
+        (lambda: nv.wait_signal(None, 1, cmp="gte"), "'ge'"),
+        (lambda: nv.wait_signal(None, "1"), "must be a Python int"),
+        (lambda: nv.wait_signal(None, 2**64), "does not fit"),
+    ],
+)
+def test_bad_signal_arguments_are_rejected_before_anything_else(call, text):
+    assert not nv.is_initialized()
+    with pytest.raises(nv.InvalidArgumentError, match=text):
+        call()
+
+
+@pytest.mark.parametrize(
+    "call, text",
+    [
+        (lambda: _native.put_signal(0x1000, 0x2000, 8, 0x3000, 1, "or", 0, 0), 'op="or"'),
+        (lambda: _native.signal_op(0x3000, 1, "", 0, 0), 'op=""'),
+        (lambda: _native.wait_signal(0x3000, "GE", 1, 0), 'cmp="GE" is not one of'),
+        (lambda: _native.signal_op_code("swap"), '"set", "add"'),
+        (lambda: _native.signal_cmp_code("equal"), '"eq", "ne", "gt", "ge", "lt", "le"'),
+    ],
+)
+def test_native_signal_names_are_checked_before_nvshmem(call, text):
+    # The native layer does not trust the Python one: a direct call with a bad name is an
+    # argument error too, raised before it asks whether NVSHMEM is up.
+    with pytest.raises(nv.InvalidArgumentError, match=text):
+        call()
+
+
+def test_native_signal_value_must_fit_u64():
+    with pytest.raises(OverflowError):
+        _native.wait_signal(0x3000, "ge", -1, 0)
 
 
 def test_finalize_before_init_is_a_no_op():
