@@ -250,6 +250,7 @@ def bench(tally: Tally, csv_path: Optional[str]) -> None:
         src = bench_bytes(num_bytes, me)
         recv = torch.empty(num_bytes, dtype=torch.uint8, device="cuda")
 
+        # ANCHOR: exchanges
         def put_signal_exchange(i: int) -> None:
             # The values are baked into a captured graph, so each replay sends the same adds
             # and waits for the same counts 1..K: correct only because the word is zeroed
@@ -271,6 +272,8 @@ def bench(tally: Tally, csv_path: Optional[str]) -> None:
             ops = [dist.P2POp(dist.isend, src, peer), dist.P2POp(dist.irecv, recv, peer)]
             for work in dist.batch_isend_irecv(ops):
                 work.wait()
+
+        # ANCHOR_END: exchanges
 
         row: Dict[str, object] = {"bytes": num_bytes}
         for system, op, reset in (

@@ -212,6 +212,7 @@ def _gather(payload: Any, runtime: _Runtime) -> list:
     return gathered
 
 
+# ANCHOR: collect
 def _collect(runtime: _Runtime, request: Optional[Tuple[int, str]] = None) -> int:
     """Collective: frees what every rank released; checks an allocation request agrees.
 
@@ -238,6 +239,7 @@ def _collect(runtime: _Runtime, request: Optional[Tuple[int, str]] = None) -> in
                 "on every rank"
             )
     return freed
+# ANCHOR_END: collect
 
 
 # ---- bootstrap -------------------------------------------------------------------------------
@@ -296,6 +298,7 @@ def init(group: "Optional[torch.distributed.ProcessGroup]" = None) -> None:
     world_size = dist.get_world_size(group)
     runtime = _Runtime(group, device)
 
+    # ANCHOR: init_exchange
     # Local readiness, then one exchange that also carries rank 0's unique id.
     try:
         _native.probe_driver()
@@ -312,6 +315,7 @@ def init(group: "Optional[torch.distributed.ProcessGroup]" = None) -> None:
         raise exception(f"rank {first_rank}{others} cannot initialise NVSHMEM: {message}")
     unique_id = statuses[0][1]
     _native.init(rank, world_size, device, unique_id)
+    # ANCHOR_END: init_exchange
     _runtime = runtime
 
 
