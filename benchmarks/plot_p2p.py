@@ -16,7 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 BANDWIDTH = {
-    "put": "NVSHMEM device put (tuned)",
+    "put": "best device put (NVSHMEM or bulk-copy, tuned)",
     "store": "stores through nvshmem_ptr",
     "copy_engine": "copy engine (cuMemcpyDtoDAsync)",
     "nccl": "NCCL send/recv",
