@@ -214,7 +214,7 @@ extern "C" __global__ void pingpong(char* buffer, const char* source, uint64_t n
 
 // ANCHOR: put_bulk
 // A put through Hopper's bulk-copy (TMA) unit instead of SM stores. Thread 0 of each block
-// streams its slice through shared memory: a bulk load from local HBM completes on an
+// streams its chunks through shared memory: a bulk load from local HBM completes on an
 // mbarrier, then a bulk store writes the stage into the peer's memory (the pointer
 // nvshmem_ptr gives) without any SM load/store instruction per 16 bytes. BULK_STAGES stores
 // stay in flight per block; a stage is reused only once its store has finished reading it.
@@ -240,9 +240,13 @@ extern "C" __global__ void put_bulk(char* dest, const char* source, uint64_t num
     __shared__ alignas(128) char stage[BULK_STAGES][BULK_CHUNK_BYTES];
     __shared__ alignas(8) uint64_t loaded[BULK_STAGES];
     if (threadIdx.x != 0) return;
-    uint64_t begin, end;
-    slice_bounds(num_bytes, gridDim.x, blockIdx.x, &begin, &end);
-    const uint64_t bulk_end = begin + ((end - begin) & ~uint64_t(15));  // bulk copies move 16 B multiples
+    // Chunks go round-robin over the blocks, so that at any moment the grid writes one
+    // window of the destination (not one far-apart region per block); a chunk is as large as
+    // an even split allows, at most BULK_CHUNK_BYTES, so small messages still use every block.
+    const uint64_t bulk_bytes = num_bytes & ~uint64_t(15);  // bulk copies move 16 B multiples
+    const uint64_t even_share = ((num_bytes + gridDim.x - 1) / gridDim.x + 15) & ~uint64_t(15);
+    const uint64_t chunk = min(uint64_t(BULK_CHUNK_BYTES), max(uint64_t(16), even_share));
+    const uint64_t stride = chunk * gridDim.x;
     for (int s = 0; s < BULK_STAGES; ++s) {
         asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(&loaded[s])));
     }
@@ -250,9 +254,9 @@ extern "C" __global__ void put_bulk(char* dest, const char* source, uint64_t num
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     uint32_t phases = 0;
     int k = 0;
-    for (uint64_t offset = begin; offset < bulk_end; offset += BULK_CHUNK_BYTES, ++k) {
+    for (uint64_t offset = blockIdx.x * chunk; offset < bulk_bytes; offset += stride, ++k) {
         const int s = k % BULK_STAGES;
-        const uint32_t n = static_cast<uint32_t>(min(uint64_t(BULK_CHUNK_BYTES), bulk_end - offset));
+        const uint32_t n = static_cast<uint32_t>(min(chunk, bulk_bytes - offset));
         // At most BULK_STAGES - 1 stores may still be reading shared memory: the one that
         // used stage `s` (BULK_STAGES iterations ago) is done with it.
         asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(BULK_STAGES - 1) : "memory");
@@ -277,7 +281,9 @@ extern "C" __global__ void put_bulk(char* dest, const char* source, uint64_t num
     }
     // Every bulk store complete (written, not just read from shared memory) before we leave.
     asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-    for (uint64_t i = bulk_end; i < end; ++i) peer[i] = source[i];
+    if (blockIdx.x == 0) {
+        for (uint64_t i = bulk_bytes; i < num_bytes; ++i) peer[i] = source[i];
+    }
     __threadfence_system();
 }
 // ANCHOR_END: put_bulk
