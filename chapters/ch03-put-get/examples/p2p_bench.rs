@@ -194,7 +194,7 @@ fn run() -> Result<bool, AnyError> {
                 best.scope, best.shape.num_blocks, best.shape.threads_per_block
             ));
             // Stores through nvshmem_ptr, every shape.
-            let mut best_store = f64::INFINITY;
+            let mut best_store: Option<SweepPoint> = None;
             for num_blocks in STORE_BLOCKS {
                 for threads_per_block in THREADS {
                     let shape = LaunchShape {
@@ -205,17 +205,18 @@ fn run() -> Result<bool, AnyError> {
                     let us = bench.time_ops(num_bytes, || {
                         Ok(ops.launch_store(config, peer_dst, src_ptr, num_bytes as u64)?)
                     })?;
-                    best_store = best_store.min(us);
-                    sweep.push(SweepPoint {
-                        method: "store",
-                        scope: "grid",
+                    keep_best(
+                        &mut best_store,
+                        &mut sweep,
+                        "store",
+                        "grid",
                         shape,
                         num_bytes,
                         us,
-                    });
+                    );
                 }
             }
-            rows.push(row("store", num_bytes, best_store));
+            rows.push(row("store", num_bytes, best_store.unwrap().us));
             // ANCHOR: copy_engine
             // The copy engine: a DMA unit, no SM involved, fed one descriptor per copy.
             let us = bench.time_ops(num_bytes, || {
