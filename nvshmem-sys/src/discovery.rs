@@ -181,18 +181,6 @@ fn system_loader_has_library() -> Result<(), String> {
         .map_err(|e| e.to_string())
 }
 
-/// The places [`crate::load`] would search, in order, for display (`--where` flags, docs).
-pub fn library_search_path() -> Vec<SearchedPlace> {
-    candidates()
-        .into_iter()
-        .map(|c| SearchedPlace {
-            path: c.dir.map(|d| d.join(HOST_LIBRARY)),
-            outcome: c.note_if_absent,
-            source: c.source,
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

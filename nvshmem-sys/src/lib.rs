@@ -11,7 +11,7 @@
 mod discovery;
 mod types;
 
-pub use discovery::{SearchedPlace, library_search_path};
+pub use discovery::SearchedPlace;
 pub use types::*;
 
 use std::ffi::{c_int, c_long, c_uint, c_void};
