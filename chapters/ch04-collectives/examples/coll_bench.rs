@@ -1,0 +1,297 @@
+//! Chapter 4's benchmark: every collective and algorithm of ours, 1 KiB to 256 MiB, timed as
+//! CUDA-graph replay (K calls captured, replayed between events, median), plus NVSHMEM's own
+//! barrier beside our signal barrier.
+//!
+//! ```text
+//! NVSHMEM_SYMMETRIC_SIZE=8G torchrun --standalone --nproc_per_node=N --no-python \
+//!     target/release/ch04-coll-bench [OUT_CSV]
+//! ```
+//!
+//! Writes PE 0's rows (`collective,algorithm,method,timing,n_pes,num_bytes,us,busbw_gb_per_s`)
+//! to OUT_CSV (default `coll_ours.csv`); `benchmarks/run_coll.sh` adds NCCL and torch from
+//! `benchmarks/coll_bench.py` and plots. Sizes and busbw follow nccl-tests.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use ch01_bootstrap::World;
+use ch02_symmetric_memory::SymmetricBuffer;
+use ch03_put_get::bench::{median, ops_per_sample};
+use ch04_collectives::{Collective, CollectivesConfig, Communicator, DType, SIZE_TABLE};
+use cudarc::driver::{CudaGraph, CudaStream, sys};
+
+type AnyError = Box<dyn std::error::Error>;
+
+const NUM_SAMPLES: usize = 7;
+const FLUSH_BYTES: usize = 256 << 20;
+const MAX_BYTES: usize = 256 << 20;
+
+fn main() -> ExitCode {
+    ch01_bootstrap::checks::exit_code("ch04-coll-bench", run())
+}
+
+/// Sizes of the sweep: 1 KiB to 256 MiB by x4.
+fn sizes() -> Vec<usize> {
+    std::iter::successors(Some(1usize << 10), |&s| Some(s * 4))
+        .take_while(|&s| s <= MAX_BYTES)
+        .collect()
+}
+
+/// nccl-tests' bus bandwidth factor: what each link carries relative to the call's size.
+fn busbw_factor(collective: Collective, n: usize) -> f64 {
+    let n = n as f64;
+    match collective {
+        Collective::AllReduce => 2.0 * (n - 1.0) / n,
+        Collective::AllGather
+        | Collective::ReduceScatter
+        | Collective::AllToAll
+        | Collective::AllToAllV => (n - 1.0) / n,
+        Collective::Broadcast => 1.0,
+        Collective::SyncAll => 0.0,
+    }
+}
+
+struct Timer {
+    stream: Arc<CudaStream>,
+    flush: cudarc::driver::CudaSlice<u8>,
+    start: cudarc::driver::CudaEvent,
+    end: cudarc::driver::CudaEvent,
+}
+
+impl Timer {
+    // ANCHOR: time_graph
+    /// Median time of one call in us: `enqueue` captured K times into one graph, the graph
+    /// replayed once to warm up and NUM_SAMPLES times between events, each after an L2
+    /// flush and a host barrier (so every PE starts the replay together).
+    fn time(
+        &self,
+        world: &World,
+        size: usize,
+        mut enqueue: impl FnMut() -> Result<(), AnyError>,
+    ) -> Result<f64, AnyError> {
+        let num_calls = ops_per_sample(size);
+        self.stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+        let enqueued = (0..num_calls).try_for_each(|_| enqueue());
+        let graph: Option<CudaGraph> = self.stream.end_capture(sys::CUgraphInstantiate_flags(0))?;
+        enqueued?;
+        let graph = graph.ok_or("stream capture produced no graph")?;
+        graph.upload()?;
+        let mut samples = Vec::new();
+        for sample in 0..=NUM_SAMPLES {
+            let (flush, _) = cudarc::driver::DevicePtr::device_ptr(&self.flush, &self.stream);
+            // SAFETY: `flush` holds FLUSH_BYTES; evicts the previous sample's data from L2.
+            unsafe {
+                cudarc::driver::result::memset_d8_async(
+                    flush,
+                    sample as u8,
+                    FLUSH_BYTES,
+                    self.stream.cu_stream(),
+                )
+            }?;
+            world.barrier_all()?;
+            self.start.record(&self.stream)?;
+            graph.launch()?;
+            self.end.record(&self.stream)?;
+            let ms = self.start.elapsed_ms(&self.end)? as f64;
+            if sample > 0 {
+                samples.push(ms * 1e3 / num_calls as f64);
+            }
+        }
+        Ok(median(&mut samples))
+    }
+    // ANCHOR_END: time_graph
+}
+
+fn run() -> Result<bool, AnyError> {
+    let world = World::from_env()?;
+    let (me, n) = (world.my_pe(), world.n_pes());
+    let out_path = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "coll_ours.csv".into());
+    let comm = Communicator::new(&world, CollectivesConfig::default())?;
+    let stream = world.stream().clone();
+    let timer = Timer {
+        flush: stream.alloc_zeros::<u8>(FLUSH_BYTES)?,
+        start: stream.context().new_event(None)?,
+        end: stream.context().new_event(None)?,
+        stream: stream.clone(),
+    };
+    let input = SymmetricBuffer::<_, u8>::new(&world, MAX_BYTES)?;
+    let out = SymmetricBuffer::<_, u8>::new(&world, MAX_BYTES)?;
+    input.fill_bytes(0x3C)?; // bf16 1.1719 everywhere: finite sums at any PE count
+    let cs = stream.cu_stream();
+    let (input_ptr, out_ptr) = (input.device_ptr(), out.device_ptr());
+
+    let mut rows = Vec::new();
+    let mut add = |collective: &str,
+                   algorithm: &str,
+                   method: &str,
+                   size: usize,
+                   us: f64,
+                   factor: f64| {
+        let busbw = if factor > 0.0 {
+            size as f64 / (us * 1e-6) / 1e9 * factor
+        } else {
+            0.0
+        };
+        rows.push(format!(
+            "{collective},{algorithm},{method},graph,{n},{size},{us:.3},{busbw:.3}"
+        ));
+        if me == 0 {
+            println!(
+                "pe 0: {collective:<14} {algorithm:<14} {method:<7} {size:>10} B {us:>10.2} us {busbw:>8.1} GB/s"
+            );
+        }
+    };
+
+    // The barriers: ours and NVSHMEM's, 100 in a graph.
+    let us = timer.time(&world, 0, || Ok(comm.sync_all_raw(cs)?))?;
+    add("barrier", "signal", "ours", 0, us, 0.0);
+    let us = timer.time(&world, 0, || {
+        // SAFETY: initialised; a stream of this context.
+        unsafe { (world.nvshmem().barrier_all_on_stream)(cs as _) };
+        Ok(())
+    })?;
+    add("barrier", "barrier_all_on_stream", "nvshmem", 0, us, 0.0);
+
+    for size in sizes() {
+        for collective in [
+            Collective::AllReduce,
+            Collective::ReduceScatter,
+            Collective::AllGather,
+            Collective::Broadcast,
+            Collective::AllToAll,
+        ] {
+            for &algorithm in collective.algorithms() {
+                if comm
+                    .plan(collective, Some(algorithm), size, Some(DType::Bf16))
+                    .is_err()
+                {
+                    continue; // LL past its scratch
+                }
+                let a = Some(algorithm);
+                let bf16 = DType::Bf16;
+                let us = timer.time(&world, size, || {
+                    match collective {
+                        Collective::AllReduce => {
+                            comm.all_reduce_raw(out_ptr, input_ptr, size / 2, bf16, a, cs)?
+                        }
+                        Collective::ReduceScatter => {
+                            comm.reduce_scatter_raw(out_ptr, input_ptr, size / 2 / n, bf16, a, cs)?
+                        }
+                        Collective::AllGather => {
+                            comm.all_gather_raw(out_ptr, input_ptr, size / n, a, cs)?
+                        }
+                        Collective::Broadcast => {
+                            comm.broadcast_raw(out_ptr, input_ptr, size, 0, a, cs)?
+                        }
+                        _ => comm.all_to_all_raw(out_ptr, input_ptr, size / n, a, cs)?,
+                    }
+                    Ok(())
+                })?;
+                comm.check()?;
+                add(
+                    collective.name(),
+                    algorithm.name(),
+                    "ours",
+                    size,
+                    us,
+                    busbw_factor(collective, n),
+                );
+            }
+        }
+    }
+    // The MoE shape of ANCHORS.md: tokens x 7168 bf16 per PE, equal splits, all-to-all-v.
+    for tokens in [128usize, 4096] {
+        let row_bytes = 7168 * 2;
+        let splits: Vec<i64> = (0..n)
+            .map(|q| (tokens / n + usize::from(q < tokens % n)) as i64)
+            .collect();
+        let in_splits = stream.clone_htod(&splits)?;
+        let out_splits_offsets = stream.alloc_zeros::<i64>(2 * n)?;
+        let (splits_ptr, _) = cudarc::driver::DevicePtr::device_ptr(&in_splits, &stream);
+        let (outputs_ptr, _) = cudarc::driver::DevicePtr::device_ptr(&out_splits_offsets, &stream);
+        let rows_cap = MAX_BYTES / row_bytes;
+        let us = timer.time(&world, tokens * row_bytes, || {
+            // SAFETY: both count arrays are device memory of n and 2n int64.
+            unsafe {
+                comm.all_to_all_v_raw(
+                    out_ptr,
+                    rows_cap,
+                    input_ptr,
+                    tokens,
+                    row_bytes,
+                    splits_ptr,
+                    outputs_ptr,
+                    cs,
+                )?
+            };
+            Ok(())
+        })?;
+        comm.check()?;
+        add(
+            "all_to_all_v",
+            &format!("direct_{tokens}tok"),
+            "ours",
+            tokens * row_bytes,
+            us,
+            busbw_factor(Collective::AllToAllV, n),
+        );
+    }
+
+    if me == 0 {
+        print_table(&rows);
+        let mut text =
+            String::from("collective,algorithm,method,timing,n_pes,num_bytes,us,busbw_gb_per_s\n");
+        for row in &rows {
+            text.push_str(row);
+            text.push('\n');
+        }
+        std::fs::write(&out_path, text)?;
+        println!("pe 0: wrote {out_path}");
+    }
+    drop(comm);
+    world.barrier_all()?;
+    Ok(true)
+}
+
+// ANCHOR: print_table
+/// The size table in the code next to what this run measured: per collective and size, the
+/// fastest algorithm.
+fn print_table(rows: &[String]) {
+    println!(
+        "pe 0: SIZE_TABLE (code): {:?}",
+        SIZE_TABLE
+            .iter()
+            .map(|(c, up_to, a)| (c.name(), *up_to, a.name()))
+            .collect::<Vec<_>>()
+    );
+    let parsed: Vec<(&str, &str, usize, f64)> = rows
+        .iter()
+        .filter_map(|r| {
+            let f: Vec<&str> = r.split(',').collect();
+            Some((f[0], f[1], f[5].parse().ok()?, f[6].parse().ok()?))
+        })
+        .collect();
+    for collective in [
+        "all_reduce",
+        "reduce_scatter",
+        "all_gather",
+        "broadcast",
+        "all_to_all",
+    ] {
+        let best: Vec<String> = sizes()
+            .into_iter()
+            .filter_map(|size| {
+                parsed
+                    .iter()
+                    .filter(|r| r.0 == collective && r.2 == size)
+                    .min_by(|a, b| a.3.total_cmp(&b.3))
+                    .map(|r| format!("{}K:{}", size >> 10, r.1))
+            })
+            .collect();
+        println!("pe 0: fastest measured {collective}: {}", best.join(" "));
+    }
+}
+// ANCHOR_END: print_table

@@ -1,0 +1,385 @@
+//! Which algorithm runs a call, and with how many blocks: pure functions of the call's size,
+//! the PE count and the GPU, so the whole choice is testable without a GPU.
+
+use crate::config::{MAX_BLOCKS, SYNC_THREADS, THREADS_PER_BLOCK};
+use crate::error::CollError;
+
+/// The collectives of this chapter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Collective {
+    SyncAll,
+    Broadcast,
+    AllGather,
+    ReduceScatter,
+    AllReduce,
+    AllToAll,
+    AllToAllV,
+}
+
+impl Collective {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::SyncAll => "sync_all",
+            Self::Broadcast => "broadcast",
+            Self::AllGather => "all_gather",
+            Self::ReduceScatter => "reduce_scatter",
+            Self::AllReduce => "all_reduce",
+            Self::AllToAll => "all_to_all",
+            Self::AllToAllV => "all_to_all_v",
+        }
+    }
+
+    /// The algorithms that implement it, fastest-for-small first.
+    pub fn algorithms(self) -> &'static [Algorithm] {
+        use Algorithm::*;
+        match self {
+            Self::SyncAll => &[Signal],
+            Self::Broadcast => &[OneShot, ScatterGather],
+            Self::AllGather => &[OneShot, Direct, Ring],
+            Self::ReduceScatter => &[OneShot, Pull],
+            Self::AllReduce => &[OneShot, TwoShot],
+            Self::AllToAll => &[OneShot, Direct],
+            Self::AllToAllV => &[Direct],
+        }
+    }
+
+    /// Bytes each PE sends to one peer when the call's size (nccl-tests' definition, see
+    /// [`SIZE_TABLE`]) is `size_bytes`: what an LL slot must hold, and what a block count is
+    /// scaled by.
+    pub fn per_peer_bytes(self, size_bytes: usize, n_pes: usize) -> usize {
+        match self {
+            Self::AllGather | Self::ReduceScatter | Self::AllToAll | Self::AllToAllV => {
+                size_bytes / n_pes.max(1)
+            }
+            Self::SyncAll | Self::Broadcast | Self::AllReduce => size_bytes,
+        }
+    }
+}
+
+/// How a collective moves its bytes (chapter 4 explains each with a figure).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// The barrier: every PE announces the call and waits for everyone's announcement.
+    Signal,
+    /// LL lines (data and flag in one 8-byte store) straight into every receiver's scratch:
+    /// one link traversal, no barrier, half of every line is flag. Small messages.
+    OneShot,
+    /// Reduce-scatter then all-gather, both through peer pointers. Large all-reduce.
+    TwoShot,
+    /// After every PE entered the call, stores straight into every peer's symmetric output,
+    /// then one ticket per block. Large messages.
+    Direct,
+    /// n - 1 steps, each PE forwarding one block to its successor.
+    Ring,
+    /// Broadcast as scatter, then all-gather: no PE sends much more than the message.
+    ScatterGather,
+    /// Each PE reads its chunk from every peer's symmetric input and sums it.
+    Pull,
+}
+
+impl Algorithm {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Signal => "signal",
+            Self::OneShot => "one_shot",
+            Self::TwoShot => "two_shot",
+            Self::Direct => "direct",
+            Self::Ring => "ring",
+            Self::ScatterGather => "scatter_gather",
+            Self::Pull => "pull",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        [
+            Self::Signal,
+            Self::OneShot,
+            Self::TwoShot,
+            Self::Direct,
+            Self::Ring,
+            Self::ScatterGather,
+            Self::Pull,
+        ]
+        .into_iter()
+        .find(|a| a.name() == name)
+    }
+}
+
+// ANCHOR: size_table
+/// The algorithm each collective uses up to a size, measured on 2x H200 with
+/// `ch04-coll-bench` (benchmarks/results/coll_h200_2gpu.csv; the benchmark prints this table
+/// next to what it measured). Sizes follow nccl-tests: all-reduce and broadcast count the
+/// buffer, all-gather its output, reduce-scatter its input, all-to-all one PE's input.
+/// Above the last row of a collective, its last algorithm.
+pub const SIZE_TABLE: &[(Collective, usize, Algorithm)] = &[
+    (Collective::Broadcast, 256 << 10, Algorithm::OneShot),
+    (Collective::Broadcast, usize::MAX, Algorithm::ScatterGather),
+    (Collective::AllGather, 256 << 10, Algorithm::OneShot),
+    (Collective::AllGather, usize::MAX, Algorithm::Direct),
+    (Collective::ReduceScatter, 256 << 10, Algorithm::OneShot),
+    (Collective::ReduceScatter, usize::MAX, Algorithm::Pull),
+    (Collective::AllReduce, 128 << 10, Algorithm::OneShot),
+    (Collective::AllReduce, usize::MAX, Algorithm::TwoShot),
+    (Collective::AllToAll, 256 << 10, Algorithm::OneShot),
+    (Collective::AllToAll, usize::MAX, Algorithm::Direct),
+    (Collective::AllToAllV, usize::MAX, Algorithm::Direct),
+    (Collective::SyncAll, usize::MAX, Algorithm::Signal),
+];
+// ANCHOR_END: size_table
+
+/// The table's choice for a call of `size_bytes`, falling back to the next algorithm when the
+/// LL scratch (`ll_max_bytes` per peer) cannot hold it.
+pub fn choose(
+    collective: Collective,
+    size_bytes: usize,
+    n_pes: usize,
+    ll_max_bytes: usize,
+) -> Algorithm {
+    let chosen = SIZE_TABLE
+        .iter()
+        .find(|(c, up_to, _)| *c == collective && size_bytes <= *up_to)
+        .map(|&(_, _, algorithm)| algorithm)
+        .unwrap_or(*collective.algorithms().last().unwrap());
+    if chosen == Algorithm::OneShot && collective.per_peer_bytes(size_bytes, n_pes) > ll_max_bytes {
+        collective.algorithms()[1]
+    } else {
+        chosen
+    }
+}
+
+/// One launch: the kernel, its grid and block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Plan {
+    pub collective: Collective,
+    pub algorithm: Algorithm,
+    pub kernel: &'static str,
+    pub num_blocks: u32,
+    pub threads_per_block: u32,
+}
+
+/// Element type of a reduction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DType {
+    Bf16,
+    F32,
+}
+
+impl DType {
+    pub fn size(self) -> usize {
+        match self {
+            Self::Bf16 => 2,
+            Self::F32 => 4,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Bf16 => "bf16",
+            Self::F32 => "f32",
+        }
+    }
+}
+
+/// Bytes each block of a bandwidth algorithm should move per peer: enough 16-byte stores per
+/// thread to keep the link busy, few enough that small messages still spread over many SMs.
+const BYTES_PER_BLOCK: usize = 16 << 10;
+
+/// The launch for `collective` by `algorithm` at `size_bytes`, or why it cannot run.
+/// `dtype` is needed by reductions only.
+pub fn plan(
+    collective: Collective,
+    algorithm: Algorithm,
+    size_bytes: usize,
+    n_pes: usize,
+    dtype: Option<DType>,
+    ll_max_bytes: usize,
+    num_sms: u32,
+) -> Result<Plan, CollError> {
+    if !collective.algorithms().contains(&algorithm) {
+        return Err(CollError::AlgorithmNotApplicable {
+            collective: collective.name(),
+            algorithm: algorithm.name(),
+            why: format!(
+                "{} is implemented by {}",
+                collective.name(),
+                collective
+                    .algorithms()
+                    .iter()
+                    .map(|a| a.name())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        });
+    }
+    let per_peer = collective.per_peer_bytes(size_bytes, n_pes);
+    if algorithm == Algorithm::OneShot && per_peer > ll_max_bytes {
+        return Err(CollError::AlgorithmNotApplicable {
+            collective: collective.name(),
+            algorithm: algorithm.name(),
+            why: format!(
+                "it sends {per_peer} bytes per peer and the LL scratch holds {ll_max_bytes} \
+                 (CollectivesConfig::ll_max_bytes)"
+            ),
+        });
+    }
+    let max_blocks = num_sms.clamp(1, MAX_BLOCKS);
+    let (num_blocks, threads_per_block) = match algorithm {
+        Algorithm::Signal => (1, SYNC_THREADS),
+        // One 8-byte payload word per thread and peer.
+        Algorithm::OneShot => (
+            per_peer
+                .div_ceil(8)
+                .div_ceil(THREADS_PER_BLOCK as usize)
+                .clamp(1, max_blocks as usize) as u32,
+            THREADS_PER_BLOCK,
+        ),
+        _ => (
+            per_peer
+                .div_ceil(BYTES_PER_BLOCK)
+                .clamp(1, max_blocks as usize) as u32,
+            THREADS_PER_BLOCK,
+        ),
+    };
+    Ok(Plan {
+        collective,
+        algorithm,
+        kernel: kernel_name(collective, algorithm, dtype),
+        num_blocks,
+        threads_per_block,
+    })
+}
+
+/// The `extern "C"` kernel of `kernels/cuda/coll_*.cu` that runs it.
+fn kernel_name(collective: Collective, algorithm: Algorithm, dtype: Option<DType>) -> &'static str {
+    use Algorithm as A;
+    use Collective as C;
+    let f32 = dtype == Some(DType::F32);
+    match (collective, algorithm) {
+        (C::SyncAll, _) => "coll_sync_all",
+        (C::Broadcast, A::OneShot) => "coll_broadcast_ll",
+        (C::Broadcast, _) => "coll_broadcast_scatter",
+        (C::AllGather, A::OneShot) => "coll_all_gather_ll",
+        (C::AllGather, A::Ring) => "coll_all_gather_ring",
+        (C::AllGather, _) => "coll_all_gather_direct",
+        (C::AllToAll, A::OneShot) => "coll_all_to_all_ll",
+        (C::AllToAll, _) => "coll_all_to_all_direct",
+        (C::AllToAllV, _) => "coll_all_to_all_v",
+        (C::ReduceScatter, A::OneShot) if f32 => "coll_reduce_scatter_ll_f32",
+        (C::ReduceScatter, A::OneShot) => "coll_reduce_scatter_ll_bf16",
+        (C::ReduceScatter, _) if f32 => "coll_reduce_scatter_pull_f32",
+        (C::ReduceScatter, _) => "coll_reduce_scatter_pull_bf16",
+        (C::AllReduce, A::OneShot) if f32 => "coll_all_reduce_one_shot_f32",
+        (C::AllReduce, A::OneShot) => "coll_all_reduce_one_shot_bf16",
+        (C::AllReduce, _) if f32 => "coll_all_reduce_two_shot_f32",
+        (C::AllReduce, _) => "coll_all_reduce_two_shot_bf16",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_collective_has_a_table_row_and_every_row_names_one_of_its_algorithms() {
+        for c in [
+            Collective::SyncAll,
+            Collective::Broadcast,
+            Collective::AllGather,
+            Collective::ReduceScatter,
+            Collective::AllReduce,
+            Collective::AllToAll,
+            Collective::AllToAllV,
+        ] {
+            let rows: Vec<_> = SIZE_TABLE.iter().filter(|r| r.0 == c).collect();
+            assert!(
+                rows.last().is_some_and(|r| r.1 == usize::MAX),
+                "{c:?} has no final row"
+            );
+            for row in rows {
+                assert!(c.algorithms().contains(&row.2), "{row:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn ll_falls_back_when_the_scratch_is_too_small() {
+        assert_eq!(
+            choose(Collective::AllReduce, 1024, 2, 512 << 10),
+            Algorithm::OneShot
+        );
+        assert_eq!(
+            choose(Collective::AllReduce, 1024, 2, 512),
+            Algorithm::TwoShot
+        );
+        assert_eq!(
+            choose(Collective::AllReduce, 64 << 20, 2, 512 << 10),
+            Algorithm::TwoShot
+        );
+        let err = plan(
+            Collective::AllReduce,
+            Algorithm::OneShot,
+            1 << 20,
+            2,
+            Some(DType::F32),
+            512 << 10,
+            132,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("1048576 bytes per peer") && err.contains("ll_max_bytes"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn wrong_algorithm_names_the_right_ones() {
+        let err = plan(
+            Collective::AllReduce,
+            Algorithm::Ring,
+            1024,
+            2,
+            Some(DType::F32),
+            1 << 20,
+            132,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("one_shot, two_shot"), "{err}");
+    }
+
+    #[test]
+    fn grids_stay_within_the_gpu_and_the_flag_array() {
+        for size in [0usize, 1, 1000, 1 << 20, 1 << 30] {
+            for &(c, _, a) in SIZE_TABLE {
+                if let Ok(p) = plan(c, a, size, 8, Some(DType::Bf16), 1 << 40, 132) {
+                    assert!((1..=132).contains(&p.num_blocks), "{p:?}");
+                }
+            }
+        }
+        let p = plan(
+            Collective::AllGather,
+            Algorithm::Direct,
+            1 << 30,
+            2,
+            None,
+            0,
+            1000,
+        )
+        .unwrap();
+        assert_eq!(p.num_blocks, MAX_BLOCKS);
+        assert_eq!(
+            plan(
+                Collective::AllReduce,
+                Algorithm::TwoShot,
+                4,
+                2,
+                Some(DType::F32),
+                0,
+                132
+            )
+            .unwrap()
+            .kernel,
+            "coll_all_reduce_two_shot_f32"
+        );
+    }
+}

@@ -1,0 +1,42 @@
+//! Tunables and limits of chapter 4, in one place.
+
+/// Most PEs one communicator spans: the flag arrays are sized for it (`MAX_PES` in
+/// `kernels/cuda/coll_common.cuh`). One NVLink domain of a DGX/HGX node.
+pub const MAX_PES: usize = 8;
+/// Most blocks one collective launches: the per-block ticket array is sized for it
+/// (`MAX_BLOCKS` in coll_common.cuh).
+pub const MAX_BLOCKS: u32 = 256;
+/// Steps one call may number in its tickets (`STEPS_PER_EPOCH` in coll_common.cuh).
+pub const STEPS_PER_EPOCH: u64 = 16;
+
+/// Threads per block of every collective but the barrier. 512 threads x 132 SMs keep enough
+/// 16-byte stores in flight to fill NVLink (chapter 3's benchmark), and the heaviest kernel
+/// (two-shot all-reduce, 126 registers) still fits one block per SM.
+pub const THREADS_PER_BLOCK: u32 = 512;
+/// The barrier is one warp: thread t waits for PE t.
+pub const SYNC_THREADS: u32 = 32;
+
+/// Default bound on every in-kernel wait. A peer merely slow to launch must not trip it, a
+/// peer that never comes must not hang the job.
+pub const DEFAULT_TIMEOUT_MS: u64 = 10_000;
+/// Default largest payload one PE sends as LL lines (per peer): the LL scratch holds
+/// 2 parities x n_pes senders x 2 x this many bytes per PE (16 MiB at 8 PEs).
+pub const DEFAULT_LL_MAX_BYTES: usize = 512 << 10;
+
+/// How one communicator is sized and bounded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CollectivesConfig {
+    /// Largest per-peer payload the LL algorithms accept; sizes the LL scratch.
+    pub ll_max_bytes: usize,
+    /// Bound on every in-kernel wait, in milliseconds.
+    pub timeout_ms: u64,
+}
+
+impl Default for CollectivesConfig {
+    fn default() -> Self {
+        Self {
+            ll_max_bytes: DEFAULT_LL_MAX_BYTES,
+            timeout_ms: DEFAULT_TIMEOUT_MS,
+        }
+    }
+}

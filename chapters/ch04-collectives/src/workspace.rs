@@ -1,0 +1,314 @@
+//! The memory a communicator owns and the launch of its kernels.
+//!
+//! Layout of the one symmetric allocation (the same on every PE; see coll_common.cuh for who
+//! writes what):
+//!
+//! ```text
+//! ready   MAX_PES x u64                         ready[p]: the last call PE p announced
+//! done    MAX_PES x MAX_BLOCKS x u64            done[p][b]: PE p's block b's last ticket
+//! counts  2 x MAX_PES x MAX_PES x u64           all-to-all-v count rows, by call parity
+//! ll      2 x n_pes x ll_slot_bytes             LL lines, by call parity and sender
+//!         ll_slot_bytes = 2 x ll_max_bytes (rounded up to 16): half of each line is flag
+//! ```
+//!
+//! Beside it, per PE: `state` (device: last finished call, blocks arrived, failed) and the
+//! error record (host-mapped pinned memory, so the host reads it without synchronising).
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::ops::Deref;
+
+use ch01_bootstrap::World;
+use ch02_symmetric_memory::SymmetricBuffer;
+use cudarc::driver::{CudaFunction, CudaSlice, DeviceRepr, sys};
+
+use crate::algorithm::Plan;
+use crate::config::{CollectivesConfig, MAX_BLOCKS, MAX_PES};
+use crate::error::{CollError, DeviceFailure, DeviceFailureKind};
+
+// ANCHOR: workspace
+/// The communicator as every kernel receives it (by value, first argument). Mirrors
+/// `coll::Workspace` in kernels/cuda/coll_common.cuh field by field.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct Workspace {
+    /// Local device [4] u64: last finished call, blocks arrived, failed, unused.
+    pub state: u64,
+    /// Host-mapped [8] u64: failed, pe, expected, seen, what, block, call, unused.
+    pub error: u64,
+    /// Symmetric [MAX_PES] u64.
+    pub ready: u64,
+    /// Symmetric [MAX_PES][MAX_BLOCKS] u64.
+    pub done: u64,
+    /// Symmetric [2][MAX_PES][MAX_PES] u64.
+    pub counts: u64,
+    /// Symmetric [2][n_pes][ll_slot_bytes] bytes.
+    pub ll: u64,
+    pub ll_slot_bytes: u64,
+    pub timeout_cycles: i64,
+    pub my_pe: i32,
+    pub n_pes: i32,
+}
+// ANCHOR_END: workspace
+
+// SAFETY: plain old data whose layout matches the kernel parameter.
+unsafe impl DeviceRepr for Workspace {}
+
+const READY_BYTES: usize = MAX_PES * 8;
+const DONE_BYTES: usize = MAX_PES * MAX_BLOCKS as usize * 8;
+const COUNTS_BYTES: usize = 2 * MAX_PES * MAX_PES * 8;
+
+/// Bytes of the symmetric allocation for `n_pes` PEs and LL payloads up to `ll_max_bytes`.
+pub fn symmetric_bytes(n_pes: usize, ll_max_bytes: usize) -> usize {
+    ll_offset() + 2 * n_pes * ll_slot_bytes(ll_max_bytes)
+}
+fn ll_offset() -> usize {
+    (READY_BYTES + DONE_BYTES + COUNTS_BYTES).next_multiple_of(256)
+}
+fn ll_slot_bytes(ll_max_bytes: usize) -> usize {
+    2 * ll_max_bytes.next_multiple_of(16)
+}
+
+/// Eight u64 of pinned host memory that the GPU writes through its mapping: a kernel records
+/// a failure there and the host reads it at any time, without synchronising a stream.
+pub(crate) struct ErrorRecord {
+    host: *mut u64,
+    device: u64,
+}
+
+// SAFETY: pinned host memory is valid from every thread; the GPU writes it, the host only
+// reads it with volatile loads.
+unsafe impl Send for ErrorRecord {}
+unsafe impl Sync for ErrorRecord {}
+
+impl ErrorRecord {
+    fn new() -> Result<Self, CollError> {
+        // SAFETY: a fresh 64-byte pinned allocation, mapped into the device's address space.
+        let host =
+            unsafe { cudarc::driver::result::malloc_host(64, sys::CU_MEMHOSTALLOC_DEVICEMAP) }
+                .map_err(CollError::cuda("allocating the error record"))? as *mut u64;
+        // SAFETY: `host` holds 8 u64.
+        unsafe { std::ptr::write_bytes(host, 0, 8) };
+        let mut device = 0;
+        // SAFETY: `host` was allocated with DEVICEMAP.
+        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host as *mut c_void, 0) }
+            .result()
+            .map_err(CollError::cuda("mapping the error record"))?;
+        Ok(Self { host, device })
+    }
+
+    /// The record, if a kernel wrote one. Word 0 is written last (after a system fence).
+    fn read(&self) -> Option<[u64; 8]> {
+        // SAFETY: 8 u64 of live pinned memory; volatile because the GPU writes them.
+        let word = |i: usize| unsafe { std::ptr::read_volatile(self.host.add(i)) };
+        if word(0) == 0 {
+            return None;
+        }
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+        Some(std::array::from_fn(word))
+    }
+}
+
+impl Drop for ErrorRecord {
+    fn drop(&mut self) {
+        // SAFETY: allocated by malloc_host; the communicator synchronised its stream first.
+        let _ = unsafe { cudarc::driver::result::free_host(self.host as *mut c_void) };
+    }
+}
+
+/// A kernel and the most blocks of it one GPU holds at once.
+struct Kernel {
+    function: CudaFunction,
+    max_co_resident: u32,
+}
+
+/// The chapter's kernel modules (`kernels/cuda/coll_*.cu`), loaded and registered.
+pub(crate) struct Kernels {
+    by_name: HashMap<&'static str, Kernel>,
+    _modules: Vec<kernels::NvshmemModule>,
+}
+
+const MODULES: [&str; 5] = [
+    "coll_sync",
+    "coll_broadcast",
+    "coll_all_gather",
+    "coll_reduce",
+    "coll_all_to_all",
+];
+
+impl Kernels {
+    pub(crate) fn load(world: &World, num_sms: u32) -> Result<Self, CollError> {
+        let mut by_name = HashMap::new();
+        let mut modules = Vec::new();
+        for name in MODULES {
+            let module = world.load_module(name)?;
+            let cubin = kernels::CUBINS
+                .iter()
+                .find(|c| c.module == name)
+                .ok_or_else(|| kernels::KernelError::UnknownModule(name.into(), String::new()))?;
+            for &kernel in cubin.kernels {
+                let function = module.function(kernel)?;
+                let per_sm = function
+                    .occupancy_max_active_blocks_per_multiprocessor(
+                        crate::config::THREADS_PER_BLOCK,
+                        0,
+                        None,
+                    )
+                    .map_err(CollError::cuda("reading a kernel's occupancy"))?;
+                by_name.insert(
+                    kernel,
+                    Kernel {
+                        function,
+                        max_co_resident: per_sm * num_sms,
+                    },
+                );
+            }
+            modules.push(module);
+        }
+        Ok(Self {
+            by_name,
+            _modules: modules,
+        })
+    }
+
+    // ANCHOR: launch
+    /// Launches `plan` on `stream`. Every block of these kernels may wait for a peer's block,
+    /// so all of them must be resident at once: a cooperative launch guarantees it (and fails
+    /// instead of hanging when the grid is too large). Inside a stream capture, which may not
+    /// take cooperative launches, the occupancy check stands in for that guarantee.
+    ///
+    /// # Safety
+    /// `args` must match the kernel's parameters and stay alive for the call.
+    pub(crate) unsafe fn launch(
+        &self,
+        plan: &Plan,
+        stream: sys::CUstream,
+        args: &mut [*mut c_void],
+    ) -> Result<(), CollError> {
+        let kernel = self.by_name.get(plan.kernel).ok_or_else(|| {
+            kernels::KernelError::UnknownModule(plan.kernel.into(), MODULES.join(", "))
+        })?;
+        if plan.num_blocks > kernel.max_co_resident {
+            return Err(CollError::NotCoResident {
+                kernel: plan.kernel,
+                grid: plan.num_blocks,
+                max: kernel.max_co_resident,
+            });
+        }
+        let (grid, block) = ((plan.num_blocks, 1, 1), (plan.threads_per_block, 1, 1));
+        let f = kernel.function.cu_function();
+        use cudarc::driver::result::{
+            launch_cooperative_kernel, launch_kernel, stream::is_capturing,
+        };
+        // SAFETY: a live stream of this context.
+        let capturing = unsafe { is_capturing(stream) }
+            .map_err(CollError::cuda("querying stream capture"))?
+            != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: the caller vouches for `args`; the grid fits the GPU (checked above).
+        unsafe {
+            if capturing {
+                launch_kernel(f, grid, block, 0, stream, args)
+            } else {
+                launch_cooperative_kernel(f, grid, block, 0, stream, args)
+            }
+        }
+        .map_err(CollError::cuda("launching a collective"))
+    }
+    // ANCHOR_END: launch
+}
+
+/// What a communicator allocates: the symmetric flags and scratch, the local state and the
+/// error record, and the kernel view of all of them.
+pub(crate) struct Memory<W: Deref<Target = World>> {
+    pub symmetric: SymmetricBuffer<W, u8>,
+    /// Read and written by the kernels only (through `workspace.state`); held to keep it alive.
+    pub _state: CudaSlice<u64>,
+    pub record: ErrorRecord,
+    pub workspace: Workspace,
+}
+
+impl<W: Deref<Target = World>> Memory<W> {
+    /// Collective. Zeroes this PE's flags, then waits for every PE to have done so: after the
+    /// barrier no peer can still see garbage, and no peer has written yet.
+    pub(crate) fn new(world: W, config: &CollectivesConfig) -> Result<Self, CollError> {
+        let (my_pe, n_pes) = (world.my_pe(), world.n_pes());
+        if n_pes > MAX_PES {
+            return Err(CollError::TooManyPes {
+                n_pes,
+                max: MAX_PES,
+            });
+        }
+        let clock_khz = world
+            .context()
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CLOCK_RATE)
+            .map_err(CollError::cuda("reading the SM clock rate"))?;
+        let stream = world.stream().clone();
+        let state = stream
+            .alloc_zeros::<u64>(4)
+            .map_err(CollError::cuda("allocating the call state"))?;
+        let record = ErrorRecord::new()?;
+        let symmetric =
+            SymmetricBuffer::<W, u8>::new(world, symmetric_bytes(n_pes, config.ll_max_bytes))?;
+        symmetric.fill_bytes(0)?;
+        symmetric.world().barrier_all()?;
+        let base = symmetric.device_ptr();
+        let (state_ptr, _) = cudarc::driver::DevicePtr::device_ptr(&state, &stream);
+        let workspace = Workspace {
+            state: state_ptr,
+            error: record.device,
+            ready: base,
+            done: base + READY_BYTES as u64,
+            counts: base + (READY_BYTES + DONE_BYTES) as u64,
+            ll: base + ll_offset() as u64,
+            ll_slot_bytes: ll_slot_bytes(config.ll_max_bytes) as u64,
+            timeout_cycles: config.timeout_ms as i64 * clock_khz as i64,
+            my_pe: my_pe as i32,
+            n_pes: n_pes as i32,
+        };
+        Ok(Self {
+            symmetric,
+            _state: state,
+            record,
+            workspace,
+        })
+    }
+
+    /// `Err` with the kernel's account if any kernel of this communicator failed. Cheap (one
+    /// read of pinned memory): every call makes it first.
+    pub(crate) fn check(&self, timeout_ms: u64) -> Result<(), CollError> {
+        match self.record.read() {
+            None => Ok(()),
+            Some(word) => Err(CollError::Device(DeviceFailure {
+                me: self.workspace.my_pe as usize,
+                kind: DeviceFailureKind::from_code(word[4]),
+                pe: word[1],
+                expected: word[2],
+                seen: word[3],
+                block: word[5],
+                call: word[6],
+                timeout_ms,
+            })),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_workspace_matches_the_kernel_struct() {
+        // coll::Workspace: 7 x 8-byte fields, a long long, two ints.
+        assert_eq!(std::mem::size_of::<Workspace>(), 72);
+        assert_eq!(std::mem::offset_of!(Workspace, timeout_cycles), 56);
+        assert_eq!(std::mem::offset_of!(Workspace, n_pes), 68);
+    }
+
+    #[test]
+    fn layout_regions_do_not_overlap_and_ll_is_aligned() {
+        assert!(ll_offset() >= READY_BYTES + DONE_BYTES + COUNTS_BYTES);
+        assert_eq!(ll_offset() % 256, 0);
+        assert_eq!(ll_slot_bytes(1000), 2016);
+        assert_eq!(symmetric_bytes(8, 512 << 10), ll_offset() + 16 * (1 << 20));
+    }
+}

@@ -1,0 +1,366 @@
+// Chapter 4: what every collective kernel shares. The protocol in one place:
+//
+// EPOCHS. A communicator counts its calls. Every PE makes the same calls in the same order,
+// so call number e means the same collective on every PE, and e is the value every flag of
+// that call carries. The count lives on the device (`Workspace::state[0]`, the epoch of the
+// last finished call): each kernel reads it when it starts and its last block to finish
+// advances it. Nothing comes from the host per call, which is what lets a CUDA graph replay
+// the same launch many times. Flags only ever grow, so nobody resets them and a stale value
+// can never pass for a new one.
+//
+// ANNOUNCE. Every kernel's block 0 starts by writing e into `ready[my_pe]` on every peer:
+// "I have entered call e". By stream order that says two things about the announcing PE:
+// it has finished call e - 1 (so it no longer reads the scratch slots it read then), and the
+// work its stream queued before this call is done (so the user's buffers it passes to call e
+// are free to be written and hold their inputs).
+//
+// LL LINES. Small messages travel as 16-byte lines {data0, flag, data1, flag}: one vector
+// store carries 8 payload bytes and the epoch twice, and an 8-byte aligned store is never
+// seen half-written. So the reader polls the data itself: no fence, no separate flag, one
+// NVLink traversal. Half of every line is flag, which is why LL is for small messages.
+// LL scratch is double-buffered by the parity of e; before writing call e into a peer's slot
+// the writer checks that the peer announced e - 1, i.e. it is done reading call e - 2, the
+// last user of that parity.
+//
+// TICKETS. Large messages go straight into the destination's symmetric buffer; afterwards
+// block b of the writer fences and raises `done[writer][b]` on the destination to
+// ticket(e, step). Steps number the stages of multi-stage algorithms (the ring), so one flag
+// array serves them all and still only grows.
+//
+// BOUNDED WAITS. Every wait gives up after `timeout_cycles`, records what it waited for in
+// the error record (host-mapped, so the host reads it without synchronising) and makes every
+// other wait of this PE give up at once. A communicator that failed stays failed.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include "common.cuh"
+
+namespace coll {
+
+constexpr int MAX_PES = 8;
+constexpr int MAX_BLOCKS = 256;
+constexpr uint64_t STEPS_PER_EPOCH = 16;
+
+// What a failed wait was waiting for (error record word 4). The host mirror is
+// ch04_collectives::WaitKind.
+enum Wait : uint64_t {
+    WAIT_READY = 1,    // a peer to announce call e
+    WAIT_DONE = 2,     // a peer's block to finish writing into our buffer
+    WAIT_LL = 3,       // an LL line of call e from a peer
+    WAIT_COUNTS = 4,   // a peer's row of all-to-all-v counts
+    BAD_SPLITS = 5,    // all-to-all-v: a PE's splits are negative or exceed its input
+    OUT_TOO_SMALL = 6, // all-to-all-v: a PE would receive more rows than its output holds
+};
+
+// The communicator as a kernel sees it. Passed by value to every kernel; the host mirror is
+// ch04_collectives::Workspace (same field order, `#[repr(C)]`).
+struct Workspace {
+    uint64_t* state;          // local device [4] u64: last finished epoch, blocks arrived, failed, -
+    uint64_t* error;          // host-mapped [8] u64: failed, pe, expected, seen, what, block, epoch, -
+    uint64_t* ready;          // symmetric [MAX_PES] u64: ready[p] = last call p announced
+    uint64_t* done;           // symmetric [MAX_PES][MAX_BLOCKS] u64: tickets, by writer and block
+    uint64_t* counts;         // symmetric [2][MAX_PES][MAX_PES] u64: (epoch << 32 | rows), by parity, sender
+    uint8_t* ll;              // symmetric [2][n_pes][ll_slot_bytes]: LL lines, by parity and sender
+    uint64_t ll_slot_bytes;   // bytes of one LL slot: twice the largest LL payload
+    long long timeout_cycles; // bound on every wait, in SM clock cycles
+    int my_pe;
+    int n_pes;
+};
+
+__host__ __device__ constexpr uint64_t ticket(uint64_t epoch, uint64_t step) { return epoch * STEPS_PER_EPOCH + step; }
+
+// ---- memory operations with the ordering they need -------------------------------------------
+
+__device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t* p) {
+    uint64_t v;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void st_release_sys(uint64_t* p, uint64_t v) {
+    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ void st_relaxed_sys(uint64_t* p, uint64_t v) {
+    asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ uint64_t ld_volatile(const uint64_t* p) { return *reinterpret_cast<const volatile uint64_t*>(p); }
+
+// The copy of symmetric `ptr` that lives on `pe`, as a pointer this GPU stores to directly.
+template <typename T>
+__device__ __forceinline__ T* peer(T* ptr, int pe) {
+    return static_cast<T*>(nvshmem_ptr(ptr, pe));
+}
+
+// ---- failure ----------------------------------------------------------------------------------
+
+__device__ __forceinline__ bool failed(const Workspace& ws) { return ld_volatile(ws.state + 2) != 0; }
+
+// First failure wins: it claims state[2] (device memory, where atomics are cheap), fills the
+// host-mapped record and raises its word 0 last, so a host that sees word 0 sees the rest.
+__device__ __noinline__ void record_failure(const Workspace& ws, uint64_t what, int pe, uint64_t expected,
+                                            uint64_t seen, uint64_t epoch) {
+    if (atomicCAS(reinterpret_cast<unsigned long long*>(ws.state + 2), 0ull, 1ull) != 0ull) return;
+    volatile uint64_t* record = ws.error;
+    record[1] = static_cast<uint64_t>(pe);
+    record[2] = expected;
+    record[3] = seen;
+    record[4] = what;
+    record[5] = blockIdx.x;
+    record[6] = epoch;
+    __threadfence_system();
+    record[0] = 1;
+}
+
+// Waits until `*flag >= target` (acquire: what was written before the flag is visible after).
+// False when this PE has failed, or after the timeout, recording it.
+__device__ __forceinline__ bool wait_at_least(const Workspace& ws, const uint64_t* flag, uint64_t target, Wait what,
+                                              int pe, uint64_t epoch) {
+    uint64_t seen = ld_acquire_sys(flag);
+    if (seen >= target) return true;
+    const long long start = clock64();
+    while ((seen = ld_acquire_sys(flag)) < target) {
+        if (failed(ws)) return false;
+        if (clock64() - start > ws.timeout_cycles) {
+            record_failure(ws, what, pe, target, seen, epoch);
+            return false;
+        }
+    }
+    return true;
+}
+
+// ---- the call ---------------------------------------------------------------------------------
+
+// Reads this call's epoch and, in block 0, announces it to every peer (see ANNOUNCE above).
+__device__ __forceinline__ uint64_t begin_call(const Workspace& ws) {
+    const uint64_t epoch = ld_volatile(ws.state) + 1;
+    const int pe = threadIdx.x;
+    if (blockIdx.x == 0 && pe < ws.n_pes && pe != ws.my_pe) {
+        // Relaxed is enough: the announcement orders nothing written in this kernel, only
+        // what finished before it started (earlier kernels on the stream).
+        st_relaxed_sys(peer(ws.ready + ws.my_pe, pe), epoch);
+    }
+    return epoch;
+}
+
+// The last block of the grid to get here advances the epoch. Every block read it in
+// begin_call before arriving, so none of this launch can see the new value.
+__device__ __forceinline__ void end_call(const Workspace& ws, uint64_t epoch) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        auto* arrived = reinterpret_cast<unsigned long long*>(ws.state + 1);
+        if (atomicAdd(arrived, 1ull) == gridDim.x - 1) {
+            *arrived = 0;
+            *reinterpret_cast<volatile uint64_t*>(ws.state) = epoch;
+        }
+    }
+}
+
+// Block-wide wait by thread 0 for a peer's flag; every thread learns the outcome.
+__device__ __forceinline__ bool block_wait_at_least(const Workspace& ws, const uint64_t* flag, uint64_t target,
+                                                    Wait what, int pe, uint64_t epoch) {
+    __shared__ int arrived;
+    __syncthreads();
+    if (threadIdx.x == 0) arrived = wait_at_least(ws, flag, target, what, pe, epoch);
+    __syncthreads();
+    return arrived;
+}
+
+// Thread t < n_pes waits for peer t's announcement of call >= `epoch`; the block learns
+// whether all arrived.
+__device__ __forceinline__ bool block_wait_ready(const Workspace& ws, uint64_t epoch) {
+    __shared__ int all_ready;
+    __syncthreads();
+    if (threadIdx.x == 0) all_ready = 1;
+    __syncthreads();
+    const int pe = threadIdx.x;
+    if (pe < ws.n_pes && pe != ws.my_pe) {
+        if (!wait_at_least(ws, ws.ready + pe, epoch, WAIT_READY, pe, epoch)) all_ready = 0;
+    }
+    __syncthreads();
+    return all_ready;
+}
+
+// After this block's stores into `pe`'s buffers: make them visible system-wide, then raise
+// done[my_pe][block] on `pe` to `value`. Every thread fences its own stores before the
+// barrier, so thread 0's release covers the whole block's writes.
+__device__ __forceinline__ void block_signal_done(const Workspace& ws, int pe, uint64_t value) {
+    __threadfence_system();
+    __syncthreads();
+    if (threadIdx.x == 0) st_release_sys(peer(ws.done + ws.my_pe * MAX_BLOCKS + blockIdx.x, pe), value);
+}
+
+// The same, to every peer but `skip_pe` at once (thread t signals peer t).
+__device__ __forceinline__ void block_signal_done_all(const Workspace& ws, uint64_t value, int skip_pe = -1) {
+    __threadfence_system();
+    __syncthreads();
+    const int pe = threadIdx.x;
+    if (pe < ws.n_pes && pe != ws.my_pe && pe != skip_pe) {
+        st_release_sys(peer(ws.done + ws.my_pe * MAX_BLOCKS + blockIdx.x, pe), value);
+    }
+}
+
+// Thread t < n_pes waits until peer t's block of our index raised done to `value` (every
+// peer but `skip_pe`).
+__device__ __forceinline__ bool block_wait_done_all(const Workspace& ws, uint64_t value, uint64_t epoch,
+                                                    int skip_pe = -1) {
+    __shared__ int all_done;
+    __syncthreads();
+    if (threadIdx.x == 0) all_done = 1;
+    __syncthreads();
+    const int pe = threadIdx.x;
+    if (pe < ws.n_pes && pe != ws.my_pe && pe != skip_pe) {
+        if (!wait_at_least(ws, ws.done + pe * MAX_BLOCKS + blockIdx.x, value, WAIT_DONE, pe, epoch)) all_done = 0;
+    }
+    __syncthreads();
+    return all_done;
+}
+
+// ---- LL lines ---------------------------------------------------------------------------------
+
+__device__ __forceinline__ void ll_store(uint4* line, uint64_t payload, uint32_t flag) {
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(line), "r"(static_cast<uint32_t>(payload)),
+                 "r"(flag), "r"(static_cast<uint32_t>(payload >> 32)), "r"(flag)
+                 : "memory");
+}
+
+// Polls `line` until both halves carry `flag`; false on failure (recorded).
+__device__ __forceinline__ bool ll_load(const Workspace& ws, const uint4* line, uint32_t flag, int from_pe,
+                                        uint64_t epoch, uint64_t* payload) {
+    uint32_t d0, f0, d1, f1;
+    const long long start = clock64();
+    for (;;) {
+        asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(d0), "=r"(f0), "=r"(d1), "=r"(f1)
+                     : "l"(line)
+                     : "memory");
+        if (f0 == flag && f1 == flag) break;
+        if (failed(ws)) return false;
+        if (clock64() - start > ws.timeout_cycles) {
+            record_failure(ws, WAIT_LL, from_pe, flag, f0 == flag ? f1 : f0, epoch);
+            return false;
+        }
+    }
+    *payload = static_cast<uint64_t>(d0) | (static_cast<uint64_t>(d1) << 32);
+    return true;
+}
+
+// The LL slot that `sender` writes into for call `epoch`, on this PE.
+__device__ __forceinline__ uint4* ll_slot(const Workspace& ws, uint64_t epoch, int sender) {
+    return reinterpret_cast<uint4*>(ws.ll + ((epoch & 1) * ws.n_pes + sender) * ws.ll_slot_bytes);
+}
+
+// Before writing call `epoch` into peer `pe`'s LL slot (or count row) of this parity: wait
+// until `pe` announced epoch - 1, i.e. it stopped reading epoch - 2's data there.
+__device__ __forceinline__ bool wait_slot_free(const Workspace& ws, int pe, uint64_t epoch) {
+    return wait_at_least(ws, ws.ready + pe, epoch - 1, WAIT_READY, pe, epoch);
+}
+
+// ---- payload words: 8 bytes at any alignment, zero-padded past the end -----------------------
+
+__device__ __forceinline__ uint64_t load_word(const uint8_t* src, uint64_t word, uint64_t num_bytes) {
+    const uint64_t begin = word * 8;
+    const uint8_t* p = src + begin;
+    if (begin + 8 <= num_bytes && (reinterpret_cast<uintptr_t>(p) & 7) == 0) return *reinterpret_cast<const uint64_t*>(p);
+    uint64_t value = 0;
+    for (uint64_t i = 0; i < 8 && begin + i < num_bytes; ++i) value |= static_cast<uint64_t>(p[i]) << (8 * i);
+    return value;
+}
+
+__device__ __forceinline__ void store_word(uint8_t* dst, uint64_t word, uint64_t num_bytes, uint64_t value) {
+    const uint64_t begin = word * 8;
+    uint8_t* p = dst + begin;
+    if (begin + 8 <= num_bytes && (reinterpret_cast<uintptr_t>(p) & 7) == 0) {
+        *reinterpret_cast<uint64_t*>(p) = value;
+        return;
+    }
+    for (uint64_t i = 0; i < 8 && begin + i < num_bytes; ++i) p[i] = static_cast<uint8_t>(value >> (8 * i));
+}
+
+// ---- bulk copies: the widest access both sides' alignment allows ------------------------------
+
+// Copies bytes [begin, end) of `src` to `dst`, split over `num_threads` threads (this one is
+// `thread`). Remote stores over NVLink want many bytes in flight per thread, hence the
+// 4-deep unroll of 16-byte loads before the stores.
+template <typename V, int UNROLL>
+__device__ __forceinline__ void copy_as(uint8_t* dst, const uint8_t* src, uint64_t begin, uint64_t end, uint64_t thread,
+                                        uint64_t num_threads) {
+    const uint64_t first = (begin + sizeof(V) - 1) / sizeof(V), last = end / sizeof(V);
+    V* d = reinterpret_cast<V*>(dst);
+    const V* s = reinterpret_cast<const V*>(src);
+    uint64_t i = first + thread;
+    for (; i + (UNROLL - 1) * num_threads < last; i += UNROLL * num_threads) {
+        V v[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) v[u] = s[i + u * num_threads];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) d[i + u * num_threads] = v[u];
+    }
+    for (; i < last; i += num_threads) d[i] = s[i];
+    // The unaligned head and tail, byte by byte.
+    const uint64_t head_end = min(end, first * sizeof(V)), tail_begin = max(head_end, last * sizeof(V));
+    for (uint64_t b = begin + thread; b < head_end; b += num_threads) dst[b] = src[b];
+    for (uint64_t b = tail_begin + thread; b < end; b += num_threads) dst[b] = src[b];
+}
+
+// dst[begin, end) = src[begin, end); `dst` may be a peer's memory.
+__device__ __forceinline__ void copy_bytes(uint8_t* dst, const uint8_t* src, uint64_t begin, uint64_t end,
+                                           uint64_t thread, uint64_t num_threads) {
+    const uintptr_t misalignment = reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src);
+    if ((misalignment & 15) == 0) {
+        copy_as<uint4, 4>(dst, src, begin, end, thread, num_threads);
+    } else if ((misalignment & 7) == 0) {
+        copy_as<uint2, 4>(dst, src, begin, end, thread, num_threads);
+    } else if ((misalignment & 3) == 0) {
+        copy_as<uint32_t, 4>(dst, src, begin, end, thread, num_threads);
+    } else {
+        copy_as<uint8_t, 4>(dst, src, begin, end, thread, num_threads);
+    }
+}
+
+// Bytes [begin, end) of a range of `num_bytes` split into `num_parts` equal, 16-byte rounded
+// parts. Host mirror: ch04_collectives::part_bounds.
+__device__ __forceinline__ void part_bounds(uint64_t num_bytes, uint64_t num_parts, uint64_t part, uint64_t* begin,
+                                            uint64_t* end) {
+    const uint64_t per_part = ((num_bytes + 15) / 16 + num_parts - 1) / num_parts * 16;
+    *begin = min(num_bytes, part * per_part);
+    *end = min(num_bytes, *begin + per_part);
+}
+
+// ---- element types of reductions ---------------------------------------------------------------
+
+// Sums are always taken in fp32, in PE order 0, 1, ..., n_pes - 1, so every algorithm and the
+// host reference round the same way and results compare exactly.
+template <typename T>
+struct Element;
+template <>
+struct Element<float> {
+    __device__ static float load(float v) { return v; }
+    __device__ static float store(float v) { return v; }
+};
+template <>
+struct Element<__nv_bfloat16> {
+    __device__ static float load(__nv_bfloat16 v) { return __bfloat162float(v); }
+    __device__ static __nv_bfloat16 store(float v) { return __float2bfloat16_rn(v); }
+};
+
+// Elements of T in one 8-byte payload word, unpacked and packed.
+template <typename T>
+struct Word {
+    static constexpr int N = 8 / sizeof(T);
+    __device__ static void add(float (&acc)[N], uint64_t word) {
+        T values[N];
+        memcpy(values, &word, 8);
+#pragma unroll
+        for (int i = 0; i < N; ++i) acc[i] += Element<T>::load(values[i]);
+    }
+    __device__ static uint64_t pack(const float (&acc)[N]) {
+        T values[N];
+#pragma unroll
+        for (int i = 0; i < N; ++i) values[i] = Element<T>::store(acc[i]);
+        uint64_t word;
+        memcpy(&word, values, 8);
+        return word;
+    }
+};
+
+}  // namespace coll

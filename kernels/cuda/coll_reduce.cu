@@ -1,0 +1,197 @@
+// Chapter 4: reduce-scatter and all-reduce (sum), bf16 or fp32 elements, summed in fp32 in
+// PE order (see Element in coll_common.cuh). Two algorithm families:
+//  - one-shot LL: every PE sends its data to every peer as LL lines and each PE sums what it
+//    received. One NVLink traversal, no barrier: the latency choice.
+//  - pull (reduce-scatter) / two-shot (all-reduce): after every PE announced the call, PE j
+//    reads chunk j of every PE's symmetric input, sums it, and (all-reduce) stores the sum
+//    into chunk j of every PE's output. Each byte crosses a link once per phase: the
+//    bandwidth choice.
+#include "coll_common.cuh"
+
+using namespace coll;
+
+// ANCHOR: reduce_ll
+// One-shot LL reduction of `count` elements. The data for PE q is at input + q * src_stride
+// (all-reduce: src_stride 0, everybody gets everything; reduce-scatter: src_stride = chunk
+// bytes, PE q gets chunk q). PE `me` sums its own part and the n - 1 slots it received.
+// input: local; out: local [count] T.
+template <typename T>
+__device__ __forceinline__ void reduce_ll(const Workspace& ws, uint64_t epoch, const uint8_t* input,
+                                          uint64_t src_stride, uint8_t* out, uint64_t count) {
+    const uint32_t flag = static_cast<uint32_t>(epoch);
+    const uint64_t num_bytes = count * sizeof(T), num_lines = (num_bytes + 7) / 8;
+    const uint64_t thread = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    const uint64_t num_threads = uint64_t(gridDim.x) * blockDim.x;
+    const int me = ws.my_pe, n = ws.n_pes;
+    for (int i = 1; i < n; ++i) {
+        const int q = (me + i) % n;
+        if (!wait_slot_free(ws, q, epoch)) return;
+        uint4* slot = peer(ll_slot(ws, epoch, me), q);
+        const uint8_t* data = input + q * src_stride;
+        for (uint64_t w = thread; w < num_lines; w += num_threads) ll_store(slot + w, load_word(data, w, num_bytes), flag);
+    }
+    const uint8_t* mine = input + me * src_stride;
+    for (uint64_t w = thread; w < num_lines; w += num_threads) {
+        float acc[Word<T>::N] = {};
+        for (int p = 0; p < n; ++p) {
+            uint64_t payload;
+            if (p == me) {
+                payload = load_word(mine, w, num_bytes);
+            } else if (!ll_load(ws, ll_slot(ws, epoch, p) + w, flag, p, epoch, &payload)) {
+                return;
+            }
+            Word<T>::add(acc, payload);
+        }
+        store_word(out, w, num_bytes, Word<T>::pack(acc));
+    }
+}
+// ANCHOR_END: reduce_ll
+
+// ANCHOR: reduce_chunk
+// dsts[d][i] = sum over p of srcs[p][i], for elements [begin, end), summed in PE order.
+// srcs: n_pes pointers (this PE's and its peers' copies); dsts: num_dsts pointers. 16-byte
+// vectors when every pointer allows it, with the loads of all PEs in flight together.
+template <typename T>
+__device__ __forceinline__ void reduce_chunk(const uint8_t* const (&srcs)[MAX_PES], int n, uint8_t* const (&dsts)[MAX_PES],
+                                             int num_dsts, uint64_t begin, uint64_t end) {
+    constexpr int PER_VECTOR = 16 / sizeof(T);
+    uintptr_t misalignment = begin * sizeof(T);
+#pragma unroll
+    for (int p = 0; p < MAX_PES; ++p) {
+        if (p < n) misalignment |= reinterpret_cast<uintptr_t>(srcs[p]);
+        if (p < num_dsts) misalignment |= reinterpret_cast<uintptr_t>(dsts[p]);
+    }
+    uint64_t i = begin;
+    if ((misalignment & 15) == 0) {
+        const uint64_t num_vectors = (end - begin) / PER_VECTOR;
+        for (uint64_t v = threadIdx.x; v < num_vectors; v += blockDim.x) {
+            const uint64_t offset = (begin + v * PER_VECTOR) * sizeof(T);
+            uint4 loaded[MAX_PES];
+#pragma unroll
+            for (int p = 0; p < MAX_PES; ++p) {
+                if (p < n) loaded[p] = *reinterpret_cast<const uint4*>(srcs[p] + offset);
+            }
+            float acc[PER_VECTOR] = {};
+#pragma unroll
+            for (int p = 0; p < MAX_PES; ++p) {
+                if (p < n) {
+                    const T* values = reinterpret_cast<const T*>(&loaded[p]);
+#pragma unroll
+                    for (int k = 0; k < PER_VECTOR; ++k) acc[k] += Element<T>::load(values[k]);
+                }
+            }
+            uint4 sum;
+            T* packed = reinterpret_cast<T*>(&sum);
+#pragma unroll
+            for (int k = 0; k < PER_VECTOR; ++k) packed[k] = Element<T>::store(acc[k]);
+#pragma unroll
+            for (int d = 0; d < MAX_PES; ++d) {
+                if (d < num_dsts) *reinterpret_cast<uint4*>(dsts[d] + offset) = sum;
+            }
+        }
+        i = begin + num_vectors * PER_VECTOR;
+    }
+    for (i += threadIdx.x; i < end; i += blockDim.x) {
+        float acc = 0.f;
+        for (int p = 0; p < n; ++p) acc += Element<T>::load(reinterpret_cast<const T*>(srcs[p])[i]);
+        const T sum = Element<T>::store(acc);
+        for (int d = 0; d < num_dsts; ++d) reinterpret_cast<T*>(dsts[d])[i] = sum;
+    }
+}
+// ANCHOR_END: reduce_chunk
+
+// Elements [begin, end) of this block's share of chunk `chunk` when `count` elements are cut
+// into n_pes chunks of whole 16-byte vectors. Host mirror: ch04_collectives::chunk_bounds.
+template <typename T>
+__device__ __forceinline__ void block_share_of_chunk(uint64_t count, int n, int chunk, uint64_t* begin, uint64_t* end) {
+    uint64_t chunk_begin, chunk_end, share_begin, share_end;
+    part_bounds(count * sizeof(T), n, chunk, &chunk_begin, &chunk_end);
+    part_bounds(chunk_end - chunk_begin, gridDim.x, blockIdx.x, &share_begin, &share_end);
+    *begin = (chunk_begin + share_begin) / sizeof(T);
+    *end = (chunk_begin + share_end) / sizeof(T);
+}
+
+// ANCHOR: two_shot
+// Two-shot all-reduce. In place (out == input) is allowed: chunk j of every input is read
+// only by PE j, which writes chunk j of every output only after reading it.
+// input: symmetric [count] T; out: symmetric [count] T.
+template <typename T>
+__device__ __forceinline__ void all_reduce_two_shot(const Workspace& ws, const uint8_t* input, uint8_t* out,
+                                                    uint64_t count) {
+    const uint64_t epoch = begin_call(ws);
+    const int me = ws.my_pe, n = ws.n_pes;
+    if (block_wait_ready(ws, epoch)) {
+        const uint8_t* srcs[MAX_PES];
+        uint8_t* dsts[MAX_PES];
+        for (int p = 0; p < n; ++p) {
+            srcs[p] = p == me ? input : peer(input, p);
+            dsts[p] = p == me ? out : peer(out, p);
+        }
+        uint64_t begin, end;
+        block_share_of_chunk<T>(count, n, me, &begin, &end);
+        reduce_chunk<T>(srcs, n, dsts, n, begin, end);
+        // The tickets say both "your chunk of my output is written" and "I have finished
+        // reading your input": after the wait, out is complete and input may be reused.
+        block_signal_done_all(ws, ticket(epoch, 1));
+        block_wait_done_all(ws, ticket(epoch, 1), epoch);
+    }
+    end_call(ws, epoch);
+}
+// ANCHOR_END: two_shot
+
+// Pull reduce-scatter: PE me sums chunk me of every PE's input into its out.
+// input: symmetric [n_pes * count] T; out: local [count] T.
+template <typename T>
+__device__ __forceinline__ void reduce_scatter_pull(const Workspace& ws, const uint8_t* input, uint8_t* out,
+                                                    uint64_t count) {
+    const uint64_t epoch = begin_call(ws);
+    const int me = ws.my_pe, n = ws.n_pes;
+    if (block_wait_ready(ws, epoch)) {
+        const uint8_t* srcs[MAX_PES];
+        uint8_t* dsts[MAX_PES] = {out};
+        for (int p = 0; p < n; ++p) srcs[p] = (p == me ? input : peer(input, p)) + me * count * sizeof(T);
+        uint64_t begin, end;
+        part_bounds(count * sizeof(T), gridDim.x, blockIdx.x, &begin, &end);
+        reduce_chunk<T>(srcs, n, dsts, 1, begin / sizeof(T), end / sizeof(T));
+        block_signal_done_all(ws, ticket(epoch, 1));  // "I have finished reading your input"
+        block_wait_done_all(ws, ticket(epoch, 1), epoch);
+    }
+    end_call(ws, epoch);
+}
+
+// The entry points, one per algorithm and element type (the driver looks kernels up by
+// their unmangled names).
+// input, out: as the functions above, __nv_bfloat16 elements.
+extern "C" __global__ void coll_all_reduce_one_shot_bf16(Workspace ws, const uint8_t* input, uint8_t* out, uint64_t count) {
+    const uint64_t epoch = begin_call(ws);
+    reduce_ll<__nv_bfloat16>(ws, epoch, input, 0, out, count);
+    end_call(ws, epoch);
+}
+extern "C" __global__ void coll_all_reduce_two_shot_bf16(Workspace ws, const uint8_t* input, uint8_t* out, uint64_t count) {
+    all_reduce_two_shot<__nv_bfloat16>(ws, input, out, count);
+}
+extern "C" __global__ void coll_reduce_scatter_ll_bf16(Workspace ws, const uint8_t* input, uint8_t* out, uint64_t count) {
+    const uint64_t epoch = begin_call(ws);
+    reduce_ll<__nv_bfloat16>(ws, epoch, input, count * sizeof(__nv_bfloat16), out, count);
+    end_call(ws, epoch);
+}
+extern "C" __global__ void coll_reduce_scatter_pull_bf16(Workspace ws, const uint8_t* input, uint8_t* out, uint64_t count) {
+    reduce_scatter_pull<__nv_bfloat16>(ws, input, out, count);
+}
+// input, out: as the functions above, float elements.
+extern "C" __global__ void coll_all_reduce_one_shot_f32(Workspace ws, const uint8_t* input, uint8_t* out, uint64_t count) {
+    const uint64_t epoch = begin_call(ws);
+    reduce_ll<float>(ws, epoch, input, 0, out, count);
+    end_call(ws, epoch);
+}
+extern "C" __global__ void coll_all_reduce_two_shot_f32(Workspace ws, const uint8_t* input, uint8_t* out, uint64_t count) {
+    all_reduce_two_shot<float>(ws, input, out, count);
+}
+extern "C" __global__ void coll_reduce_scatter_ll_f32(Workspace ws, const uint8_t* input, uint8_t* out, uint64_t count) {
+    const uint64_t epoch = begin_call(ws);
+    reduce_ll<float>(ws, epoch, input, count * sizeof(float), out, count);
+    end_call(ws, epoch);
+}
+extern "C" __global__ void coll_reduce_scatter_pull_f32(Workspace ws, const uint8_t* input, uint8_t* out, uint64_t count) {
+    reduce_scatter_pull<float>(ws, input, out, count);
+}
