@@ -6,14 +6,14 @@
 using namespace coll;
 
 // input: local [num_bytes]; out: local [n_pes * num_bytes].
-extern "C" __global__ void coll_all_gather_ll(Workspace ws, const uint8_t* input, uint8_t* out, uint64_t num_bytes) {
+extern "C" __global__ void __launch_bounds__(512) coll_all_gather_ll(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out, uint64_t num_bytes) {
     const uint64_t epoch = begin_call(ws);
     exchange_ll(ws, epoch, input, 0, out, num_bytes);
     end_call(ws, epoch);
 }
 
 // input: local [num_bytes]; out: symmetric [n_pes * num_bytes].
-extern "C" __global__ void coll_all_gather_direct(Workspace ws, const uint8_t* input, uint8_t* out,
+extern "C" __global__ void __launch_bounds__(512) coll_all_gather_direct(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out,
                                                   uint64_t num_bytes) {
     const uint64_t epoch = begin_call(ws);
     exchange_direct(ws, epoch, input, 0, out, num_bytes);
@@ -27,22 +27,24 @@ extern "C" __global__ void coll_all_gather_direct(Workspace ws, const uint8_t* i
 // links between neighbours only. Block b of the grid forwards the same byte range of every
 // block, so it only ever waits for block b of the previous PE (ticket(epoch, s)).
 // input: local [num_bytes]; out: symmetric [n_pes * num_bytes].
-extern "C" __global__ void coll_all_gather_ring(Workspace ws, const uint8_t* input, uint8_t* out,
+extern "C" __global__ void __launch_bounds__(512) coll_all_gather_ring(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out,
                                                 uint64_t num_bytes) {
     const uint64_t epoch = begin_call(ws);
     const int me = ws.my_pe, n = ws.n_pes;
     const int next = (me + 1) % n, prev = (me + n - 1) % n;
     uint64_t begin, end;
     part_bounds(num_bytes, gridDim.x, blockIdx.x, &begin, &end);
-    copy_bytes(out + me * num_bytes, input, begin, end, threadIdx.x, blockDim.x);
     const uint64_t* from_prev = ws.done + prev * MAX_BLOCKS + blockIdx.x;
     bool ok = n == 1 || block_wait_at_least(ws, ws.ready + next, epoch, WAIT_READY, next, epoch);
+    if (n == 1) copy_bytes(out + me * num_bytes, input, begin, end, threadIdx.x, blockDim.x);
     for (int step = 0; ok && step < n - 1; ++step) {
         const int block = (me + n - step) % n;
         if (step > 0) ok = block_wait_at_least(ws, from_prev, ticket(epoch, step), WAIT_DONE, prev, epoch);
         if (!ok) break;
-        const uint8_t* src = step == 0 ? input : out + block * num_bytes;
-        copy_bytes(peer(out, next) + block * num_bytes, src, begin, end, threadIdx.x, blockDim.x);
+        // Step 0 also places our own block locally, in the same pass over the input.
+        uint8_t* dsts[MAX_PES] = {peer(ws, out, next) + block * num_bytes, out + me * num_bytes};
+        const uint8_t* srcs[MAX_PES] = {step == 0 ? input : out + block * num_bytes, input};
+        copy_fanout(dsts, srcs, step == 0 ? 2 : 1, begin, end, threadIdx.x, blockDim.x);
         block_signal_done(ws, next, ticket(epoch, step + 1));
     }
     if (ok && n > 1) block_wait_at_least(ws, from_prev, ticket(epoch, n - 1), WAIT_DONE, prev, epoch);

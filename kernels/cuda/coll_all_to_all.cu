@@ -6,14 +6,14 @@
 using namespace coll;
 
 // input: local [n_pes * num_bytes]; out: local [n_pes * num_bytes].
-extern "C" __global__ void coll_all_to_all_ll(Workspace ws, const uint8_t* input, uint8_t* out, uint64_t num_bytes) {
+extern "C" __global__ void __launch_bounds__(512) coll_all_to_all_ll(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out, uint64_t num_bytes) {
     const uint64_t epoch = begin_call(ws);
     exchange_ll(ws, epoch, input, num_bytes, out, num_bytes);
     end_call(ws, epoch);
 }
 
 // input: local [n_pes * num_bytes]; out: symmetric [n_pes * num_bytes].
-extern "C" __global__ void coll_all_to_all_direct(Workspace ws, const uint8_t* input, uint8_t* out,
+extern "C" __global__ void __launch_bounds__(512) coll_all_to_all_direct(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out,
                                                   uint64_t num_bytes) {
     const uint64_t epoch = begin_call(ws);
     exchange_direct(ws, epoch, input, num_bytes, out, num_bytes);
@@ -35,7 +35,7 @@ constexpr uint64_t BAD_ROW = 0xFFFFFFFFull;  // a count row whose sender found i
 // input: local [in_rows, row_bytes]; out: symmetric [out_rows, row_bytes];
 // in_splits: local int64 [n_pes]; out_splits_offsets: local int64 [2, n_pes] (written:
 // rows received from each PE, and where they start in out).
-extern "C" __global__ void coll_all_to_all_v(Workspace ws, const uint8_t* input, uint8_t* out, const int64_t* in_splits,
+extern "C" __global__ void __launch_bounds__(512) coll_all_to_all_v(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out, const int64_t* in_splits,
                                              int64_t* out_splits_offsets, uint64_t row_bytes, uint64_t in_rows,
                                              uint64_t out_rows) {
     const uint64_t epoch = begin_call(ws);
@@ -55,7 +55,7 @@ extern "C" __global__ void coll_all_to_all_v(Workspace ws, const uint8_t* input,
         }
         valid = valid && uint64_t(total) <= in_rows;
         if (q == me || wait_slot_free(ws, q, epoch)) {
-            uint64_t* row = (q == me ? rows_for : peer(rows_for, q)) + me * MAX_PES;
+            uint64_t* row = (q == me ? rows_for : peer(ws, rows_for, q)) + me * MAX_PES;
             for (int c = 0; c < n; ++c) {
                 const uint64_t rows = valid ? uint64_t(in_splits[c]) : BAD_ROW;
                 st_relaxed_sys(row + c, (uint64_t(flag) << 32) | rows);
@@ -98,8 +98,8 @@ extern "C" __global__ void coll_all_to_all_v(Workspace ws, const uint8_t* input,
     }
     __syncthreads();
     if (ok) {
-        for (int i = 0; i < n; ++i) {
-            const int q = (me + i) % n;  // PE me + 1 first: the PEs spread their traffic over peers
+        for (int i = 1; i <= n; ++i) {
+            const int q = (me + i) % n;  // PE me + 1 first (the PEs spread their traffic), ourselves last
             uint64_t send_offset = 0;    // rows of my input before block q
             for (int c = 0; c < q; ++c) send_offset += matrix[me][c];
             uint64_t recv_offset = 0;  // rows of PEs 0..me-1 before mine in q's out
@@ -107,7 +107,7 @@ extern "C" __global__ void coll_all_to_all_v(Workspace ws, const uint8_t* input,
             const uint64_t num_bytes = matrix[me][q] * row_bytes;
             uint64_t begin, end;
             part_bounds(num_bytes, gridDim.x, blockIdx.x, &begin, &end);
-            uint8_t* dst = (q == me ? out : peer(out, q)) + recv_offset * row_bytes;
+            uint8_t* dst = (q == me ? out : peer(ws, out, q)) + recv_offset * row_bytes;
             copy_bytes(dst, input + send_offset * row_bytes, begin, end, threadIdx.x, blockDim.x);
         }
         block_signal_done_all(ws, ticket(epoch, 1));

@@ -8,7 +8,7 @@ using namespace coll;
 // their slot and unpack it. Nobody but the root sends, and nobody waits for the root to be
 // ready beyond the slot-reuse check.
 // input: local [num_bytes] (read on the root only); out: local [num_bytes].
-extern "C" __global__ void coll_broadcast_ll(Workspace ws, const uint8_t* input, uint8_t* out, uint64_t num_bytes,
+extern "C" __global__ void __launch_bounds__(512) coll_broadcast_ll(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out, uint64_t num_bytes,
                                              int root) {
     const uint64_t epoch = begin_call(ws);
     const uint32_t flag = static_cast<uint32_t>(epoch);
@@ -20,7 +20,7 @@ extern "C" __global__ void coll_broadcast_ll(Workspace ws, const uint8_t* input,
         for (int i = 1; i < n; ++i) {
             const int q = (me + i) % n;
             if (!wait_slot_free(ws, q, epoch)) break;
-            uint4* slot = peer(ll_slot(ws, epoch, root), q);
+            uint4* slot = peer(ws, ll_slot(ws, epoch, root), q);
             for (uint64_t w = thread; w < num_lines; w += num_threads) ll_store(slot + w, load_word(input, w, num_bytes), flag);
         }
         copy_bytes(out, input, 0, num_bytes, thread, num_threads);
@@ -40,10 +40,11 @@ extern "C" __global__ void coll_broadcast_ll(Workspace ws, const uint8_t* input,
 // Large messages: scatter, then all-gather. The message is cut into n parts; the root stores
 // part q into PE q, and its own part into everybody; then every PE q forwards part q to the
 // PEs other than the root. Storing everything into everybody would make the root send
-// (n - 1) x num_bytes over its own links; this way no PE sends more than about num_bytes.
+// (n - 1) x num_bytes over its own links; this way no PE sends much more than num_bytes.
 // Block b moves the same slice of every part, so it waits only for block b of the root.
+// In place (out == input on the root) skips the root's local copy.
 // input: local [num_bytes] (read on the root only); out: symmetric [num_bytes].
-extern "C" __global__ void coll_broadcast_scatter(Workspace ws, const uint8_t* input, uint8_t* out,
+extern "C" __global__ void __launch_bounds__(512) coll_broadcast_scatter(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out,
                                                   uint64_t num_bytes, int root) {
     const uint64_t epoch = begin_call(ws);
     const int me = ws.my_pe, n = ws.n_pes;
@@ -56,34 +57,40 @@ extern "C" __global__ void coll_broadcast_scatter(Workspace ws, const uint8_t* i
         *end += part_begin;
     };
     uint64_t begin, end;
-    if (!block_wait_ready(ws, epoch)) {
-        end_call(ws, epoch);
-        return;
-    }
-    if (me == root) {
-        for (int part = 0; part < n; ++part) {
-            slice(part, &begin, &end);
-            copy_bytes(out, input, begin, end, threadIdx.x, blockDim.x);
-        }
-        for (int i = 1; i < n; ++i) {
-            const int q = (me + i) % n;
-            uint8_t* dst = peer(out, q);
-            slice(q, &begin, &end);
-            copy_bytes(dst, input, begin, end, threadIdx.x, blockDim.x);
+    uint8_t* dsts[MAX_PES];
+    const uint8_t* srcs[MAX_PES];
+    if (block_wait_ready(ws, epoch)) {
+        if (me == root) {
+            const bool local_copy = out != input;
+            // Our own part to everybody, then part q to PE q (and to our own out).
+            int num = 0;
+            for (int i = 1; i < n; ++i) dsts[num++] = peer(ws, out, (me + i) % n);
+            if (local_copy) dsts[num++] = out;
+            for (int d = 0; d < num; ++d) srcs[d] = input;
             slice(root, &begin, &end);
-            copy_bytes(dst, input, begin, end, threadIdx.x, blockDim.x);
-            block_signal_done(ws, q, ticket(epoch, 1));
-        }
-    } else {
-        const uint64_t* from_root = ws.done + root * MAX_BLOCKS + blockIdx.x;
-        if (block_wait_at_least(ws, from_root, ticket(epoch, 1), WAIT_DONE, root, epoch)) {
-            slice(me, &begin, &end);
+            copy_fanout(dsts, srcs, num, begin, end, threadIdx.x, blockDim.x);
             for (int i = 1; i < n; ++i) {
                 const int q = (me + i) % n;
-                if (q != root) copy_bytes(peer(out, q), out, begin, end, threadIdx.x, blockDim.x);
+                dsts[0] = peer(ws, out, q);
+                dsts[1] = out;
+                slice(q, &begin, &end);
+                copy_fanout(dsts, srcs, local_copy ? 2 : 1, begin, end, threadIdx.x, blockDim.x);
+                block_signal_done(ws, q, ticket(epoch, 1));
             }
-            block_signal_done_all(ws, ticket(epoch, 2), root);
-            block_wait_done_all(ws, ticket(epoch, 2), epoch, root);
+        } else {
+            const uint64_t* from_root = ws.done + root * MAX_BLOCKS + blockIdx.x;
+            if (block_wait_at_least(ws, from_root, ticket(epoch, 1), WAIT_DONE, root, epoch)) {
+                int num = 0;
+                for (int i = 1; i < n; ++i) {
+                    const int q = (me + i) % n;
+                    if (q != root) dsts[num++] = peer(ws, out, q);
+                }
+                for (int d = 0; d < num; ++d) srcs[d] = out;
+                slice(me, &begin, &end);
+                copy_fanout(dsts, srcs, num, begin, end, threadIdx.x, blockDim.x);
+                block_signal_done_all(ws, ticket(epoch, 2), root);
+                block_wait_done_all(ws, ticket(epoch, 2), epoch, root);
+            }
         }
     }
     end_call(ws, epoch);

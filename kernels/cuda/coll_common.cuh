@@ -34,6 +34,8 @@
 
 #include <cuda_bf16.h>
 
+#include <type_traits>
+
 #include "common.cuh"
 
 namespace coll {
@@ -66,6 +68,10 @@ struct Workspace {
     long long timeout_cycles; // bound on every wait, in SM clock cycles
     int my_pe;
     int n_pes;
+    // Where each peer's symmetric heap appears in our address space, relative to our own:
+    // what nvshmem_ptr(ptr, p) computes, taken once on the host so the kernels' address
+    // arithmetic needs no load from NVSHMEM's device state.
+    int64_t peer_delta[MAX_PES];
 };
 
 __host__ __device__ constexpr uint64_t ticket(uint64_t epoch, uint64_t step) { return epoch * STEPS_PER_EPOCH + step; }
@@ -85,10 +91,12 @@ __device__ __forceinline__ void st_relaxed_sys(uint64_t* p, uint64_t v) {
 }
 __device__ __forceinline__ uint64_t ld_volatile(const uint64_t* p) { return *reinterpret_cast<const volatile uint64_t*>(p); }
 
-// The copy of symmetric `ptr` that lives on `pe`, as a pointer this GPU stores to directly.
+// The copy of symmetric `ptr` that lives on `pe`, as a pointer this GPU loads from and stores
+// to directly: nvshmem_ptr(ptr, pe), with the offset the host read from it once.
 template <typename T>
-__device__ __forceinline__ T* peer(T* ptr, int pe) {
-    return static_cast<T*>(nvshmem_ptr(ptr, pe));
+__device__ __forceinline__ T* peer(const Workspace& ws, T* ptr, int pe) {
+    using Byte = typename std::conditional<std::is_const<T>::value, const char, char>::type;
+    return reinterpret_cast<T*>(reinterpret_cast<Byte*>(ptr) + ws.peer_delta[pe]);
 }
 
 // ---- failure ----------------------------------------------------------------------------------
@@ -137,7 +145,7 @@ __device__ __forceinline__ uint64_t begin_call(const Workspace& ws) {
     if (blockIdx.x == 0 && pe < ws.n_pes && pe != ws.my_pe) {
         // Relaxed is enough: the announcement orders nothing written in this kernel, only
         // what finished before it started (earlier kernels on the stream).
-        st_relaxed_sys(peer(ws.ready + ws.my_pe, pe), epoch);
+        st_relaxed_sys(peer(ws, ws.ready + ws.my_pe, pe), epoch);
     }
     return epoch;
 }
@@ -186,7 +194,7 @@ __device__ __forceinline__ bool block_wait_ready(const Workspace& ws, uint64_t e
 __device__ __forceinline__ void block_signal_done(const Workspace& ws, int pe, uint64_t value) {
     __threadfence_system();
     __syncthreads();
-    if (threadIdx.x == 0) st_release_sys(peer(ws.done + ws.my_pe * MAX_BLOCKS + blockIdx.x, pe), value);
+    if (threadIdx.x == 0) st_release_sys(peer(ws, ws.done + ws.my_pe * MAX_BLOCKS + blockIdx.x, pe), value);
 }
 
 // The same, to every peer but `skip_pe` at once (thread t signals peer t).
@@ -195,7 +203,7 @@ __device__ __forceinline__ void block_signal_done_all(const Workspace& ws, uint6
     __syncthreads();
     const int pe = threadIdx.x;
     if (pe < ws.n_pes && pe != ws.my_pe && pe != skip_pe) {
-        st_release_sys(peer(ws.done + ws.my_pe * MAX_BLOCKS + blockIdx.x, pe), value);
+        st_release_sys(peer(ws, ws.done + ws.my_pe * MAX_BLOCKS + blockIdx.x, pe), value);
     }
 }
 
@@ -316,6 +324,40 @@ __device__ __forceinline__ void copy_bytes(uint8_t* dst, const uint8_t* src, uin
         copy_as<uint8_t, 4>(dst, src, begin, end, thread, num_threads);
     }
 }
+
+// ANCHOR: copy_fanout
+// dsts[d][begin, end) = srcs[d][begin, end) for every d < num: several copies interleaved
+// vector by vector, so a local copy (HBM-bound) rides along with the peer stores
+// (NVLink-bound) instead of queueing behind them, and a source shared by all destinations
+// (all-gather, broadcast) is read from memory once and cached for the rest.
+__device__ __forceinline__ void copy_fanout(uint8_t* const (&dsts)[MAX_PES], const uint8_t* const (&srcs)[MAX_PES],
+                                            int num, uint64_t begin, uint64_t end, uint64_t thread,
+                                            uint64_t num_threads) {
+    uintptr_t misalignment = begin;
+#pragma unroll
+    for (int d = 0; d < MAX_PES; ++d) {
+        if (d < num) misalignment |= reinterpret_cast<uintptr_t>(dsts[d]) | reinterpret_cast<uintptr_t>(srcs[d]);
+    }
+    if ((misalignment & 15) != 0) {
+        for (int d = 0; d < num; ++d) copy_bytes(dsts[d], srcs[d], begin, end, thread, num_threads);
+        return;
+    }
+    const uint64_t first = begin / 16, last = end / 16;
+    for (uint64_t v = first + thread; v < last; v += num_threads) {
+        uint4 loaded[MAX_PES];
+#pragma unroll
+        for (int d = 0; d < MAX_PES; ++d) {
+            if (d < num) loaded[d] = reinterpret_cast<const uint4*>(srcs[d])[v];
+        }
+#pragma unroll
+        for (int d = 0; d < MAX_PES; ++d) {
+            if (d < num) reinterpret_cast<uint4*>(dsts[d])[v] = loaded[d];
+        }
+    }
+    const uint64_t tail = max(begin, last * 16);
+    for (int d = 0; d < num; ++d) copy_bytes(dsts[d], srcs[d], tail, end, thread, num_threads);
+}
+// ANCHOR_END: copy_fanout
 
 // Bytes [begin, end) of a range of `num_bytes` split into `num_parts` equal, 16-byte rounded
 // parts. Host mirror: ch04_collectives::part_bounds.

@@ -27,7 +27,7 @@ __device__ __forceinline__ void exchange_ll(const Workspace& ws, uint64_t epoch,
     for (int i = 1; i < n; ++i) {
         const int q = (me + i) % n;  // PE me + 1 first: the PEs spread their traffic over peers
         if (!wait_slot_free(ws, q, epoch)) return;
-        uint4* slot = peer(ll_slot(ws, epoch, me), q);
+        uint4* slot = peer(ws, ll_slot(ws, epoch, me), q);
         const uint8_t* block = block_for(input, src_stride, q);
         for (uint64_t w = thread; w < num_lines; w += num_threads) ll_store(slot + w, load_word(block, w, num_bytes), flag);
     }
@@ -54,11 +54,17 @@ __device__ __forceinline__ void exchange_direct(const Workspace& ws, uint64_t ep
     uint64_t begin, end;
     part_bounds(num_bytes, gridDim.x, blockIdx.x, &begin, &end);
     const int me = ws.my_pe, n = ws.n_pes;
-    for (int i = 0; i < n; ++i) {
-        const int q = (me + i) % n;
-        uint8_t* dst = (q == me ? out : peer(out, q)) + me * num_bytes;
-        copy_bytes(dst, block_for(input, src_stride, q), begin, end, threadIdx.x, blockDim.x);
+    uint8_t* dsts[MAX_PES];
+    const uint8_t* srcs[MAX_PES];
+#pragma unroll
+    for (int i = 0; i < MAX_PES; ++i) {  // unrolled, so the pointers stay in registers
+        const int q = (me + 1 + i) % n;  // the local copy last: it is the fastest
+        if (i < n) {
+            dsts[i] = (q == me ? out : peer(ws, out, q)) + me * num_bytes;
+            srcs[i] = block_for(input, src_stride, q);
+        }
     }
+    copy_fanout(dsts, srcs, n, begin, end, threadIdx.x, blockDim.x);
     block_signal_done_all(ws, ticket(epoch, 1));
     block_wait_done_all(ws, ticket(epoch, 1), epoch);
 }

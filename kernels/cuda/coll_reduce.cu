@@ -26,7 +26,7 @@ __device__ __forceinline__ void reduce_ll(const Workspace& ws, uint64_t epoch, c
     for (int i = 1; i < n; ++i) {
         const int q = (me + i) % n;
         if (!wait_slot_free(ws, q, epoch)) return;
-        uint4* slot = peer(ll_slot(ws, epoch, me), q);
+        uint4* slot = peer(ws, ll_slot(ws, epoch, me), q);
         const uint8_t* data = input + q * src_stride;
         for (uint64_t w = thread; w < num_lines; w += num_threads) ll_store(slot + w, load_word(data, w, num_bytes), flag);
     }
@@ -123,9 +123,12 @@ __device__ __forceinline__ void all_reduce_two_shot(const Workspace& ws, const u
     if (block_wait_ready(ws, epoch)) {
         const uint8_t* srcs[MAX_PES];
         uint8_t* dsts[MAX_PES];
-        for (int p = 0; p < n; ++p) {
-            srcs[p] = p == me ? input : peer(input, p);
-            dsts[p] = p == me ? out : peer(out, p);
+#pragma unroll
+        for (int p = 0; p < MAX_PES; ++p) {  // unrolled, so the pointers stay in registers
+            if (p < n) {
+                srcs[p] = p == me ? input : peer(ws, input, p);
+                dsts[p] = p == me ? out : peer(ws, out, p);
+            }
         }
         uint64_t begin, end;
         block_share_of_chunk<T>(count, n, me, &begin, &end);
@@ -149,7 +152,10 @@ __device__ __forceinline__ void reduce_scatter_pull(const Workspace& ws, const u
     if (block_wait_ready(ws, epoch)) {
         const uint8_t* srcs[MAX_PES];
         uint8_t* dsts[MAX_PES] = {out};
-        for (int p = 0; p < n; ++p) srcs[p] = (p == me ? input : peer(input, p)) + me * count * sizeof(T);
+#pragma unroll
+        for (int p = 0; p < MAX_PES; ++p) {
+            if (p < n) srcs[p] = (p == me ? input : peer(ws, input, p)) + me * count * sizeof(T);
+        }
         uint64_t begin, end;
         part_bounds(count * sizeof(T), gridDim.x, blockIdx.x, &begin, &end);
         reduce_chunk<T>(srcs, n, dsts, 1, begin / sizeof(T), end / sizeof(T));
@@ -162,36 +168,36 @@ __device__ __forceinline__ void reduce_scatter_pull(const Workspace& ws, const u
 // The entry points, one per algorithm and element type (the driver looks kernels up by
 // their unmangled names).
 // input, out: as the functions above, __nv_bfloat16 elements.
-extern "C" __global__ void coll_all_reduce_one_shot_bf16(Workspace ws, const uint8_t* input, uint8_t* out, uint64_t count) {
+extern "C" __global__ void __launch_bounds__(512) coll_all_reduce_one_shot_bf16(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out, uint64_t count) {
     const uint64_t epoch = begin_call(ws);
     reduce_ll<__nv_bfloat16>(ws, epoch, input, 0, out, count);
     end_call(ws, epoch);
 }
-extern "C" __global__ void coll_all_reduce_two_shot_bf16(Workspace ws, const uint8_t* input, uint8_t* out, uint64_t count) {
+extern "C" __global__ void __launch_bounds__(512) coll_all_reduce_two_shot_bf16(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out, uint64_t count) {
     all_reduce_two_shot<__nv_bfloat16>(ws, input, out, count);
 }
-extern "C" __global__ void coll_reduce_scatter_ll_bf16(Workspace ws, const uint8_t* input, uint8_t* out, uint64_t count) {
+extern "C" __global__ void __launch_bounds__(512) coll_reduce_scatter_ll_bf16(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out, uint64_t count) {
     const uint64_t epoch = begin_call(ws);
     reduce_ll<__nv_bfloat16>(ws, epoch, input, count * sizeof(__nv_bfloat16), out, count);
     end_call(ws, epoch);
 }
-extern "C" __global__ void coll_reduce_scatter_pull_bf16(Workspace ws, const uint8_t* input, uint8_t* out, uint64_t count) {
+extern "C" __global__ void __launch_bounds__(512) coll_reduce_scatter_pull_bf16(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out, uint64_t count) {
     reduce_scatter_pull<__nv_bfloat16>(ws, input, out, count);
 }
 // input, out: as the functions above, float elements.
-extern "C" __global__ void coll_all_reduce_one_shot_f32(Workspace ws, const uint8_t* input, uint8_t* out, uint64_t count) {
+extern "C" __global__ void __launch_bounds__(512) coll_all_reduce_one_shot_f32(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out, uint64_t count) {
     const uint64_t epoch = begin_call(ws);
     reduce_ll<float>(ws, epoch, input, 0, out, count);
     end_call(ws, epoch);
 }
-extern "C" __global__ void coll_all_reduce_two_shot_f32(Workspace ws, const uint8_t* input, uint8_t* out, uint64_t count) {
+extern "C" __global__ void __launch_bounds__(512) coll_all_reduce_two_shot_f32(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out, uint64_t count) {
     all_reduce_two_shot<float>(ws, input, out, count);
 }
-extern "C" __global__ void coll_reduce_scatter_ll_f32(Workspace ws, const uint8_t* input, uint8_t* out, uint64_t count) {
+extern "C" __global__ void __launch_bounds__(512) coll_reduce_scatter_ll_f32(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out, uint64_t count) {
     const uint64_t epoch = begin_call(ws);
     reduce_ll<float>(ws, epoch, input, count * sizeof(float), out, count);
     end_call(ws, epoch);
 }
-extern "C" __global__ void coll_reduce_scatter_pull_f32(Workspace ws, const uint8_t* input, uint8_t* out, uint64_t count) {
+extern "C" __global__ void __launch_bounds__(512) coll_reduce_scatter_pull_f32(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out, uint64_t count) {
     reduce_scatter_pull<float>(ws, input, out, count);
 }

@@ -10,7 +10,7 @@
 using namespace coll;
 
 // ANCHOR: sync_all
-extern "C" __global__ void coll_sync_all(Workspace ws) {
+extern "C" __global__ void __launch_bounds__(32) coll_sync_all(const __grid_constant__ Workspace ws) {
     const uint64_t epoch = begin_call(ws);
     block_wait_ready(ws, epoch);
     end_call(ws, epoch);

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use ch01_bootstrap::World;
 use ch02_symmetric_memory::SymmetricBuffer;
-use ch03_put_get::bench::{median, ops_per_sample};
+use ch03_put_get::bench::{self, median, ops_per_sample};
 use ch04_collectives::{Collective, CollectivesConfig, Communicator, DType, SIZE_TABLE};
 use cudarc::driver::{CudaGraph, CudaStream, sys};
 
@@ -113,8 +113,13 @@ fn run() -> Result<bool, AnyError> {
     let stream = world.stream().clone();
     let timer = Timer {
         flush: stream.alloc_zeros::<u8>(FLUSH_BYTES)?,
-        start: stream.context().new_event(None)?,
-        end: stream.context().new_event(None)?,
+        // Timing events: cudarc's default disables timing.
+        start: stream
+            .context()
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?,
+        end: stream
+            .context()
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?,
         stream: stream.clone(),
     };
     let input = SymmetricBuffer::<_, u8>::new(&world, MAX_BYTES)?;
@@ -242,8 +247,8 @@ fn run() -> Result<bool, AnyError> {
 
     if me == 0 {
         print_table(&rows);
-        let mut text =
-            String::from("collective,algorithm,method,timing,n_pes,num_bytes,us,busbw_gb_per_s\n");
+        let mut text = header(&world)?;
+        text.push_str("collective,algorithm,method,timing,n_pes,num_bytes,us,busbw_gb_per_s\n");
         for row in &rows {
             text.push_str(row);
             text.push('\n');
@@ -254,6 +259,35 @@ fn run() -> Result<bool, AnyError> {
     drop(comm);
     world.barrier_all()?;
     Ok(true)
+}
+
+/// The CSV's `#` lines: GPU, driver, CUDA, NVSHMEM, how we time.
+fn header(world: &World) -> Result<String, AnyError> {
+    let mut cuda = 0;
+    // SAFETY: writes one int.
+    unsafe { sys::cuDriverGetVersion(&mut cuda) }.result()?;
+    let proc_text = std::fs::read_to_string("/proc/driver/nvidia/version").ok();
+    let lines = [
+        format!("gpu: {} x {}", world.context().name()?, world.n_pes()),
+        format!(
+            "driver: {}; CUDA driver API {}; kernels: nvcc 13.0, {:?}",
+            bench::driver_version(proc_text.as_deref()),
+            bench::cuda_version_string(cuda),
+            kernels::BUILT_ARCHS
+        ),
+        format!("nvshmem: {}", world.nvshmem().version()),
+        format!(
+            "timing: CUDA graph of K calls (K = min(100, ceil(256 MiB / size))), 1 warm-up + {NUM_SAMPLES} \
+             replays between CUDA events, {} MiB L2 flush and a host barrier before each, median, PE 0",
+            FLUSH_BYTES >> 20
+        ),
+        "sizes and busbw: nccl-tests (all-reduce, broadcast: the buffer; all-gather: output; \
+         reduce-scatter: input; all-to-all(-v): one rank's input; busbw = size / time x 2(n-1)/n \
+         for all-reduce, (n-1)/n for the others, 1 for broadcast)"
+            .into(),
+        "ours: broadcast in place (out == input), as torch.distributed.broadcast; the rest out of place".into(),
+    ];
+    Ok(lines.iter().map(|l| format!("# {l}\n")).collect())
 }
 
 // ANCHOR: print_table

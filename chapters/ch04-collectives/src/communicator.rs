@@ -117,6 +117,7 @@ impl<W: Deref<Target = World>> Communicator<W> {
         for &(ptr, num_bytes) in call.symmetric {
             if num_bytes > 0 {
                 check_symmetric_range(world, ptr, num_bytes as u64)?;
+                self.memory.check_peer_mapping(ptr)?;
             }
         }
         let plan = self.plan(call.collective, call.algorithm, call.size_bytes, call.dtype)?;

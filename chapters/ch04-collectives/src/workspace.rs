@@ -48,6 +48,9 @@ pub struct Workspace {
     pub timeout_cycles: i64,
     pub my_pe: i32,
     pub n_pes: i32,
+    /// peer_delta[p]: nvshmem_ptr(x, p) - x for any symmetric x, the offset at which PE p's
+    /// heap is mapped into ours (0 for ourselves and for PEs past n_pes).
+    pub peer_delta: [i64; MAX_PES],
 }
 // ANCHOR_END: workspace
 
@@ -252,6 +255,7 @@ impl<W: Deref<Target = World>> Memory<W> {
         symmetric.fill_bytes(0)?;
         symmetric.world().barrier_all()?;
         let base = symmetric.device_ptr();
+        let peer_delta = peer_deltas(symmetric.world(), base)?;
         let (state_ptr, _) = cudarc::driver::DevicePtr::device_ptr(&state, &stream);
         let workspace = Workspace {
             state: state_ptr,
@@ -264,6 +268,7 @@ impl<W: Deref<Target = World>> Memory<W> {
             timeout_cycles: config.timeout_ms as i64 * clock_khz as i64,
             my_pe: my_pe as i32,
             n_pes: n_pes as i32,
+            peer_delta,
         };
         Ok(Self {
             symmetric,
@@ -271,6 +276,24 @@ impl<W: Deref<Target = World>> Memory<W> {
             record,
             workspace,
         })
+    }
+
+    /// `Err` unless every PE maps `ptr` (symmetric) at the offsets the kernels add: they
+    /// compute peer addresses from `peer_delta` instead of calling nvshmem_ptr per access.
+    pub(crate) fn check_peer_mapping(&self, ptr: u64) -> Result<(), CollError> {
+        let world = self.symmetric.world();
+        let deltas = peer_deltas(world, ptr)?;
+        match (0..world.n_pes()).find(|&p| deltas[p] != self.workspace.peer_delta[p]) {
+            None => Ok(()),
+            Some(pe) => Err(CollError::invalid(
+                "collective",
+                format!(
+                    "pe {pe} maps address {ptr:#x} at offset {} but the communicator's workspace \
+                     at offset {}: NVSHMEM's heap is not mapped as one range",
+                    deltas[pe], self.workspace.peer_delta[pe]
+                ),
+            )),
+        }
     }
 
     /// `Err` with the kernel's account if any kernel of this communicator failed. Cheap (one
@@ -292,14 +315,34 @@ impl<W: Deref<Target = World>> Memory<W> {
     }
 }
 
+/// nvshmem_ptr(ptr, p) - ptr for every PE p: where each peer's copy of the symmetric heap
+/// appears in our address space. Every PE must be reachable by loads and stores (one NVLink
+/// domain): chapter 5 is where PEs on other nodes come in.
+fn peer_deltas(world: &World, ptr: u64) -> Result<[i64; MAX_PES], CollError> {
+    let mut deltas = [0i64; MAX_PES];
+    for (pe, delta) in deltas.iter_mut().enumerate().take(world.n_pes()) {
+        // SAFETY: nvshmem_ptr only translates addresses.
+        let peer = unsafe { (world.nvshmem().ptr)(ptr as *const c_void, pe as i32) } as u64;
+        if peer == 0 {
+            return Err(ch03_put_get::PutGetError::NotLoadStoreReachable {
+                me: world.my_pe(),
+                pe,
+            }
+            .into());
+        }
+        *delta = peer.wrapping_sub(ptr) as i64;
+    }
+    Ok(deltas)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn the_workspace_matches_the_kernel_struct() {
-        // coll::Workspace: 7 x 8-byte fields, a long long, two ints.
-        assert_eq!(std::mem::size_of::<Workspace>(), 72);
+        // coll::Workspace: 7 x 8-byte fields, a long long, two ints, MAX_PES x int64_t.
+        assert_eq!(std::mem::size_of::<Workspace>(), 72 + 8 * MAX_PES);
         assert_eq!(std::mem::offset_of!(Workspace, timeout_cycles), 56);
         assert_eq!(std::mem::offset_of!(Workspace, n_pes), 68);
     }

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Chapter 4's benchmark on N GPUs of this machine: ours (ch04-coll-bench), NCCL and torch
+# SymmetricMemory (benchmarks/coll_bench.py; torch's NVSHMEM-backed all_to_all_vdev in a
+# process of its own, since it loads its own NVSHMEM), all timed as CUDA-graph replay in this
+# one run; then the merged CSV and the plots.
+#
+# Usage: benchmarks/run_coll.sh [N]            (default: 2)
+# Environment:
+#   BIN_DIR        where ch04-coll-bench is (default: target/release)
+#   COLL_OUT       where coll_<gpu>_<N>gpu.csv and its plots go (default: benchmarks/results)
+#   COLL_TIMEOUT_S wall-clock limit of each of the three runs (default: 300)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+# NVLink multicast (NVLS) stays off in every layer.
+export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+export NVSHMEM_SYMMETRIC_SIZE=${NVSHMEM_SYMMETRIC_SIZE:-8G}
+n=${1:-2}
+BIN_DIR=${BIN_DIR:-target/release}
+out_dir=${COLL_OUT:-benchmarks/results}
+timeout_s=${COLL_TIMEOUT_S:-300}
+die() { printf 'run_coll: error: %s\n' "$*" >&2; exit 1; }
+[[ -x "$BIN_DIR/ch04-coll-bench" ]] || die "no $BIN_DIR/ch04-coll-bench (build with: cargo build --release -p ch04-collectives)"
+mkdir -p "$out_dir"
+work=$(mktemp -d "${TMPDIR:-/tmp}/coll.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print tolower($2)}')
+run() { timeout --kill-after=30 "$timeout_s" torchrun --standalone --nproc_per_node="$n" "$@"; }
+run --no-python "$BIN_DIR/ch04-coll-bench" "$work/ours.csv"
+run benchmarks/coll_bench.py --peers nccl,torch "$work/peers.csv"
+run benchmarks/coll_bench.py --peers torch_nvshmem "$work/vdev.csv"
+python3 benchmarks/plot_coll.py "$out_dir/coll_${gpu}_${n}gpu.csv" "$work/ours.csv" "$work/peers.csv" "$work/vdev.csv"
