@@ -189,7 +189,7 @@ fn run() -> Result<bool, AnyError> {
                             comm.all_gather_raw(out_ptr, input_ptr, size / n, a, cs)?
                         }
                         Collective::Broadcast => {
-                            comm.broadcast_raw(out_ptr, input_ptr, size, 0, a, cs)?
+                            comm.broadcast_raw(input_ptr, input_ptr, size, 0, a, cs)?
                         }
                         _ => comm.all_to_all_raw(out_ptr, input_ptr, size / n, a, cs)?,
                     }
