@@ -58,7 +58,6 @@ extern "C" __global__ void __launch_bounds__(512) coll_broadcast_scatter(const _
     };
     uint64_t begin, end;
     uint8_t* dsts[MAX_PES];
-    const uint8_t* srcs[MAX_PES];
     if (block_wait_ready(ws, epoch)) {
         if (me == root) {
             const bool local_copy = out != input;
@@ -66,15 +65,14 @@ extern "C" __global__ void __launch_bounds__(512) coll_broadcast_scatter(const _
             int num = 0;
             for (int i = 1; i < n; ++i) dsts[num++] = peer(ws, out, (me + i) % n);
             if (local_copy) dsts[num++] = out;
-            for (int d = 0; d < num; ++d) srcs[d] = input;
             slice(root, &begin, &end);
-            copy_fanout(dsts, srcs, num, begin, end, threadIdx.x, blockDim.x);
+            copy_to_many(dsts, num, input, begin, end, threadIdx.x, blockDim.x);
             for (int i = 1; i < n; ++i) {
                 const int q = (me + i) % n;
                 dsts[0] = peer(ws, out, q);
                 dsts[1] = out;
                 slice(q, &begin, &end);
-                copy_fanout(dsts, srcs, local_copy ? 2 : 1, begin, end, threadIdx.x, blockDim.x);
+                copy_to_many(dsts, local_copy ? 2 : 1, input, begin, end, threadIdx.x, blockDim.x);
                 block_signal_done(ws, q, ticket(epoch, 1));
             }
         } else {
@@ -85,9 +83,8 @@ extern "C" __global__ void __launch_bounds__(512) coll_broadcast_scatter(const _
                     const int q = (me + i) % n;
                     if (q != root) dsts[num++] = peer(ws, out, q);
                 }
-                for (int d = 0; d < num; ++d) srcs[d] = out;
                 slice(me, &begin, &end);
-                copy_fanout(dsts, srcs, num, begin, end, threadIdx.x, blockDim.x);
+                copy_to_many(dsts, num, out, begin, end, threadIdx.x, blockDim.x);
                 block_signal_done_all(ws, ticket(epoch, 2), root);
                 block_wait_done_all(ws, ticket(epoch, 2), epoch, root);
             }

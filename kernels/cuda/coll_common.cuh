@@ -8,8 +8,8 @@
 // the same launch many times. Flags only ever grow, so nobody resets them and a stale value
 // can never pass for a new one.
 //
-// ANNOUNCE. Every kernel's block 0 starts by writing e into `ready[my_pe]` on every peer:
-// "I have entered call e". By stream order that says two things about the announcing PE:
+// ANNOUNCE. Every kernel's block 0 starts by adding 1 to `ready[my_pe]` on every peer, which
+// so counts our calls: "I have entered call e". By stream order that says two things about the announcing PE:
 // it has finished call e - 1 (so it no longer reads the scratch slots it read then), and the
 // work its stream queued before this call is done (so the user's buffers it passes to call e
 // are free to be written and hold their inputs).
@@ -138,17 +138,19 @@ __device__ __forceinline__ bool wait_at_least(const Workspace& ws, const uint64_
 
 // ---- the call ---------------------------------------------------------------------------------
 
-// Reads this call's epoch and, in block 0, announces it to every peer (see ANNOUNCE above).
+// ANCHOR: begin_call
+// Announces this call to every peer (block 0) and returns its epoch. The announcement is an
+// increment: ready[me] on a peer counts the calls we entered, which is the epoch, so it can
+// leave before our own read of the epoch returns. Relaxed is enough: it orders nothing
+// written in this kernel, only what finished before it started (earlier kernels).
 __device__ __forceinline__ uint64_t begin_call(const Workspace& ws) {
-    const uint64_t epoch = ld_volatile(ws.state) + 1;
     const int pe = threadIdx.x;
     if (blockIdx.x == 0 && pe < ws.n_pes && pe != ws.my_pe) {
-        // Relaxed is enough: the announcement orders nothing written in this kernel, only
-        // what finished before it started (earlier kernels on the stream).
-        st_relaxed_sys(peer(ws, ws.ready + ws.my_pe, pe), epoch);
+        asm volatile("red.relaxed.sys.global.add.u64 [%0], 1;" ::"l"(peer(ws, ws.ready + ws.my_pe, pe)) : "memory");
     }
-    return epoch;
+    return ld_volatile(ws.state) + 1;
 }
+// ANCHOR_END: begin_call
 
 // The last block of the grid to get here advances the epoch. Every block read it in
 // begin_call before arriving, so none of this launch can see the new value.
@@ -358,6 +360,46 @@ __device__ __forceinline__ void copy_fanout(uint8_t* const (&dsts)[MAX_PES], con
     for (int d = 0; d < num; ++d) copy_bytes(dsts[d], srcs[d], tail, end, thread, num_threads);
 }
 // ANCHOR_END: copy_fanout
+
+// ANCHOR: copy_to_many
+// dsts[d][begin, end) = src[begin, end) for every d < num: one source to several places
+// (all-gather, broadcast). Each 16-byte vector is loaded once and stored num times, four
+// vectors per thread in flight, so the link sees long runs of stores per SM.
+__device__ __forceinline__ void copy_to_many(uint8_t* const (&dsts)[MAX_PES], int num, const uint8_t* src,
+                                             uint64_t begin, uint64_t end, uint64_t thread, uint64_t num_threads) {
+    constexpr int UNROLL = 4;
+    uintptr_t misalignment = begin | reinterpret_cast<uintptr_t>(src);
+#pragma unroll
+    for (int d = 0; d < MAX_PES; ++d) {
+        if (d < num) misalignment |= reinterpret_cast<uintptr_t>(dsts[d]);
+    }
+    if ((misalignment & 15) != 0) {
+        for (int d = 0; d < num; ++d) copy_bytes(dsts[d], src, begin, end, thread, num_threads);
+        return;
+    }
+    const uint4* s = reinterpret_cast<const uint4*>(src);
+    const uint64_t first = begin / 16, last = end / 16;
+    uint64_t v = first + thread;
+    for (; v + (UNROLL - 1) * num_threads < last; v += UNROLL * num_threads) {
+        uint4 loaded[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) loaded[u] = s[v + u * num_threads];
+#pragma unroll
+        for (int d = 0; d < MAX_PES; ++d) {
+            if (d < num) {
+#pragma unroll
+                for (int u = 0; u < UNROLL; ++u) reinterpret_cast<uint4*>(dsts[d])[v + u * num_threads] = loaded[u];
+            }
+        }
+    }
+    for (; v < last; v += num_threads) {
+        const uint4 loaded = s[v];
+        for (int d = 0; d < num; ++d) reinterpret_cast<uint4*>(dsts[d])[v] = loaded;
+    }
+    const uint64_t tail = max(begin, last * 16);
+    for (int d = 0; d < num; ++d) copy_bytes(dsts[d], src, tail, end, thread, num_threads);
+}
+// ANCHOR_END: copy_to_many
 
 // Bytes [begin, end) of a range of `num_bytes` split into `num_parts` equal, 16-byte rounded
 // parts. Host mirror: ch04_collectives::part_bounds.

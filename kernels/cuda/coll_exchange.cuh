@@ -64,7 +64,11 @@ __device__ __forceinline__ void exchange_direct(const Workspace& ws, uint64_t ep
             srcs[i] = block_for(input, src_stride, q);
         }
     }
-    copy_fanout(dsts, srcs, n, begin, end, threadIdx.x, blockDim.x);
+    if (src_stride == 0) {
+        copy_to_many(dsts, n, input, begin, end, threadIdx.x, blockDim.x);  // all-gather: one source
+    } else {
+        copy_fanout(dsts, srcs, n, begin, end, threadIdx.x, blockDim.x);
+    }
     block_signal_done_all(ws, ticket(epoch, 1));
     block_wait_done_all(ws, ticket(epoch, 1), epoch);
 }
