@@ -88,7 +88,7 @@ enum Landing {
 }
 
 // ANCHOR: move_bytes
-/// The lesson: moves `count` words one step around the ring the way `variant` says, and
+/// The lesson: moves `b.count` words one step around the ring the way `variant` says, and
 /// says where they land.
 fn move_bytes(ops: &DeviceOps, b: &mut Buffers, variant: Variant) -> Result<Landing, AnyError> {
     let world = ops.world();
@@ -304,11 +304,11 @@ impl<'w> Buffers<'w> {
 
 /// The mistakes made on purpose, and a piece of the error each must produce.
 const MISTAKES: [(&str, &str); 8] = [
-    ("host put to a PE that does not exist", "out of range"),
-    ("host put past the end of the allocation", "past the end"),
-    ("device get from a PE that does not exist", "out of range"),
+    ("put to a PE that does not exist", "out of range"),
+    ("put past the end of the allocation", "past the end"),
+    ("get from a PE that does not exist", "out of range"),
     (
-        "device put of more words than the source holds",
+        "put of more words than the source holds",
         "local source holds 2 elements",
     ),
     ("device put with 100 threads per block", "multiple of 32"),
