@@ -196,15 +196,17 @@ fn run() -> Result<bool, AnyError> {
     // ---- latency: put-with-signal ping-pong in one kernel per PE ---------------------------
     let ping_buffer = SymmetricBuffer::<_, u8>::new(&world, *LATENCY_BYTES.iter().max().unwrap())?;
     let ping_signal = SymmetricBuffer::<_, u64>::new(&world, 1)?;
-    // Zeroed once; every launch continues from the value the last one left (the loop's
-    // barrier before the first sample makes the zero land first).
+    // Zeroed once (the timing loop's barrier before the first sample makes the zero land
+    // first); after that every launch, of every size, continues from the value the last one
+    // left, which both PEs track in `signal_value`.
     ping_signal.fill_bytes(0)?;
     let word = SignalWord::new(&ping_signal, 0)?;
+    let mut signal_value = 0u64;
     for num_bytes in LATENCY_BYTES {
         let put = Put::new(&ping_buffer, 0, &src, num_bytes, 1 - me)?;
-        let samples = bench.samples_ms(true, |sample_idx| {
-            let first_value = sample_idx as u64 * PUT_PINGPONG_ITERS;
-            let iters = PUT_PINGPONG_ITERS;
+        let samples = bench.samples_ms(true, |_| {
+            let (first_value, iters) = (signal_value, PUT_PINGPONG_ITERS);
+            signal_value += iters;
             Ok(ops.launch_pingpong(PINGPONG_THREADS, &put, &word, first_value, me == 0, iters)?)
         })?;
         let us = bench::median(&mut scaled(samples, 1e3 / (2 * PUT_PINGPONG_ITERS) as f64));
