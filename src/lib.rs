@@ -8,7 +8,7 @@
 //! kernels/                        kernels/cuda/*.cu -> one cubin per arch, embedded;
 //!                                 NvshmemModule (load + nvshmemx_cumodule_init)
 //! chapters/ch01-bootstrap         LaunchEnv (torchrun), unique-id rendezvous (TCP, bounded),
-//!                                 World (init/finalize), Tally (the examples' self-check)
+//!                                 World (init/finalize), checks (the harness every example uses)
 //! chapters/ch02-symmetric-memory  SymmetricBuffer<W, T>: typed RAII symmetric allocation,
 //!                                 peer views, collective size check, heap size
 //! chapters/ch03-put-get           device put/get (thread/warp/block, nbi+quiet), putmem_signal

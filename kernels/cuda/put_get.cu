@@ -134,19 +134,23 @@ __device__ __forceinline__ void consume_after_signal(const char* inbox, uint64_t
 // Producer and consumer in one kernel, on every PE of a ring: each block puts its slice of
 // `source` into `next_pe`'s inbox and adds 1 to `next_pe`'s signal once those bytes have
 // landed (putmem_signal orders the signal after the data). The consumer side waits until
-// every block of the previous PE has added its 1, i.e. signal == gridDim.x. One signal word
-// counts many producers: no per-block flag array, and no barrier.
-// inbox: symmetric [num_bytes]; source: local device [num_bytes]; signal: symmetric u64,
-// zeroed before launch; seen: local device [num_bytes]; error: local u64[4].
+// the local signal reaches `expected`: its value before this launch plus gridDim.x, one add
+// per block of the previous PE. One signal word counts many producers: no per-block flag
+// array, no barrier, and no reset between launches (the host passes the running total).
+// Every block waits for every block of the previous PE's launch, so all blocks of every PE
+// must be resident at once: the host checks the grid against the GPU's occupancy before it
+// launches (ch03_put_get::signal).
+// inbox: symmetric [num_bytes]; source: local device [num_bytes]; signal: symmetric u64 that
+// only ever grows; seen: local device [num_bytes]; error: local u64[4].
 extern "C" __global__ void put_signal_ring(char* inbox, const char* source, uint64_t num_bytes, uint64_t* signal,
-                                           int next_pe, int previous_pe, char* seen, long long timeout_cycles,
-                                           uint64_t* error) {
+                                           uint64_t expected, int next_pe, int previous_pe, char* seen,
+                                           long long timeout_cycles, uint64_t* error) {
     uint64_t begin, end;
     slice_bounds(num_bytes, gridDim.x, blockIdx.x, &begin, &end);
     // Every block signals, even one with an empty slice: the consumer counts blocks.
     nvshmemx_putmem_signal_nbi_block(inbox + begin, source + begin, end - begin, signal, 1, NVSHMEM_SIGNAL_ADD,
                                      next_pe);
-    consume_after_signal(inbox, signal, gridDim.x, seen, num_bytes, previous_pe, timeout_cycles, error);
+    consume_after_signal(inbox, signal, expected, seen, num_bytes, previous_pe, timeout_cycles, error);
 }
 // ANCHOR_END: put_signal_ring
 
@@ -176,21 +180,23 @@ extern "C" __global__ void store_copy(char* dest, const char* source, uint64_t n
 
 // ANCHOR: pingpong
 // Latency: PE `initiator` sends `num_bytes` with a signal, the peer waits for it and sends
-// the same back; `num_iters` round trips. Round i sets the signal to i, so a late or repeated
-// message cannot be mistaken for the current one. One block per PE: both kernels must be
-// resident at the same time, and one block per GPU always is.
+// the same back; `num_iters` round trips. Round i sets the signal to first_value + i, so a
+// late or repeated message cannot be mistaken for the current one, and the next launch
+// continues from first_value + num_iters without anyone resetting the word (a reset could
+// erase a value the peer has already sent). One block per PE: both kernels must be resident
+// at the same time, and the host checks that one block of this kernel fits.
 // buffer: symmetric [num_bytes]; source: local device [num_bytes]; signal: symmetric u64,
-// zeroed before launch; error: local u64[4].
+// at most first_value on both PEs before either launches; error: local u64[4].
 extern "C" __global__ void pingpong(char* buffer, const char* source, uint64_t num_bytes, uint64_t* signal,
-                                    int peer, int initiator, uint64_t num_iters, long long timeout_cycles,
-                                    uint64_t* error) {
+                                    uint64_t first_value, int peer, int initiator, uint64_t num_iters,
+                                    long long timeout_cycles, uint64_t* error) {
     __shared__ int ok;
     // One thread is enough for a few bytes; a block-wide put spreads larger messages over
     // all of the block's threads.
     const bool whole_block = num_bytes > 256;
     if (threadIdx.x == 0) ok = 1;
     __syncthreads();
-    for (uint64_t i = 1; i <= num_iters; ++i) {
+    for (uint64_t i = first_value + 1; i <= first_value + num_iters; ++i) {
         if (!initiator) {
             if (threadIdx.x == 0) ok = signal_wait_bounded(signal, i, timeout_cycles, peer, error);
             __syncthreads();
@@ -222,6 +228,11 @@ extern "C" __global__ void pingpong(char* buffer, const char* source, uint64_t n
 // put, so the kernel is a put for any PE.
 // dest: symmetric [num_bytes] on `pe`; source: local device [num_bytes]. The `nbi` argument
 // is ignored: the bytes have landed when the kernel ends.
+// Hopper only: bulk copies and mbarrier transaction counts are sm_90 instructions. Built for
+// an older architecture (KERNEL_ARCHS=sm_80,sm_90), the kernel is NVSHMEM's block put, so that
+// every cubin links and a launch still moves the right bytes; the host refuses `put_bulk` on
+// such a GPU before launching (PutGetError::NeedsHopper), so callers of the Rust API never
+// get a different algorithm than the one they asked for.
 constexpr uint32_t BULK_CHUNK_BYTES = 8192;
 constexpr int BULK_STAGES = 4;
 
@@ -231,6 +242,7 @@ __device__ __forceinline__ uint32_t shared_address(const void* p) {
 
 extern "C" __global__ void put_bulk(char* dest, const char* source, uint64_t num_bytes, int pe, int nbi) {
     (void)nbi;
+#if __CUDA_ARCH__ >= 900
     char* peer = static_cast<char*>(nvshmem_ptr(dest, pe));
     const bool aligned = ((reinterpret_cast<uintptr_t>(dest) | reinterpret_cast<uintptr_t>(source)) & 15) == 0;
     if (peer == nullptr || !aligned) {
@@ -285,5 +297,8 @@ extern "C" __global__ void put_bulk(char* dest, const char* source, uint64_t num
         for (uint64_t i = bulk_bytes; i < num_bytes; ++i) peer[i] = source[i];
     }
     __threadfence_system();
+#else
+    put_slice<SCOPE_BLOCK>(dest, source, num_bytes, pe, true);
+#endif
 }
 // ANCHOR_END: put_bulk

@@ -54,7 +54,6 @@ impl World {
     }
     // ANCHOR_END: from_env
 
-    // ANCHOR: init
     /// Initialises NVSHMEM on GPU `local_rank` as PE `rank` of `world_size`. Collective: every
     /// rank must call it with the same id, and it returns once all of them have.
     pub fn init(spec: &InitSpec) -> Result<Self, BootstrapError> {
@@ -83,33 +82,8 @@ impl World {
         let stream = ctx
             .new_stream()
             .map_err(BootstrapError::cuda("creating a stream"))?;
-
-        let mut attr = nvshmem_sys::InitAttr::new();
         let started = Instant::now();
-        // SAFETY: `attr` and `unique_id` are valid host structs of the 3.4 ABI.
-        let status = unsafe {
-            (nvshmem.set_attr_uniqueid_args)(
-                spec.rank as i32,
-                spec.world_size as i32,
-                &spec.unique_id,
-                &mut attr,
-            )
-        };
-        if status != 0 {
-            return Err(BootstrapError::Nvshmem(format!(
-                "nvshmemx_set_attr_uniqueid_args returned {status}"
-            )));
-        }
-        // SAFETY: collective; a context is current on this thread.
-        let status =
-            unsafe { (nvshmem.hostlib_init_attr)(nvshmem_sys::INIT_WITH_UNIQUEID, &mut attr) };
-        if status != 0 {
-            return Err(BootstrapError::Nvshmem(format!(
-                "nvshmemx_hostlib_init_attr returned {status} (rank {} of {}). Run with \
-                 NVSHMEM_DEBUG=INFO for NVSHMEM's own account",
-                spec.rank, spec.world_size
-            )));
-        }
+        init_with_unique_id(nvshmem, spec)?;
         let init_time = started.elapsed();
         // SAFETY: NVSHMEM is initialised from here on.
         let (my_pe, n_pes, node_pe, node_size) = unsafe {
@@ -132,7 +106,6 @@ impl World {
             job_seed: spec.unique_id.fingerprint(),
         })
     }
-    // ANCHOR_END: init
 
     /// This PE's number in `0..n_pes()`.
     pub fn my_pe(&self) -> usize {
@@ -188,6 +161,7 @@ impl World {
     }
 }
 
+// ANCHOR: finalize
 impl Drop for World {
     fn drop(&mut self) {
         // Finalize is collective and frees the symmetric heap: pending work on our stream
@@ -199,6 +173,40 @@ impl Drop for World {
         ALIVE.store(false, std::sync::atomic::Ordering::SeqCst);
     }
 }
+// ANCHOR_END: finalize
+
+// ANCHOR: init
+/// The two calls that turn a shared unique id into a running NVSHMEM job: fill an init
+/// attribute with (rank, world size, id), then initialise with it. Collective: returns on each
+/// rank once every rank has called it. A CUDA context must be current on this thread.
+fn init_with_unique_id(nvshmem: &Nvshmem, spec: &InitSpec) -> Result<(), BootstrapError> {
+    let mut attr = nvshmem_sys::InitAttr::new();
+    // SAFETY: `attr` and `unique_id` are valid host structs of the 3.4 ABI.
+    let status = unsafe {
+        (nvshmem.set_attr_uniqueid_args)(
+            spec.rank as i32,
+            spec.world_size as i32,
+            &spec.unique_id,
+            &mut attr,
+        )
+    };
+    if status != 0 {
+        return Err(BootstrapError::Nvshmem(format!(
+            "nvshmemx_set_attr_uniqueid_args returned {status}"
+        )));
+    }
+    // SAFETY: collective; the caller made a context current on this thread.
+    let status = unsafe { (nvshmem.hostlib_init_attr)(nvshmem_sys::INIT_WITH_UNIQUEID, &mut attr) };
+    if status != 0 {
+        return Err(BootstrapError::Nvshmem(format!(
+            "nvshmemx_hostlib_init_attr returned {status} (rank {} of {}). Run with \
+             NVSHMEM_DEBUG=INFO for NVSHMEM's own account",
+            spec.rank, spec.world_size
+        )));
+    }
+    Ok(())
+}
+// ANCHOR_END: init
 
 /// Opens the host library, requiring the release the embedded kernels were linked against.
 pub fn load_library() -> Result<&'static Nvshmem, BootstrapError> {

@@ -175,8 +175,10 @@ fn a_world_size_mismatch_is_a_misconfiguration() {
 
 /// A fake rank 0 that answers every connection with `reply` and then closes.
 fn fake_rank_zero(reply: Vec<u8>) -> u16 {
-    let port = free_port();
-    let listener = TcpListener::bind(("127.0.0.1", port)).unwrap();
+    // Bound here, not probed: a port probed free can be taken by a parallel test before we
+    // bind it.
+    let listener = TcpListener::bind(("127.0.0.1", 0)).unwrap();
+    let port = listener.local_addr().unwrap().port();
     std::thread::spawn(move || {
         if let Ok((mut stream, _)) = listener.accept() {
             let mut hello = [0u8; 14];

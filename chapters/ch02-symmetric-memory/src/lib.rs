@@ -294,8 +294,11 @@ pub fn check_pe(world: &World, pe: usize) -> Result<(), SymmetricError> {
     }
 }
 
-/// `Err` unless `ptr` lies in NVSHMEM's symmetric heap. `nvshmem_ptr(ptr, my_pe)` returns
-/// null for any address outside it, which makes it a cheap membership test.
+/// `Err` unless `ptr` lies in NVSHMEM's symmetric heap. NVSHMEM 3.4's `nvshmem_ptr(ptr,
+/// my_pe)` returns null for any address outside the heap, which makes it a cheap membership
+/// test. That is the implementation's behaviour, not the specification's: OpenSHMEM's
+/// `shmem_ptr` is defined for symmetric addresses only. Recheck it when the pinned NVSHMEM
+/// release changes (chapter 2's example does, on every run).
 pub fn check_symmetric(world: &World, ptr: u64) -> Result<(), SymmetricError> {
     // SAFETY: nvshmem_ptr only translates addresses.
     let local = unsafe { (world.nvshmem().ptr)(ptr as *const _, world.my_pe() as i32) };

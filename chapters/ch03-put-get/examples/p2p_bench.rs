@@ -1,39 +1,42 @@
-//! The p2p benchmark: PE 0 -> PE 1 on one node, every method timed in the same run.
+//! The p2p benchmark: PE 0 -> PE 1 on one node, every implementation timed in the same run,
+//! the same way.
 //!
 //! ```text
 //! benchmarks/run_p2p.sh            # sets the heap size, NCCL's name, multicast off; runs this
-//! torchrun --nproc_per_node=2 --no-python target/release/ch03-p2p-bench
+//! torchrun --standalone --nproc_per_node=2 --no-python target/release/ch03-p2p-bench
 //! ```
 //!
-//! Bandwidth (16 KiB .. 1 GiB, x4): the device put (warp and block scope, a sweep of launch
-//! shapes, the best reported per size), plain stores through `nvshmem_ptr` (swept the same
-//! way), the copy engine (`cuMemcpyDtoDAsync` into the peer pointer) and NCCL send/recv.
-//! Every method is timed the same way: a CUDA graph of K back-to-back operations, replayed
-//! between two CUDA events, L2 flushed before each of several samples, the median kept.
+//! Bandwidth (16 KiB .. 1 GiB, x4), one row per implementation, each the best of its sweep of
+//! launch shapes: NVSHMEM's put (`nvshmemx_putmem_nbi_{warp,block}` + `nvshmem_quiet`), the
+//! bulk-copy put (TMA stores through the `nvshmem_ptr` peer pointer), plain int4 stores
+//! through that pointer, the copy engine (`cuMemcpyDtoDAsync` into it) and NCCL send/recv.
 //! Latency (8 B, 1 KiB, 16 KiB): the put-with-signal ping-pong inside one kernel, against
 //! NCCL send/recv round trips captured in one CUDA graph (an eager NCCL call costs 30-50 us
 //! of host overhead; graph replay leaves the link's time). One-way latency = round trip / 2.
+//! Every measurement goes through one timing loop ([`Bench::samples_ms`]).
 //!
 //! Writes `<out>/p2p_<gpu>.csv`, `<out>/p2p_<gpu>_sweep.csv` (out: `$P2P_BENCH_OUT`, else
 //! benchmarks/results).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use ch01_bootstrap::World;
 use ch02_symmetric_memory::SymmetricBuffer;
-use ch03_put_get::bench::{self, Row};
-use ch03_put_get::{DeviceOps, LaunchShape, LocalBuffer, Scope, get_on_stream, put_on_stream};
+use ch03_put_get::bench::{self, Row, SweepPoint};
+use ch03_put_get::nccl::{self, NcclPair};
+use ch03_put_get::{
+    Completion, DeviceOps, Get, LaunchShape, LocalBuffer, Put, PutGetError, Scope, SignalWord,
+    get_on_stream,
+};
 use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, CudaStream, sys};
-use cudarc::nccl::sys as nccl;
 
 type AnyError = Box<dyn std::error::Error>;
 
-/// Timed samples per measurement (after one warm-up replay); the median is reported.
+/// Timed samples per measurement (after one warm-up); the median is reported.
 const NUM_SAMPLES: usize = 7;
-/// Launch shapes the device put is swept over, per size.
-const PUT_SCOPES: [Scope; 2] = [Scope::Warp, Scope::Block];
+/// Launch shapes each kernel is swept over, per size.
 const PUT_BLOCKS: [u32; 6] = [8, 16, 32, 66, 132, 264];
 /// Blocks of the bulk-copy put (one issuing thread each, 32 KiB of shared memory).
 const BULK_BLOCKS: [u32; 5] = [16, 66, 132, 264, 528];
@@ -52,45 +55,75 @@ fn main() -> ExitCode {
     ch01_bootstrap::checks::exit_code("ch03-p2p-bench", run())
 }
 
-/// What every measurement needs.
-struct Bench<'w> {
-    world: &'w World,
-    stream: Arc<CudaStream>,
-    flush: CudaSlice<u8>,
-    start: CudaEvent,
-    end: CudaEvent,
+/// The kernels' CSV methods, one per implementation.
+const KERNEL_METHODS: [&str; 3] = ["nvshmem_put", "bulk_put", "store"];
+
+/// A kernel that moves the bytes, with the launch shapes it is swept over.
+#[derive(Clone, Copy)]
+enum Kernel {
+    NvshmemPut(Scope),
+    BulkPut,
+    Store,
 }
 
-/// One point of a sweep.
-struct SweepPoint {
-    method: &'static str,
-    scope: &'static str,
-    shape: LaunchShape,
-    num_bytes: usize,
-    us: f64,
-}
+impl Kernel {
+    const ALL: [Kernel; 4] = [
+        Kernel::NvshmemPut(Scope::Warp),
+        Kernel::NvshmemPut(Scope::Block),
+        Kernel::BulkPut,
+        Kernel::Store,
+    ];
 
-/// Records one sweep point and keeps it in `best` if it is the fastest so far.
-fn keep_best(
-    best: &mut Option<SweepPoint>,
-    sweep: &mut Vec<SweepPoint>,
-    method: &'static str,
-    scope: &'static str,
-    shape: LaunchShape,
-    num_bytes: usize,
-    us: f64,
-) {
-    let point = SweepPoint {
-        method,
-        scope,
-        shape,
-        num_bytes,
-        us,
-    };
-    if best.as_ref().is_none_or(|b| us < b.us) {
-        *best = Some(SweepPoint { ..point });
+    /// The CSV's method: one per implementation.
+    fn method(self) -> &'static str {
+        match self {
+            Kernel::NvshmemPut(_) => "nvshmem_put",
+            Kernel::BulkPut => "bulk_put",
+            Kernel::Store => "store",
+        }
     }
-    sweep.push(point);
+
+    /// The sweep CSV's scope column: which threads share one call or one chunk.
+    fn scope(self) -> &'static str {
+        match self {
+            Kernel::NvshmemPut(scope) => scope.name(),
+            Kernel::BulkPut => "block",
+            Kernel::Store => "grid",
+        }
+    }
+
+    fn shapes(self) -> Vec<LaunchShape> {
+        let (blocks, threads): (&[u32], &[u32]) = match self {
+            Kernel::NvshmemPut(_) => (&PUT_BLOCKS, &THREADS),
+            Kernel::BulkPut => (&BULK_BLOCKS, &[32]),
+            Kernel::Store => (&STORE_BLOCKS, &THREADS),
+        };
+        let shape = |num_blocks, threads_per_block| LaunchShape {
+            num_blocks,
+            threads_per_block,
+        };
+        let for_blocks = |&b: &u32| threads.iter().map(move |&t| shape(b, t));
+        blocks.iter().flat_map(for_blocks).collect()
+    }
+
+    fn point(self, shape: LaunchShape, num_bytes: usize, us: f64) -> SweepPoint {
+        SweepPoint {
+            method: self.method(),
+            scope: self.scope(),
+            num_blocks: shape.num_blocks,
+            threads_per_block: shape.threads_per_block,
+            num_bytes,
+            us,
+        }
+    }
+
+    fn enqueue(self, ops: &DeviceOps, shape: LaunchShape, put: &Put) -> Result<(), PutGetError> {
+        match self {
+            Kernel::NvshmemPut(scope) => ops.put(scope, Completion::NonBlockingQuiet, shape, put),
+            Kernel::BulkPut => ops.put_bulk(shape, put),
+            Kernel::Store => ops.store(shape, put),
+        }
+    }
 }
 
 fn run() -> Result<bool, AnyError> {
@@ -108,181 +141,78 @@ fn run() -> Result<bool, AnyError> {
         std::env::var("P2P_BENCH_OUT").unwrap_or_else(|_| "benchmarks/results".into()),
     );
     let ops = DeviceOps::new(&world)?;
-    let stream = world.stream().clone();
-    let ctx = world.context();
-    let bench = Bench {
-        world: &world,
-        stream: stream.clone(),
-        flush: stream.alloc_zeros(FLUSH_BYTES)?,
-        start: ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?,
-        end: ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?,
-    };
+    let bench = Bench::new(&ops)?;
+    let stream = world.stream();
     let sizes = bench::sizes();
     let max_bytes = *sizes.last().unwrap();
     // The symmetric destination (PE 1's copy is the target) and a local source.
     let dst = SymmetricBuffer::<_, u8>::new(&world, max_bytes)?;
     let src: CudaSlice<u8> = stream.alloc_zeros(max_bytes)?;
-    let src_ptr = src.device_address(&stream);
+    let src_ptr = src.device_address(stream);
     // SAFETY: `src_ptr` holds max_bytes; content is irrelevant to the link but not zero.
     unsafe {
         cudarc::driver::result::memset_d8_async(src_ptr, 0x5A, max_bytes, stream.cu_stream())
     }?;
-    let peer_dst = dst
-        .peer_ptr(1 - me)?
-        .ok_or("PE 1 is not load/store reachable from PE 0")?;
-
-    let gpu_name = ctx.name()?;
+    let gpu_name = world.context().name()?;
     let tag = bench::gpu_tag(&gpu_name);
     let mut comments = header(&world, &gpu_name)?;
     let mut rows = Vec::new();
     let mut sweep = Vec::new();
 
-    // ---- bandwidth: device put, stores, copy engine (PE 0 works, PE 1 waits) ----------
+    // ---- bandwidth: kernels and the copy engine (PE 0 works, PE 1 waits) ------------------
     if me == 0 {
         println!("pe 0: {gpu_name}; sizes {sizes:?}");
-        let mut best_put = Vec::new();
         for &num_bytes in &sizes {
-            // Device put, every scope and shape.
-            let mut best: Option<SweepPoint> = None;
-            for scope in PUT_SCOPES {
-                for num_blocks in PUT_BLOCKS {
-                    for threads_per_block in THREADS {
-                        let shape = LaunchShape {
-                            num_blocks,
-                            threads_per_block,
-                        };
-                        let config = shape.checked()?;
-                        let us = bench.time_ops(num_bytes, || {
-                            Ok(ops.launch_put_raw(
-                                scope,
-                                config,
-                                dst.device_ptr(),
-                                src_ptr,
-                                num_bytes,
-                                1,
-                            )?)
-                        })?;
-                        keep_best(
-                            &mut best,
-                            &mut sweep,
-                            "put",
-                            scope.name(),
-                            shape,
-                            num_bytes,
-                            us,
-                        );
-                    }
+            let put = Put::new(&dst, 0, &src, num_bytes, 1)?;
+            for kernel in Kernel::ALL {
+                for shape in kernel.shapes() {
+                    let enqueue = || Ok(kernel.enqueue(&ops, shape, &put)?);
+                    let us = bench.time_ops(num_bytes, enqueue)?;
+                    sweep.push(kernel.point(shape, num_bytes, us));
                 }
             }
-            // The same put through the bulk-copy unit: one issuing thread per block, so the
-            // sweep is over blocks (shared memory allows several per SM).
-            for num_blocks in BULK_BLOCKS {
-                let shape = LaunchShape {
-                    num_blocks,
-                    threads_per_block: 32,
-                };
-                let config = shape.checked()?;
-                let us = bench.time_ops(num_bytes, || {
-                    Ok(ops.launch_put_bulk_raw(config, dst.device_ptr(), src_ptr, num_bytes, 1)?)
-                })?;
-                keep_best(&mut best, &mut sweep, "put", "bulk", shape, num_bytes, us);
+            for method in KERNEL_METHODS {
+                let fastest = bench::best(&sweep, method, num_bytes).ok_or("empty sweep")?;
+                rows.push(Row::new(method, num_bytes, fastest.us));
             }
-            let best = best.unwrap();
-            rows.push(row("put", num_bytes, best.us));
-            best_put.push(format!(
-                "{num_bytes}:{}:{}x{}",
-                best.scope, best.shape.num_blocks, best.shape.threads_per_block
-            ));
-            // Stores through nvshmem_ptr, every shape.
-            let mut best_store: Option<SweepPoint> = None;
-            for num_blocks in STORE_BLOCKS {
-                for threads_per_block in THREADS {
-                    let shape = LaunchShape {
-                        num_blocks,
-                        threads_per_block,
-                    };
-                    let config = shape.checked()?;
-                    let us = bench.time_ops(num_bytes, || {
-                        Ok(ops.launch_store(config, peer_dst, src_ptr, num_bytes as u64)?)
-                    })?;
-                    keep_best(
-                        &mut best_store,
-                        &mut sweep,
-                        "store",
-                        "grid",
-                        shape,
-                        num_bytes,
-                        us,
-                    );
-                }
-            }
-            rows.push(row("store", num_bytes, best_store.unwrap().us));
             // ANCHOR: copy_engine
             // The copy engine: a DMA unit, no SM involved, fed one descriptor per copy.
+            let peer_dst = dst.peer_ptr(1)?.ok_or("PE 1 is not load/store reachable")?;
             let us = bench.time_ops(num_bytes, || {
                 // SAFETY: `peer_dst` is PE 1's copy of `dst` (max_bytes), `src_ptr` local.
-                unsafe {
-                    cudarc::driver::result::memcpy_dtod_async(
-                        peer_dst,
-                        src_ptr,
-                        num_bytes,
-                        stream.cu_stream(),
-                    )
-                }?;
+                let (dst, src, s) = (peer_dst, src_ptr, stream.cu_stream());
+                unsafe { cudarc::driver::result::memcpy_dtod_async(dst, src, num_bytes, s) }?;
                 Ok(())
             })?;
             // ANCHOR_END: copy_engine
-            rows.push(row("copy_engine", num_bytes, us));
-            print_size(&rows, num_bytes);
+            rows.push(Row::new("copy_engine", num_bytes, us));
+            println!("pe 0: {}", bench::size_line(&rows, num_bytes));
         }
-        comments.push(format!(
-            "put: best launch shape per size (bytes:scope:blocks x threads): {}",
-            best_put.join(" ")
-        ));
-        let tuned = sweep
-            .iter()
-            .filter(|p| p.method == "put" && p.num_bytes == max_bytes)
-            .min_by(|a, b| a.us.total_cmp(&b.us))
-            .unwrap();
-        comments.push(format!(
-            "put: tuned shape at 1 GiB: {} scope, {} blocks x {} threads (swept {:?} x {:?} x {:?}, \
-             and bulk (TMA) x {:?} blocks x 32 threads)",
-            tuned.scope, tuned.shape.num_blocks, tuned.shape.threads_per_block, PUT_SCOPES.map(Scope::name),
-            PUT_BLOCKS, THREADS, BULK_BLOCKS
-        ));
+        let best_shapes = KERNEL_METHODS.map(|m| bench::best_shapes_comment(&sweep, m, &sizes));
+        comments.extend(best_shapes);
     }
     world.barrier_all()?;
 
     // ---- latency: put-with-signal ping-pong in one kernel per PE ---------------------------
     let ping_buffer = SymmetricBuffer::<_, u8>::new(&world, *LATENCY_BYTES.iter().max().unwrap())?;
     let ping_signal = SymmetricBuffer::<_, u64>::new(&world, 1)?;
+    // Zeroed once (the timing loop's barrier before the first sample makes the zero land
+    // first); after that every launch, of every size, continues from the value the last one
+    // left, which both PEs track in `signal_value`.
+    ping_signal.fill_bytes(0)?;
+    let word = SignalWord::new(&ping_signal, 0)?;
+    let mut signal_value = 0u64;
     for num_bytes in LATENCY_BYTES {
-        let mut samples = Vec::new();
-        for sample in 0..=NUM_SAMPLES {
-            ping_signal.fill_bytes(0)?;
-            world.barrier_all()?;
-            bench.start.record(&stream)?;
-            ops.launch_pingpong(
-                PINGPONG_THREADS,
-                &ping_buffer,
-                &src,
-                num_bytes,
-                &ping_signal,
-                1 - me,
-                me == 0,
-                PUT_PINGPONG_ITERS,
-            )?;
-            bench.end.record(&stream)?;
-            ops.finish_waiting("pingpong")?;
-            let ms = bench.start.elapsed_ms(&bench.end)? as f64;
-            if sample > 0 {
-                samples.push(ms * 1e3 / (2 * PUT_PINGPONG_ITERS) as f64);
-            }
-        }
-        let us = bench::median(&mut samples);
+        let put = Put::new(&ping_buffer, 0, &src, num_bytes, 1 - me)?;
+        let samples = bench.samples_ms(true, |_| {
+            let (first_value, iters) = (signal_value, PUT_PINGPONG_ITERS);
+            signal_value += iters;
+            Ok(ops.launch_pingpong(PINGPONG_THREADS, &put, &word, first_value, me == 0, iters)?)
+        })?;
+        let us = bench::median(&mut scaled(samples, 1e3 / (2 * PUT_PINGPONG_ITERS) as f64));
         if me == 0 {
             println!("pe 0: put_signal_pingpong {num_bytes:>6} B: one-way {us:.2} us");
-            rows.push(row("put_signal_pingpong", num_bytes, us));
+            rows.push(Row::new("put_signal_pingpong", num_bytes, us));
         }
     }
     comments.push(format!(
@@ -295,45 +225,16 @@ fn run() -> Result<bool, AnyError> {
     }
 
     // ---- NCCL: bandwidth and latency, both PEs work -----------------------------------------
-    bench::probe_nccl()?;
+    nccl::probe_nccl()?;
     let nccl_version =
         cudarc::nccl::result::get_nccl_version().map_err(|e| format!("ncclGetVersion: {e:?}"))?;
-    comments.push(format!(
-        "nccl: {}",
-        bench::nccl_version_string(nccl_version)
-    ));
-    let comm = NcclComm::new(&world)?;
+    comments.push(format!("nccl: {}", nccl::nccl_version_string(nccl_version)));
     // Both PEs receive into / send from their own 1 GiB `src` buffer.
-    let peer = (1 - me) as i32;
+    let comm = NcclPair::new(&world, &src)?;
     let mut own_samples = Vec::new();
     for &num_bytes in &sizes {
-        let samples = bench.time_ops_both(num_bytes, || {
-            // SAFETY: `src_ptr` holds max_bytes on both PEs; PE 0 sends, PE 1 receives.
-            unsafe {
-                if me == 0 {
-                    nccl::ncclSend(
-                        src_ptr as _,
-                        num_bytes,
-                        nccl::ncclDataType_t::ncclUint8,
-                        peer,
-                        comm.0,
-                        stream.cu_stream() as _,
-                    )
-                } else {
-                    nccl::ncclRecv(
-                        src_ptr as _,
-                        num_bytes,
-                        nccl::ncclDataType_t::ncclUint8,
-                        peer,
-                        comm.0,
-                        stream.cu_stream() as _,
-                    )
-                }
-            }
-            .result()
-            .map_err(|e| format!("ncclSend/ncclRecv: {e:?}"))?;
-            Ok(())
-        })?;
+        let samples =
+            bench.time_ops_samples(true, num_bytes, || Ok(comm.p2p(me == 0, num_bytes)?))?;
         own_samples.extend(samples);
     }
     // A send/recv is done when both sides are: take the slower PE's time, sample by sample.
@@ -346,54 +247,26 @@ fn run() -> Result<bool, AnyError> {
                 .zip(&peer_samples[range])
                 .map(|(a, b)| a.max(*b))
                 .collect();
-            rows.push(row("nccl", num_bytes, bench::median(&mut slower)));
-            print_size(&rows, num_bytes);
+            rows.push(Row::new("nccl", num_bytes, bench::median(&mut slower)));
+            println!("pe 0: {}", bench::size_line(&rows, num_bytes));
         }
     }
     // ANCHOR: nccl_pingpong
     // NCCL latency: R round trips captured in one graph on each PE (PE 0 sends then receives,
     // PE 1 receives then sends), replayed; one-way = time / 2R.
     for num_bytes in LATENCY_BYTES {
-        let graph = capture(&stream, NCCL_PINGPONG_ROUND_TRIPS, || {
-            // SAFETY: `src_ptr` holds at least `num_bytes` on both PEs.
-            let (send, recv) = unsafe {
-                let send = || {
-                    nccl::ncclSend(
-                        src_ptr as _,
-                        num_bytes,
-                        nccl::ncclDataType_t::ncclUint8,
-                        peer,
-                        comm.0,
-                        stream.cu_stream() as _,
-                    )
-                };
-                let recv = || {
-                    nccl::ncclRecv(
-                        src_ptr as _,
-                        num_bytes,
-                        nccl::ncclDataType_t::ncclUint8,
-                        peer,
-                        comm.0,
-                        stream.cu_stream() as _,
-                    )
-                };
-                if me == 0 {
-                    (send(), recv())
-                } else {
-                    let r = recv();
-                    (send(), r)
-                }
-            };
-            send.result()
-                .and(recv.result())
-                .map_err(|e| format!("ncclSend/ncclRecv: {e:?}"))?;
-            Ok(())
+        let graph = capture(stream, NCCL_PINGPONG_ROUND_TRIPS, || {
+            let first_sends = me == 0;
+            comm.p2p(first_sends, num_bytes)?;
+            Ok(comm.p2p(!first_sends, num_bytes)?)
         })?;
-        let mut samples = bench.replay_both(&graph)?;
-        let us = bench::median(&mut samples) * 1e3 / (2 * NCCL_PINGPONG_ROUND_TRIPS) as f64;
+        graph.upload()?;
+        let samples = bench.samples_ms(true, |_| Ok(graph.launch()?))?;
+        let one_way = 1e3 / (2 * NCCL_PINGPONG_ROUND_TRIPS) as f64;
+        let us = bench::median(&mut scaled(samples, one_way));
         if me == 0 {
             println!("pe 0: nccl_pingpong {num_bytes:>6} B: one-way {us:.2} us");
-            rows.push(row("nccl_pingpong", num_bytes, us));
+            rows.push(Row::new("nccl_pingpong", num_bytes, us));
         }
     }
     // ANCHOR_END: nccl_pingpong
@@ -407,7 +280,7 @@ fn run() -> Result<bool, AnyError> {
     );
     drop(comm);
     if me == 0 {
-        rows.sort_by_key(|r| (method_rank(&r.method), r.num_bytes));
+        bench::sort_rows(&mut rows);
         write_results(&out_dir, &tag, &comments, &rows, &sweep)?;
     }
     drop(ops);
@@ -415,71 +288,97 @@ fn run() -> Result<bool, AnyError> {
     Ok(true)
 }
 
-impl Bench<'_> {
-    // ANCHOR: time_ops
-    /// Median time of one operation, in us, on this PE: `enqueue` is captured K times into a
-    /// CUDA graph (K from [`bench::ops_per_sample`]); the graph is replayed once to warm up,
-    /// then NUM_SAMPLES times between two events, each after an L2 flush.
-    fn time_ops(
-        &self,
-        num_bytes: usize,
-        enqueue: impl FnMut() -> Result<(), AnyError>,
-    ) -> Result<f64, AnyError> {
-        let num_ops = bench::ops_per_sample(num_bytes);
-        let graph = capture(&self.stream, num_ops, enqueue)?;
-        let mut samples = self.replay(&graph, false)?;
-        Ok(bench::median(&mut samples) * 1e3 / num_ops as f64)
-    }
-    // ANCHOR_END: time_ops
+/// What every measurement needs: the events, the L2 flush buffer, and the chapter's kernels
+/// (whose error record is read after every sample).
+struct Bench<'a> {
+    ops: &'a DeviceOps<'a>,
+    stream: &'a Arc<CudaStream>,
+    flush: CudaSlice<u8>,
+    start: CudaEvent,
+    end: CudaEvent,
+}
 
-    /// Like `time_ops`, with a barrier before each replay so both PEs start together; returns
-    /// this PE's NUM_SAMPLES times of one operation in us (unsorted).
-    fn time_ops_both(
+impl<'a> Bench<'a> {
+    fn new(ops: &'a DeviceOps<'a>) -> Result<Self, AnyError> {
+        let world = ops.world();
+        let event = || {
+            world
+                .context()
+                .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+        };
+        Ok(Self {
+            ops,
+            stream: world.stream(),
+            flush: world.stream().alloc_zeros(FLUSH_BYTES)?,
+            start: event()?,
+            end: event()?,
+        })
+    }
+
+    // ANCHOR: samples_ms
+    /// The one timing loop every method goes through: one warm-up sample, then NUM_SAMPLES
+    /// timed ones, each after an L2 flush (and a barrier when `both` PEs take part, so that
+    /// they start together), with CUDA events around `enqueue_sample(sample_idx)`. Returns
+    /// the timed samples in ms. A kernel's timed-out wait ends the run with its error.
+    fn samples_ms(
         &self,
-        num_bytes: usize,
-        enqueue: impl FnMut() -> Result<(), AnyError>,
+        both: bool,
+        mut enqueue_sample: impl FnMut(usize) -> Result<(), AnyError>,
     ) -> Result<Vec<f64>, AnyError> {
-        let num_ops = bench::ops_per_sample(num_bytes);
-        let graph = capture(&self.stream, num_ops, enqueue)?;
-        Ok(self
-            .replay(&graph, true)?
-            .into_iter()
-            .map(|ms| ms * 1e3 / num_ops as f64)
-            .collect())
-    }
-
-    fn replay_both(&self, graph: &CudaGraph) -> Result<Vec<f64>, AnyError> {
-        self.replay(graph, true)
-    }
-
-    /// One warm-up replay, then NUM_SAMPLES timed replays in ms (flush, barrier if `both`).
-    fn replay(&self, graph: &CudaGraph, both: bool) -> Result<Vec<f64>, AnyError> {
-        graph.upload()?;
         let mut samples = Vec::with_capacity(NUM_SAMPLES);
-        for sample in 0..=NUM_SAMPLES {
-            let flush_ptr = self.flush.device_address(&self.stream);
+        let flush_ptr = self.flush.device_address(self.stream);
+        for sample_idx in 0..=NUM_SAMPLES {
             // SAFETY: `flush` holds FLUSH_BYTES.
             unsafe {
-                cudarc::driver::result::memset_d8_async(
-                    flush_ptr,
-                    sample as u8,
-                    FLUSH_BYTES,
-                    self.stream.cu_stream(),
-                )
+                let value = sample_idx as u8;
+                let stream = self.stream.cu_stream();
+                cudarc::driver::result::memset_d8_async(flush_ptr, value, FLUSH_BYTES, stream)
             }?;
             if both {
-                self.world.barrier_all()?;
+                self.ops.world().barrier_all()?;
             }
-            self.start.record(&self.stream)?;
-            graph.launch()?;
-            self.end.record(&self.stream)?;
+            self.start.record(self.stream)?;
+            enqueue_sample(sample_idx)?;
+            self.end.record(self.stream)?;
             let ms = self.start.elapsed_ms(&self.end)? as f64;
-            if sample > 0 {
+            self.ops.finish_waiting("a timed kernel")?;
+            if sample_idx > 0 {
                 samples.push(ms);
             }
         }
         Ok(samples)
     }
+    // ANCHOR_END: samples_ms
+
+    /// This PE's NUM_SAMPLES times of one operation, in us: `enqueue` is captured K times into
+    /// a CUDA graph (K from [`bench::ops_per_sample`]), which the timing loop replays.
+    fn time_ops_samples(
+        &self,
+        both: bool,
+        num_bytes: usize,
+        enqueue: impl FnMut() -> Result<(), AnyError>,
+    ) -> Result<Vec<f64>, AnyError> {
+        let num_ops = bench::ops_per_sample(num_bytes);
+        let graph = capture(self.stream, num_ops, enqueue)?;
+        graph.upload()?;
+        let samples = self.samples_ms(both, |_| Ok(graph.launch()?))?;
+        Ok(scaled(samples, 1e3 / num_ops as f64))
+    }
+
+    /// Median time of one operation on this PE alone, in us.
+    fn time_ops(
+        &self,
+        num_bytes: usize,
+        enqueue: impl FnMut() -> Result<(), AnyError>,
+    ) -> Result<f64, AnyError> {
+        Ok(bench::median(
+            &mut self.time_ops_samples(false, num_bytes, enqueue)?,
+        ))
+    }
+}
+
+fn scaled(samples: Vec<f64>, factor: f64) -> Vec<f64> {
+    samples.into_iter().map(|ms| ms * factor).collect()
 }
 
 /// Captures `num_ops` calls of `enqueue` on `stream` into an instantiated graph.
@@ -494,38 +393,6 @@ fn capture(
     let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
     enqueued?;
     Ok(graph?.ok_or("stream capture produced no graph")?)
-}
-
-fn row(method: &str, num_bytes: usize, us: f64) -> Row {
-    Row {
-        method: method.into(),
-        num_bytes,
-        gb_per_s: bench::gb_per_s(num_bytes, us),
-        us,
-    }
-}
-
-fn method_rank(method: &str) -> usize {
-    [
-        "put",
-        "store",
-        "copy_engine",
-        "nccl",
-        "put_signal_pingpong",
-        "nccl_pingpong",
-    ]
-    .iter()
-    .position(|m| *m == method)
-    .unwrap_or(usize::MAX)
-}
-
-fn print_size(rows: &[Row], num_bytes: usize) {
-    let line: Vec<String> = rows
-        .iter()
-        .filter(|r| r.num_bytes == num_bytes)
-        .map(|r| format!("{} {:.1} GB/s ({:.1} us)", r.method, r.gb_per_s, r.us))
-        .collect();
-    println!("pe 0: {num_bytes:>10} B: {}", line.join(", "));
 }
 
 /// The CSV's `#` lines: hardware, software and method.
@@ -550,16 +417,19 @@ fn header(world: &World, gpu_name: &str) -> Result<Vec<String>, AnyError> {
              1 warm-up + {NUM_SAMPLES} replays between CUDA events, {} MiB L2 flush before each, median",
             FLUSH_BYTES >> 20
         ),
-        "methods: put = the best device put per size, either nvshmemx_putmem_nbi_{warp,block} + \
-         nvshmem_quiet in one kernel or put_bulk (bulk-copy/TMA stores into the nvshmem_ptr peer \
-         pointer; the sweep csv's scope column says which); store = int4 stores through nvshmem_ptr; copy_engine = cuMemcpyDtoDAsync into the peer pointer; \
-         nccl = ncclSend/ncclRecv"
-            .into(),
+        format!(
+            "methods (each kernel: the best of its launch shapes, all in the sweep csv): \
+             nvshmem_put = nvshmemx_putmem_nbi_{{warp,block}} + nvshmem_quiet in one kernel, \
+             {PUT_BLOCKS:?} blocks x {THREADS:?} threads; bulk_put = bulk-copy (TMA) stores into \
+             the nvshmem_ptr peer pointer, one issuing thread per block, {BULK_BLOCKS:?} blocks; \
+             store = int4 stores through nvshmem_ptr, {STORE_BLOCKS:?} blocks x {THREADS:?} \
+             threads; copy_engine = cuMemcpyDtoDAsync into the peer pointer; nccl = ncclSend/ncclRecv"
+        ),
     ])
 }
 
 fn write_results(
-    out_dir: &std::path::Path,
+    out_dir: &Path,
     tag: &str,
     comments: &[String],
     rows: &[Row],
@@ -568,23 +438,8 @@ fn write_results(
     std::fs::create_dir_all(out_dir)?;
     let path = bench::result_path(out_dir, tag, ".csv");
     std::fs::write(&path, bench::csv(comments, rows))?;
-    let mut text = String::from(
-        "# launch-shape sweep of the device put and the stores (same timing as p2p csv)\n",
-    );
-    text.push_str("method,scope,num_blocks,threads_per_block,num_bytes,gb_per_s,us\n");
-    for p in sweep {
-        text.push_str(&format!(
-            "{},{},{},{},{},{:.3},{:.3}\n",
-            p.method,
-            p.scope,
-            p.shape.num_blocks,
-            p.shape.threads_per_block,
-            p.num_bytes,
-            bench::gb_per_s(p.num_bytes, p.us),
-            p.us
-        ));
-    }
-    std::fs::write(bench::result_path(out_dir, tag, "_sweep.csv"), text)?;
+    let sweep_path = bench::result_path(out_dir, tag, "_sweep.csv");
+    std::fs::write(sweep_path, bench::sweep_csv(sweep))?;
     println!("pe 0: wrote {}", path.display());
     Ok(())
 }
@@ -596,76 +451,9 @@ fn exchange(world: &World, values: &[f64]) -> Result<Vec<f64>, AnyError> {
     table.copy_from_host(values)?;
     world.barrier_all()?;
     let theirs: CudaSlice<f64> = world.stream().alloc_zeros(values.len())?;
-    get_on_stream(&theirs, &table, 0, values.len(), 1 - world.my_pe())?;
+    let get = Get::new(&theirs, &table, 0, values.len(), 1 - world.my_pe())?;
+    get_on_stream(Completion::Blocking, &get);
     let host = world.stream().clone_dtoh(&theirs)?;
     world.barrier_all()?;
     Ok(host)
-}
-
-// ANCHOR: nccl_comm
-/// An NCCL communicator over the same two PEs. Its 128-byte unique id travels through
-/// NVSHMEM itself: PE 0 puts it into every PE's symmetric copy, a barrier completes the puts.
-struct NcclComm(nccl::ncclComm_t);
-
-impl NcclComm {
-    fn new(world: &World) -> Result<Self, AnyError> {
-        let me = world.my_pe();
-        let id_buffer = SymmetricBuffer::<_, u8>::new(world, 128)?;
-        if me == 0 {
-            let id = cudarc::nccl::result::get_uniqueid()
-                .map_err(|e| format!("ncclGetUniqueId: {e:?}"))?;
-            let bytes: Vec<u8> = id.internal.iter().map(|&c| c as u8).collect();
-            id_buffer.copy_from_host(&bytes)?;
-            for pe in 1..world.n_pes() {
-                put_on_stream(&id_buffer, 0, &id_buffer, 128, pe)?;
-            }
-        }
-        world.barrier_all()?;
-        let bytes = id_buffer.copy_to_host()?;
-        let mut id = nccl::ncclUniqueId { internal: [0; 128] };
-        for (dst, &src) in id.internal.iter_mut().zip(&bytes) {
-            *dst = src as _;
-        }
-        let mut comm = std::ptr::null_mut();
-        world.context().bind_to_thread()?;
-        // SAFETY: collective over the job's PEs with the same id; `comm` is an out-parameter.
-        unsafe {
-            cudarc::nccl::result::comm_init_rank(&mut comm, world.n_pes() as i32, id, me as i32)
-        }
-        .map_err(|e| format!("ncclCommInitRank: {e:?}"))?;
-        let comm = NcclComm(comm);
-        // Connect the pair now, outside any graph capture: NCCL sets up a peer's channels on
-        // the first send/recv to it.
-        let stream = world.stream();
-        let scratch: CudaSlice<u8> = stream.alloc_zeros(8)?;
-        let ptr = scratch.device_address(stream);
-        let peer = (1 - me) as i32;
-        // SAFETY: `ptr` holds 8 bytes; grouped so that neither side blocks the other.
-        let warm_up = unsafe {
-            let u8_type = nccl::ncclDataType_t::ncclUint8;
-            let cu_stream = stream.cu_stream() as _;
-            nccl::ncclGroupStart()
-                .result()
-                .and_then(|_| {
-                    nccl::ncclSend(ptr as _, 8, u8_type, peer, comm.0, cu_stream).result()
-                })
-                .and_then(|_| {
-                    nccl::ncclRecv(ptr as _, 8, u8_type, peer, comm.0, cu_stream).result()
-                })
-                .and_then(|_| nccl::ncclGroupEnd().result())
-        };
-        warm_up.map_err(|e| format!("NCCL warm-up send/recv: {e:?}"))?;
-        stream.synchronize()?;
-        Ok(comm)
-    }
-}
-// ANCHOR_END: nccl_comm
-
-impl Drop for NcclComm {
-    fn drop(&mut self) {
-        // SAFETY: created by comm_init_rank; no work of ours is pending on it after a sync.
-        unsafe {
-            let _ = nccl::ncclCommDestroy(self.0);
-        }
-    }
 }

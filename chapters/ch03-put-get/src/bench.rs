@@ -1,5 +1,5 @@
 //! The pieces of the p2p benchmark that need no GPU: message sizes, how many operations one
-//! timed sample holds, statistics, the CSV format, and finding NCCL.
+//! timed sample holds, statistics, picking the best launch shape, the CSV formats.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -61,6 +61,99 @@ pub struct Row {
     pub us: f64,
 }
 
+impl Row {
+    /// The row of `method` moving `num_bytes` in `us` microseconds per operation.
+    pub fn new(method: &str, num_bytes: usize, us: f64) -> Self {
+        Self {
+            method: method.into(),
+            num_bytes,
+            gb_per_s: gb_per_s(num_bytes, us),
+            us,
+        }
+    }
+}
+
+/// The order of methods in the CSV: bandwidth, one per implementation, then latency.
+pub const METHODS: [&str; 7] = [
+    "nvshmem_put",
+    "bulk_put",
+    "store",
+    "copy_engine",
+    "nccl",
+    "put_signal_pingpong",
+    "nccl_pingpong",
+];
+
+/// Sorts rows by method (in [`METHODS`] order, unknown methods last), then by size.
+pub fn sort_rows(rows: &mut [Row]) {
+    let rank = |method: &str| METHODS.iter().position(|m| *m == method);
+    rows.sort_by_key(|r| (rank(&r.method).unwrap_or(usize::MAX), r.num_bytes));
+}
+
+/// `16384 B: store 10.3 GB/s (1.6 us), ...`: every row of one size, for the log.
+pub fn size_line(rows: &[Row], num_bytes: usize) -> String {
+    let line: Vec<String> = rows
+        .iter()
+        .filter(|r| r.num_bytes == num_bytes)
+        .map(|r| format!("{} {:.1} GB/s ({:.1} us)", r.method, r.gb_per_s, r.us))
+        .collect();
+    format!("{num_bytes:>10} B: {}", line.join(", "))
+}
+
+/// One timed launch shape of one kernel.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SweepPoint {
+    /// The implementation, as in [`METHODS`].
+    pub method: &'static str,
+    /// Which threads share one call or one chunk: `warp`, `block`, `grid`.
+    pub scope: &'static str,
+    pub num_blocks: u32,
+    pub threads_per_block: u32,
+    pub num_bytes: usize,
+    /// Time of one operation.
+    pub us: f64,
+}
+
+/// The fastest point of `method` at `num_bytes`, if the sweep has one.
+pub fn best<'s>(sweep: &'s [SweepPoint], method: &str, num_bytes: usize) -> Option<&'s SweepPoint> {
+    sweep
+        .iter()
+        .filter(|p| p.method == method && p.num_bytes == num_bytes)
+        .min_by(|a, b| a.us.total_cmp(&b.us))
+}
+
+/// `method: best launch shape per size (...): 16384:warp:8x256 ...`, a CSV comment.
+pub fn best_shapes_comment(sweep: &[SweepPoint], method: &str, sizes: &[usize]) -> String {
+    let shapes: Vec<String> = sizes
+        .iter()
+        .filter_map(|&num_bytes| best(sweep, method, num_bytes))
+        .map(|p| {
+            let (blocks, threads) = (p.num_blocks, p.threads_per_block);
+            format!("{}:{}:{blocks}x{threads}", p.num_bytes, p.scope)
+        })
+        .collect();
+    format!(
+        "{method}: best launch shape per size (bytes:scope:blocks x threads): {}",
+        shapes.join(" ")
+    )
+}
+
+/// The sweep CSV: a comment, the header, one line per point.
+pub fn sweep_csv(sweep: &[SweepPoint]) -> String {
+    let mut text = String::from("# launch-shape sweep of the kernels (same timing as p2p csv)\n");
+    text.push_str("method,scope,num_blocks,threads_per_block,num_bytes,gb_per_s,us\n");
+    for p in sweep {
+        let (blocks, threads, num_bytes) = (p.num_blocks, p.threads_per_block, p.num_bytes);
+        let gb_per_s = gb_per_s(num_bytes, p.us);
+        let _ = writeln!(
+            text,
+            "{},{},{blocks},{threads},{num_bytes},{gb_per_s:.3},{:.3}",
+            p.method, p.scope, p.us
+        );
+    }
+    text
+}
+
 /// The CSV text: `# ` comment lines, the header, the rows.
 pub fn csv(comments: &[String], rows: &[Row]) -> String {
     let mut text = String::new();
@@ -80,55 +173,10 @@ pub fn csv(comments: &[String], rows: &[Row]) -> String {
     text
 }
 
-/// "2.28.9" from NCCL's version code (22809; codes below 10000 use the old 1000-based form).
-pub fn nccl_version_string(code: i32) -> String {
-    if code >= 10000 {
-        format!("{}.{}.{}", code / 10000, (code % 10000) / 100, code % 100)
-    } else {
-        format!("{}.{}.{}", code / 1000, (code % 1000) / 100, code % 100)
-    }
-}
-
 /// "12.8" from cuDriverGetVersion's 12080.
 pub fn cuda_version_string(code: i32) -> String {
     format!("{}.{}", code / 1000, (code % 1000) / 10)
 }
-
-// ANCHOR: nccl_probe
-/// `Ok` when cudarc will find NCCL; otherwise the reason and the fix. cudarc opens NCCL on
-/// first use and panics when none of its candidate names (`libnccl.so`, `libnccl.so.13`, ...)
-/// opens; NCCL's pip wheel ships only `libnccl.so.2`, which is not among them. Trying the
-/// same names first turns that panic into a message.
-pub fn probe_nccl() -> Result<(), String> {
-    let mut reasons = Vec::new();
-    for name in cudarc::get_lib_name_candidates("nccl") {
-        // SAFETY: NCCL's initialisers only set up its own state.
-        match unsafe { libloading::Library::new(&name) } {
-            Ok(_) => return Ok(()),
-            Err(e) => reasons.push(format!("{name}: {e}")),
-        }
-    }
-    Err(nccl_missing_message(&reasons))
-}
-
-pub fn nccl_missing_message(reasons: &[String]) -> String {
-    format!(
-        "NCCL could not be opened ({}{}). cudarc looks for libnccl.so, but the NCCL wheel ships \
-         libnccl.so.2: make a directory with a symlink libnccl.so -> .../nvidia/nccl/lib/libnccl.so.2 \
-         and put it first on LD_LIBRARY_PATH (benchmarks/run_p2p.sh does this)",
-        reasons
-            .iter()
-            .take(2)
-            .cloned()
-            .collect::<Vec<_>>()
-            .join("; "),
-        match reasons.len() {
-            0..=2 => String::new(),
-            n => format!("; {} more names tried", n - 2),
-        }
-    )
-}
-// ANCHOR_END: nccl_probe
 
 /// `/proc/driver/nvidia/version`'s "Kernel Module  570.124.06" (or "unknown").
 pub fn driver_version(proc_text: Option<&str>) -> String {
@@ -182,8 +230,6 @@ mod tests {
         assert_eq!(gpu_tag("NVIDIA H200"), "h200");
         assert_eq!(gpu_tag("NVIDIA H100 80GB HBM3"), "h100");
         assert_eq!(gpu_tag(""), "gpu");
-        assert_eq!(nccl_version_string(22809), "2.28.9");
-        assert_eq!(nccl_version_string(2708), "2.7.8");
         assert_eq!(cuda_version_string(12080), "12.8");
         assert_eq!(cuda_version_string(13000), "13.0");
         let proc_text = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.124.06  Thu Mar 20 2025\nGCC version: 12";
@@ -209,9 +255,61 @@ mod tests {
     }
 
     #[test]
-    fn missing_nccl_message_gives_the_fix() {
-        let msg = nccl_missing_message(&["libnccl.so: not found".into()]);
-        assert!(msg.contains("libnccl.so: not found"), "{msg}");
-        assert!(msg.contains("LD_LIBRARY_PATH"), "{msg}");
+    fn rows_sort_by_method_then_size() {
+        let mut rows = vec![
+            Row::new("nccl", 2, 1.0),
+            Row::new("mystery", 1, 1.0),
+            Row::new("nvshmem_put", 2, 1.0),
+            Row::new("nvshmem_put", 1, 1.0),
+        ];
+        sort_rows(&mut rows);
+        let order: Vec<(&str, usize)> = rows
+            .iter()
+            .map(|r| (r.method.as_str(), r.num_bytes))
+            .collect();
+        assert_eq!(
+            order,
+            [
+                ("nvshmem_put", 1),
+                ("nvshmem_put", 2),
+                ("nccl", 2),
+                ("mystery", 1)
+            ]
+        );
+        assert_eq!(
+            size_line(&rows, 2),
+            "         2 B: nvshmem_put 0.0 GB/s (1.0 us), nccl 0.0 GB/s (1.0 us)"
+        );
+    }
+
+    #[test]
+    fn the_best_shape_is_the_fastest_of_its_method_and_size() {
+        let point = |method, num_blocks, num_bytes, us| SweepPoint {
+            method,
+            scope: "warp",
+            num_blocks,
+            threads_per_block: 256,
+            num_bytes,
+            us,
+        };
+        let sweep = [
+            point("nvshmem_put", 8, 16, 3.0),
+            point("nvshmem_put", 16, 16, 2.0),
+            point("bulk_put", 32, 16, 1.0),
+            point("nvshmem_put", 32, 64, 0.5),
+        ];
+        assert_eq!(best(&sweep, "nvshmem_put", 16).unwrap().num_blocks, 16);
+        assert!(best(&sweep, "store", 16).is_none());
+        assert_eq!(
+            best_shapes_comment(&sweep, "nvshmem_put", &[16, 64]),
+            "nvshmem_put: best launch shape per size (bytes:scope:blocks x threads): \
+             16:warp:16x256 64:warp:32x256"
+        );
+        assert_eq!(
+            sweep_csv(&sweep[2..3]),
+            "# launch-shape sweep of the kernels (same timing as p2p csv)\n\
+             method,scope,num_blocks,threads_per_block,num_bytes,gb_per_s,us\n\
+             bulk_put,warp,32,256,16,0.016,1.000\n"
+        );
     }
 }

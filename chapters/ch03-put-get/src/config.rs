@@ -19,5 +19,3 @@ pub const EXAMPLE_SIZES_WORDS: [usize; 2] = [3, 1_000_003];
 /// Where in the destination the example writes: not at 0, so an offset that is ignored or
 /// applied twice shows up as poison where data should be.
 pub const EXAMPLE_DST_OFFSET_WORDS: usize = 7;
-/// Poison byte of every destination (0xFFFFFFFF per u32 word).
-pub const POISON_BYTE: u8 = 0xFF;
