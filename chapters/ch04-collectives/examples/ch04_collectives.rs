@@ -12,7 +12,7 @@
 use std::process::ExitCode;
 
 use ch01_bootstrap::World;
-use ch01_bootstrap::checks::Tally;
+use ch01_bootstrap::checks::{POISON_BYTE as POISON, Tally};
 use ch02_symmetric_memory::SymmetricBuffer;
 use ch04_collectives::reference::{self, HostElement, pattern_byte, pattern_value};
 use ch04_collectives::{
@@ -27,7 +27,6 @@ type AnyError = Box<dyn std::error::Error>;
 const COUNTS: [usize; 7] = [0, 1, 13, 1000, 65_537, 262_147, 1_000_003];
 /// Largest count any case uses, times the PE count it can be multiplied by.
 const MAX_ELEMENTS: usize = 8 * 1_000_003;
-const POISON: u8 = 0xFF;
 
 fn main() -> ExitCode {
     ch01_bootstrap::checks::exit_code("ch04-collectives", run())
@@ -325,7 +324,8 @@ fn check_sync_all(
                 .collect::<Vec<_>>(),
         )?;
         comm.sync_all()?;
-        ch03_put_get::get_on_stream(seen, mine, 0, len, next)?;
+        let get = ch03_put_get::Get::new(seen, mine, 0, len, next)?;
+        ch03_put_get::get_on_stream(ch03_put_get::Completion::Blocking, &get);
         let got = download(seen, len)?;
         ok &= (0..len).all(|i| got[i] == pattern_byte(next, i, seed ^ round));
         comm.sync_all()?;
@@ -383,10 +383,7 @@ fn check_mistakes(
         ),
     ];
     for (what, result, expected) in cases {
-        let message = result.err().map(|e| e.to_string()).unwrap_or_default();
-        tally.check(me, message.contains(expected), || {
-            format!("{what}: got `{message}`")
-        });
+        tally.expect_error(me, what, result, expected);
     }
     Ok(())
 }
@@ -411,22 +408,13 @@ fn check_device_errors(world: &World, tally: &mut Tally) -> Result<(), AnyError>
     let mut out_splits_offsets = stream.alloc_zeros::<i64>(2 * n)?;
     comm.all_to_all_v(&out, &input, 4, &in_splits, &mut out_splits_offsets)?;
     stream.synchronize()?;
-    let message = comm
-        .check()
-        .err()
-        .map(|e| e.to_string())
-        .unwrap_or_default();
-    tally.check(me, message.contains("pe 0's in_splits"), || {
-        format!("bad splits: got `{message}`")
-    });
-    let next = comm
-        .sync_all()
-        .err()
-        .map(|e| e.to_string())
-        .unwrap_or_default();
-    tally.check(me, next.contains("unusable"), || {
-        format!("a failed communicator stays failed: `{next}`")
-    });
+    tally.expect_error(me, "bad splits", comm.check(), "pe 0's in_splits");
+    tally.expect_error(
+        me,
+        "a failed communicator stays failed",
+        comm.sync_all(),
+        "unusable",
+    );
     drop(comm);
 
     if n > 1 {
