@@ -23,6 +23,7 @@ CHAPTER_BINS=(
   ch01-bootstrap
   ch02-symmetric-memory
   ch03-put-get
+  ch04-collectives
 )
 
 step() { printf '\n== gpu_test: %s\n' "$*"; }

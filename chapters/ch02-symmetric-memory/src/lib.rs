@@ -228,9 +228,18 @@ impl<W: Deref<Target = World>, T: DeviceRepr> SymmetricBuffer<W, T> {
                 device: self.len,
             });
         }
+        self.copy_from_host_at(0, host)
+    }
+
+    /// Copies `host` into elements `offset..offset + host.len()` of this PE's copy (blocking).
+    pub fn copy_from_host_at(&self, offset: usize, host: &[T]) -> Result<(), SymmetricError> {
+        let ptr = self.element_ptr(offset, host.len())?;
+        if host.is_empty() {
+            return Ok(());
+        }
         let stream = self.world.stream();
-        // SAFETY: `ptr` holds `len` elements; the copy completes before we return.
-        unsafe { cudarc::driver::result::memcpy_htod_async(self.ptr, host, stream.cu_stream()) }
+        // SAFETY: the range was checked; the copy completes before we return.
+        unsafe { cudarc::driver::result::memcpy_htod_async(ptr, host, stream.cu_stream()) }
             .map_err(SymmetricError::cuda("copying host to device"))?;
         stream
             .synchronize()
@@ -258,13 +267,22 @@ impl<W: Deref<Target = World>, T: DeviceRepr + ValidAsZeroBits + Clone + Default
 {
     /// Copies this PE's copy to the host, after the world's stream has finished its work.
     pub fn copy_to_host(&self) -> Result<Vec<T>, SymmetricError> {
-        let mut host = vec![T::default(); self.len];
+        self.copy_to_host_range(0, self.len)
+    }
+
+    /// Elements `offset..offset + len` of this PE's copy, after the world's stream has
+    /// finished its work.
+    pub fn copy_to_host_range(&self, offset: usize, len: usize) -> Result<Vec<T>, SymmetricError> {
+        let ptr = self.element_ptr(offset, len)?;
+        let mut host = vec![T::default(); len];
         let stream = self.world.stream();
-        // SAFETY: `host` holds `len` elements; we synchronise before reading it.
-        unsafe {
-            cudarc::driver::result::memcpy_dtoh_async(&mut host, self.ptr, stream.cu_stream())
+        if len > 0 {
+            // SAFETY: the range was checked; we synchronise before reading `host`.
+            unsafe {
+                cudarc::driver::result::memcpy_dtoh_async(&mut host, ptr, stream.cu_stream())
+            }
+            .map_err(SymmetricError::cuda("copying device to host"))?;
         }
-        .map_err(SymmetricError::cuda("copying device to host"))?;
         stream
             .synchronize()
             .map_err(SymmetricError::cuda("synchronising the copy"))?;

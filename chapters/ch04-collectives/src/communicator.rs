@@ -135,13 +135,16 @@ impl<W: Deref<Target = World>> Communicator<W> {
         Ok((!sized || call.size_bytes > 0).then_some(plan))
     }
 
-    fn launch(
+    /// Checks `call`, then launches its kernel with `args` (the Workspace first).
+    fn run(
         &self,
-        plan: Option<Plan>,
+        call: Call<'_>,
         stream: sys::CUstream,
         args: &mut [*mut c_void],
     ) -> Result<(), CollError> {
-        let Some(plan) = plan else { return Ok(()) };
+        let Some(plan) = self.prepare(call, stream)? else {
+            return Ok(());
+        };
         self.world()
             .context()
             .bind_to_thread()
@@ -161,8 +164,7 @@ impl<W: Deref<Target = World>> Communicator<W> {
             dtype: None,
             symmetric: &[],
         };
-        let plan = self.prepare(call, stream)?;
-        self.launch(plan, stream, &mut [arg(&self.memory.workspace)])
+        self.run(call, stream, &mut [arg(&self.memory.workspace)])
     }
     // ANCHOR_END: sync_all_raw
 
@@ -185,11 +187,10 @@ impl<W: Deref<Target = World>> Communicator<W> {
             dtype: None,
             symmetric: &[(out, num_bytes), (input, num_bytes)],
         };
-        let plan = self.prepare(call, stream)?;
         let (num_bytes, root) = (num_bytes as u64, root as i32);
         let ws = &self.memory.workspace;
-        self.launch(
-            plan,
+        self.run(
+            call,
             stream,
             &mut [arg(ws), arg(&input), arg(&out), arg(&num_bytes), arg(&root)],
         )
@@ -257,11 +258,10 @@ impl<W: Deref<Target = World>> Communicator<W> {
             dtype: None,
             symmetric: &[(out, out_bytes), (input, input_bytes)],
         };
-        let plan = self.prepare(call, stream)?;
         let num_bytes = num_bytes as u64;
         let ws = &self.memory.workspace;
-        self.launch(
-            plan,
+        self.run(
+            call,
             stream,
             &mut [arg(ws), arg(&input), arg(&out), arg(&num_bytes)],
         )
@@ -340,11 +340,10 @@ impl<W: Deref<Target = World>> Communicator<W> {
             dtype: Some(dtype),
             symmetric: &[(out, out_bytes), (input, in_bytes)],
         };
-        let plan = self.prepare(call, stream)?;
         let count = count as u64;
         let ws = &self.memory.workspace;
-        self.launch(
-            plan,
+        self.run(
+            call,
             stream,
             &mut [arg(ws), arg(&input), arg(&out), arg(&count)],
         )
@@ -387,11 +386,10 @@ impl<W: Deref<Target = World>> Communicator<W> {
             dtype: None,
             symmetric: &[(out, out_rows * row_bytes), (input, in_rows * row_bytes)],
         };
-        let plan = self.prepare(call, stream)?;
         let (row_bytes, in_rows, out_rows) = (row_bytes as u64, in_rows as u64, out_rows as u64);
         let ws = &self.memory.workspace;
-        self.launch(
-            plan,
+        self.run(
+            call,
             stream,
             &mut [
                 arg(ws),
