@@ -1,0 +1,379 @@
+// Chapter 7: normal-mode dispatch and combine inside one node.
+//
+// Dispatch scatters each token to the PEs that hold any of its experts; combine gathers the
+// experts' results back and sums them on the token's PE. Both run 2 x num_channels blocks:
+// blocks [0, C) send channel c = blockIdx.x, blocks [C, 2C) receive it, and inside a block
+// the warps split into one group per peer. Channel c owns a contiguous range of the original
+// tokens, so walking a channel's tokens in order and its rings in order keeps every PE's
+// received tokens sorted by (source PE, source token): DeepEP's order.
+//
+// Tokens for ourselves skip the ring: the sender writes them straight into our outputs, and
+// combine reads them straight from our own expert outputs.
+#include "moe.cuh"
+
+using namespace moe;
+
+// Where one token's metadata sits in a dispatch slot, after its hidden bytes:
+//   [src_idx: int32][pad: int32][topk_idx: int64 x K][topk_weights: f32 x K][scales: f32 x S]
+// Host mirror: src/layout.rs DispatchSlot.
+struct DispatchSlot {
+    int hidden_bytes, num_topk, num_scales, bytes;
+    __device__ int meta() const { return (hidden_bytes + 15) / 16 * 16; }
+    __device__ int topk_idx() const { return meta() + 8; }
+    __device__ int topk_weights() const { return topk_idx() + 8 * num_topk; }
+    __device__ int scales() const { return topk_weights() + 4 * num_topk; }
+};
+
+struct ScatterArgs {
+    // What this PE sends.
+    const uint8_t* x;                  // local [num_tokens, hidden_bytes] (bf16 or fp8 rows)
+    const float* x_scales;             // local, scale k of token t at t * scale_token_stride + k * scale_hidden_stride; null for bf16
+    int64_t scale_token_stride, scale_hidden_stride;
+    const int64_t* topk_idx;           // local [num_tokens, num_topk], global expert ids or -1; null: no top-k
+    const float* topk_weights;         // local [num_tokens, num_topk]; null with topk_idx
+    const bool* is_token_in_rank;      // local [num_tokens, n_pes]
+    const int* channel_prefix_matrix;  // local [n_pes, num_channels]: tokens to PE d in channels 0..c (handle 1)
+    int* send_head;                    // local [num_tokens, n_pes], written: position in ring (c, d), -1 if not sent (handle 5)
+    // What this PE receives.
+    const int* rank_prefix_matrix;          // [n_pes, n_pes]: column my_pe used (handle 0)
+    const int* recv_channel_prefix_matrix;  // [n_pes, num_channels]: channel c's start among PE s's tokens (handle 2)
+    uint8_t* recv_x;                   // local [num_recv_rows, hidden_bytes]
+    float* recv_x_scales;              // local [num_recv_rows, num_scales] or null
+    int* recv_src_idx;                 // local [num_recv_rows]
+    int64_t* recv_topk_idx;            // local [num_recv_rows, num_topk] (local expert ids or -1) or null
+    float* recv_topk_weights;          // local [num_recv_rows, num_topk] or null
+    // The rings (see moe.cuh).
+    uint8_t* nvl;                      // symmetric: ring (c, s) at ((c * n_pes + s) * ring_tokens) slots
+    uint64_t* tails;                   // symmetric [MAX_CHANNELS][MAX_PES]
+    uint64_t* heads;                   // symmetric [MAX_CHANNELS][MAX_PES]
+    uint64_t* sent;                    // local [MAX_CHANNELS][MAX_PES]
+    uint64_t* received;                // local [MAX_CHANNELS][MAX_PES]
+    DispatchSlot slot;
+    int num_tokens, num_experts, num_channels, ring_tokens, num_recv_rows;
+};
+
+struct GatherArgs {
+    const uint8_t* x;                  // local bf16 [num_recv_rows, hidden_bytes]: results for the tokens dispatch delivered here
+    const float* topk_weights;         // local [num_recv_rows, num_topk] or null
+    const uint8_t* bias0;              // local bf16 [num_tokens, hidden_bytes] or null
+    const uint8_t* bias1;              // local bf16 [num_tokens, hidden_bytes] or null
+    const int* rank_prefix_matrix;          // handle 0
+    const int* recv_channel_prefix_matrix;  // handle 2
+    const int* send_head;              // handle 5, [num_tokens, n_pes]
+    uint8_t* combined_x;               // local bf16 [num_tokens, hidden_bytes]
+    float* combined_topk_weights;      // local [num_tokens, num_topk] or null
+    uint8_t* nvl;                      // symmetric: combine ring (c, s), slot = [row: hidden_bytes][weights: f32 x K]
+    uint64_t* tails;
+    uint64_t* heads;
+    uint64_t* sent;
+    uint64_t* received;
+    int num_tokens, hidden_bytes, num_topk, num_channels, ring_tokens, slot_bytes;
+};
+
+// Rows PE `src` delivered to us in channel c: where they start in our received rows, and how
+// many there are.
+__device__ __forceinline__ void rows_from(const int* rank_prefix_matrix, const int* recv_channel_prefix_matrix, int n,
+                                          int me, int num_channels, int src, int c, int* first, int* count) {
+    const int before_src = src > 0 ? rank_prefix_matrix[(src - 1) * n + me] : 0;
+    const int total = rank_prefix_matrix[src * n + me] - before_src;
+    const int start = recv_channel_prefix_matrix[src * num_channels + c];
+    const int next = c + 1 < num_channels ? recv_channel_prefix_matrix[src * num_channels + c + 1] : total;
+    *first = before_src + start;
+    *count = next - start;
+}
+
+// acc[i] += element i of the v-th 8-element bf16 vector of `row`.
+__device__ __forceinline__ void add_bf16x8(float (&acc)[8], const uint8_t* row, int v) {
+    const uint4 raw = reinterpret_cast<const uint4*>(row)[v];
+    const __nv_bfloat16* h = reinterpret_cast<const __nv_bfloat16*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[i] += __bfloat162float(h[i]);
+}
+
+__device__ __forceinline__ uint32_t lanes_below() {
+    uint32_t mask;
+    asm("mov.u32 %0, %%lanemask_lt;" : "=r"(mask));
+    return mask;
+}
+
+// One token's metadata, from the sender's arrays into a slot or straight into our outputs.
+// `dst_pe` decides which experts are local (their ids become 0..L-1, the rest -1 with
+// weight 0).
+__device__ __forceinline__ void write_meta(const ScatterArgs& a, int t, int dst_pe, int n, int lane, int* src_idx,
+                                           int64_t* topk_idx, float* topk_weights, float* scales) {
+    if (lane == 0) *src_idx = t;
+    if (a.topk_idx != nullptr && lane < a.slot.num_topk) {
+        const int num_local = a.num_experts / n;
+        const int64_t expert = a.topk_idx[int64_t(t) * a.slot.num_topk + lane];
+        const bool local = expert >= int64_t(dst_pe) * num_local && expert < int64_t(dst_pe + 1) * num_local;
+        topk_idx[lane] = local ? expert - int64_t(dst_pe) * num_local : -1;
+        topk_weights[lane] = local ? a.topk_weights[int64_t(t) * a.slot.num_topk + lane] : 0.0f;
+    }
+    if (a.x_scales != nullptr) {
+        for (int k = lane; k < a.slot.num_scales; k += 32) {
+            scales[k] = a.x_scales[int64_t(t) * a.scale_token_stride + int64_t(k) * a.scale_hidden_stride];
+        }
+    }
+}
+
+// ANCHOR: scatter_send
+// Sender of channel c to PE d: walk the channel's tokens 32 at a time; a ballot says which
+// go to d and gives each its position in the ring; the group's warps copy them round-robin;
+// then one thread publishes the new tail.
+__device__ void scatter_send(const Workspace& ws, const ScatterArgs& a, uint64_t epoch, int c, const PeerGroup& g) {
+    const int me = ws.my_pe, n = ws.n_pes, d = g.peer, lane = threadIdx.x % 32;
+    const bool to_self = d == me;
+    int begin, end;
+    channel_range(a.num_tokens, a.num_channels, c, &begin, &end);
+    const uint64_t base = a.sent[c * MAX_PES + d];
+    uint8_t* ring = to_self ? nullptr : peer(ws, a.nvl, d) + int64_t(c * n + me) * a.ring_tokens * a.slot.bytes;
+    uint64_t* head = a.heads + c * MAX_PES + d;
+    // Our own tokens land in our outputs after those of PEs 0..me-1 and of channels 0..c-1.
+    const int self_first = (me > 0 ? a.rank_prefix_matrix[(me - 1) * n + me] : 0) +
+                           (c > 0 ? a.channel_prefix_matrix[d * a.num_channels + c - 1] : 0);
+    // Writing into d's rings needs d to have entered this call (moe.cuh, NOTES).
+    bool alive = to_self || lane != 0 || wait_counter(ws, ws.ready + d, epoch, WAIT_READY, d, epoch);
+    alive = __shfl_sync(0xffffffff, alive, 0);
+    uint64_t pos = base;
+    for (int w0 = begin; w0 < end; w0 += WINDOW) {
+        const int t = w0 + lane;
+        const bool selected = t < end && a.is_token_in_rank[int64_t(t) * n + d];
+        const uint32_t mask = __ballot_sync(0xffffffff, selected);
+        if (g.member == 0 && t < end) {
+            a.send_head[int64_t(t) * n + d] = selected ? int(pos - base) + __popc(mask & lanes_below()) : -1;
+        }
+        const int count = __popc(mask);
+        if (count == 0) continue;
+        if (!to_self && alive && lane == 0) {
+            alive = wait_counter(ws, head, pos + count - a.ring_tokens, WAIT_RING_SPACE, d, epoch);
+        }
+        alive = __shfl_sync(0xffffffff, alive, 0);
+        for (int j = g.member; alive && j < count; j += g.size) {
+            const int token = w0 + __fns(mask, 0, j + 1);  // the j-th selected token of the window
+            const uint64_t k = pos + j;
+            uint8_t *row, *meta_base = nullptr;
+            int* src_idx;
+            int64_t* topk_idx;
+            float *topk_weights, *scales;
+            if (to_self) {
+                const int64_t r = self_first + int64_t(k - base);
+                row = a.recv_x + r * a.slot.hidden_bytes;
+                src_idx = a.recv_src_idx + r;
+                topk_idx = a.recv_topk_idx + r * a.slot.num_topk;
+                topk_weights = a.recv_topk_weights + r * a.slot.num_topk;
+                scales = a.recv_x_scales + r * a.slot.num_scales;
+            } else {
+                row = ring + int64_t(k % a.ring_tokens) * a.slot.bytes;
+                meta_base = row;
+                src_idx = reinterpret_cast<int*>(meta_base + a.slot.meta());
+                topk_idx = reinterpret_cast<int64_t*>(meta_base + a.slot.topk_idx());
+                topk_weights = reinterpret_cast<float*>(meta_base + a.slot.topk_weights());
+                scales = reinterpret_cast<float*>(meta_base + a.slot.scales());
+            }
+            warp_copy(row, a.x + int64_t(token) * a.slot.hidden_bytes, a.slot.hidden_bytes, lane);
+            write_meta(a, token, d, n, lane, src_idx, topk_idx, topk_weights, scales);
+        }
+        pos += count;
+        if (!to_self) {
+            g.sync();  // every warp of the group has stored its tokens of this window
+            if (g.member == 0 && lane == 0 && alive) st_release_sys(peer(ws, a.tails + c * MAX_PES + me, d), pos);
+        }
+    }
+    if (g.member == 0 && lane == 0) a.sent[c * MAX_PES + d] = pos;
+}
+// ANCHOR_END: scatter_send
+
+// ANCHOR: scatter_receive
+// Receiver of channel c from PE s: wait for the tail to move, copy the new slots into our
+// outputs at their final rows, publish the head so the sender may reuse the slots.
+__device__ void scatter_receive(const Workspace& ws, const ScatterArgs& a, uint64_t epoch, int c, const PeerGroup& g) {
+    __shared__ uint64_t seen_tail[MAX_PES];
+    const int me = ws.my_pe, n = ws.n_pes, s = g.peer, lane = threadIdx.x % 32;
+    if (s == me) return;  // the sender wrote our own tokens in place
+    int first, count;
+    rows_from(a.rank_prefix_matrix, a.recv_channel_prefix_matrix, n, me, a.num_channels, s, c, &first, &count);
+    const uint64_t base = a.received[c * MAX_PES + s], target = base + count;
+    const uint8_t* ring = a.nvl + int64_t(c * n + s) * a.ring_tokens * a.slot.bytes;
+    const uint64_t* tail = a.tails + c * MAX_PES + s;
+    for (uint64_t head = base; head < target;) {
+        if (g.member == 0 && lane == 0) {
+            const bool arrived = wait_counter(ws, tail, head + 1, WAIT_RING_DATA, s, epoch);
+            seen_tail[s] = arrived ? min(ld_acquire_sys(tail), target) : target;
+            if (!arrived) seen_tail[s] |= 1ull << 63;  // give up: skip the copies, keep the barriers
+        }
+        g.sync();
+        const uint64_t seen = seen_tail[s];
+        const bool alive = !(seen >> 63);
+        const uint64_t new_tail = seen & ~(1ull << 63);
+        for (uint64_t k = head + g.member; alive && k < new_tail; k += g.size) {
+            const uint8_t* slot = ring + int64_t(k % a.ring_tokens) * a.slot.bytes;
+            const int64_t r = first + int64_t(k - base);
+            warp_copy(a.recv_x + r * a.slot.hidden_bytes, slot, a.slot.hidden_bytes, lane);
+            if (lane == 0) a.recv_src_idx[r] = *reinterpret_cast<const int*>(slot + a.slot.meta());
+            if (a.recv_topk_idx != nullptr && lane < a.slot.num_topk) {
+                a.recv_topk_idx[r * a.slot.num_topk + lane] =
+                    reinterpret_cast<const int64_t*>(slot + a.slot.topk_idx())[lane];
+                a.recv_topk_weights[r * a.slot.num_topk + lane] =
+                    reinterpret_cast<const float*>(slot + a.slot.topk_weights())[lane];
+            }
+            for (int i = lane; a.recv_x_scales != nullptr && i < a.slot.num_scales; i += 32) {
+                a.recv_x_scales[r * a.slot.num_scales + i] = reinterpret_cast<const float*>(slot + a.slot.scales())[i];
+            }
+        }
+        g.sync();  // every slot up to new_tail has been read
+        if (g.member == 0 && lane == 0 && alive) st_release_sys(peer(ws, a.heads + c * MAX_PES + me, s), new_tail);
+        head = new_tail;
+    }
+    if (g.member == 0 && lane == 0) a.received[c * MAX_PES + s] = target;
+}
+// ANCHOR_END: scatter_receive
+
+// Dispatch. Grid 2 x num_channels: blocks [0, C) send, [C, 2C) receive. Blocks of 32 x k
+// warps, k >= n_pes (k / n_pes warps per peer).
+extern "C" __global__ void __launch_bounds__(1024) moe_scatter(const __grid_constant__ Workspace ws,
+                                                               const __grid_constant__ ScatterArgs a) {
+    const uint64_t epoch = begin_call(ws);
+    const PeerGroup g(ws.n_pes);
+    const int c = blockIdx.x % a.num_channels;
+    if (blockIdx.x < a.num_channels) {
+        if (g.active(ws.n_pes)) scatter_send(ws, a, epoch, c, g);
+    } else {
+        if (g.active(ws.n_pes)) scatter_receive(ws, a, epoch, c, g);
+        // Worst-case outputs: rows past the ones received hold no expert.
+        const int received = a.rank_prefix_matrix[(ws.n_pes - 1) * ws.n_pes + ws.my_pe];
+        if (a.recv_topk_idx != nullptr) {
+            const int64_t begin = int64_t(received) * a.slot.num_topk, end = int64_t(a.num_recv_rows) * a.slot.num_topk;
+            for (int64_t i = begin + c * blockDim.x + threadIdx.x; i < end; i += int64_t(a.num_channels) * blockDim.x) {
+                a.recv_topk_idx[i] = -1;
+            }
+        }
+    }
+    end_call(ws, epoch);
+}
+
+// ANCHOR: gather_send
+// Combine, sender side of channel c to PE s (the tokens' owner): push, in received order, the
+// rows s delivered to us in channel c, with their top-k weights.
+__device__ void gather_send(const Workspace& ws, const GatherArgs& a, uint64_t epoch, int c, const PeerGroup& g) {
+    const int me = ws.my_pe, n = ws.n_pes, s = g.peer, lane = threadIdx.x % 32;
+    if (s == me) return;  // the owner reads our own rows in place
+    int first, count;
+    rows_from(a.rank_prefix_matrix, a.recv_channel_prefix_matrix, n, me, a.num_channels, s, c, &first, &count);
+    const uint64_t base = a.sent[c * MAX_PES + s];
+    uint8_t* ring = peer(ws, a.nvl, s) + int64_t(c * n + me) * a.ring_tokens * a.slot_bytes;
+    const int weights_at = (a.hidden_bytes + 15) / 16 * 16;
+    bool alive = lane != 0 || wait_counter(ws, ws.ready + s, epoch, WAIT_READY, s, epoch);
+    alive = __shfl_sync(0xffffffff, alive, 0);
+    for (int w0 = 0; w0 < count; w0 += WINDOW) {
+        const int window = min(WINDOW, count - w0);
+        const uint64_t pos = base + w0;
+        if (alive && lane == 0) alive = wait_counter(ws, a.heads + c * MAX_PES + s, pos + window - a.ring_tokens, WAIT_RING_SPACE, s, epoch);
+        alive = __shfl_sync(0xffffffff, alive, 0);
+        for (int j = g.member; alive && j < window; j += g.size) {
+            const int64_t r = first + w0 + j;
+            uint8_t* slot = ring + int64_t((pos + j) % a.ring_tokens) * a.slot_bytes;
+            warp_copy(slot, a.x + r * a.hidden_bytes, a.hidden_bytes, lane);
+            if (lane < a.num_topk) {
+                reinterpret_cast<float*>(slot + weights_at)[lane] =
+                    a.topk_weights != nullptr ? a.topk_weights[r * a.num_topk + lane] : 0.0f;
+            }
+        }
+        g.sync();
+        if (g.member == 0 && lane == 0 && alive) st_release_sys(peer(ws, a.tails + c * MAX_PES + me, s), pos + window);
+    }
+    if (g.member == 0 && lane == 0) a.sent[c * MAX_PES + s] = base + count;
+}
+// ANCHOR_END: gather_send
+
+// ANCHOR: gather_receive
+// Combine, receiver side of channel c: every warp takes one of the channel's tokens at a
+// time, finds each PE's result for it (send_head says where in that PE's ring), waits for it
+// if it has not arrived, and sums in fp32: bias0 + bias1 + the PEs' rows in PE order.
+// After each round of tokens, thread p publishes how far ring (c, p) has been consumed.
+__device__ void gather_receive(const Workspace& ws, const GatherArgs& a, uint64_t epoch, int c) {
+    __shared__ int consumed[MAX_PES];
+    const int me = ws.my_pe, n = ws.n_pes, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int num_warps = blockDim.x / 32;
+    int begin, end;
+    channel_range(a.num_tokens, a.num_channels, c, &begin, &end);
+    int self_first, self_count;  // where our own results for this channel's tokens are in x
+    rows_from(a.rank_prefix_matrix, a.recv_channel_prefix_matrix, n, me, a.num_channels, me, c, &self_first, &self_count);
+    const int weights_at = (a.hidden_bytes + 15) / 16 * 16;
+    if (threadIdx.x < n) consumed[threadIdx.x] = 0;
+    __syncthreads();
+    bool alive = true;
+    for (int round = begin; round < end; round += num_warps) {
+        const int t = round + warp;
+        if (t < end) {
+            const uint8_t* rows[MAX_PES];
+            const float* weights[MAX_PES];
+            int num_rows = 0;
+            for (int p = 0; p < n; ++p) {
+                const int k = a.send_head[int64_t(t) * n + p];
+                if (k < 0) continue;
+                if (p == me) {
+                    const int64_t r = self_first + k;
+                    rows[num_rows] = a.x + r * a.hidden_bytes;
+                    weights[num_rows++] = a.topk_weights != nullptr ? a.topk_weights + r * a.num_topk : nullptr;
+                    continue;
+                }
+                const uint64_t pos = a.received[c * MAX_PES + p] + k;
+                if (alive && lane == 0) alive = wait_counter(ws, a.tails + c * MAX_PES + p, pos + 1, WAIT_RING_DATA, p, epoch);
+                alive = __shfl_sync(0xffffffff, alive, 0);
+                const uint8_t* slot = a.nvl + (int64_t(c * n + p) * a.ring_tokens + int64_t(pos % a.ring_tokens)) * a.slot_bytes;
+                rows[num_rows] = slot;
+                weights[num_rows++] = reinterpret_cast<const float*>(slot + weights_at);
+            }
+            if (alive) {
+                const int num_vectors = a.hidden_bytes / 16;
+                for (int v = lane; v < num_vectors; v += 32) {
+                    float acc[8] = {};
+                    const int64_t row_offset = int64_t(t) * a.hidden_bytes;
+                    if (a.bias0 != nullptr) add_bf16x8(acc, a.bias0 + row_offset, v);
+                    if (a.bias1 != nullptr) add_bf16x8(acc, a.bias1 + row_offset, v);
+                    for (int r = 0; r < num_rows; ++r) add_bf16x8(acc, rows[r], v);
+                    uint4 out;
+                    __nv_bfloat16* o = reinterpret_cast<__nv_bfloat16*>(&out);
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) o[i] = __float2bfloat16_rn(acc[i]);
+                    reinterpret_cast<uint4*>(a.combined_x + int64_t(t) * a.hidden_bytes)[v] = out;
+                }
+                if (a.combined_topk_weights != nullptr && lane < a.num_topk) {
+                    float sum = 0.0f;
+                    for (int r = 0; r < num_rows; ++r) sum += weights[r] != nullptr ? weights[r][lane] : 0.0f;
+                    a.combined_topk_weights[int64_t(t) * a.num_topk + lane] = sum;
+                }
+            }
+        }
+        __syncthreads();  // the round's slots are read
+        const int p = threadIdx.x;
+        if (p < n && p != me) {
+            // send_head grows along the channel: the round's last token sent to p marks it.
+            for (int i = min(end, round + num_warps) - 1; i >= round; --i) {
+                const int k = a.send_head[int64_t(i) * n + p];
+                if (k >= 0) {
+                    consumed[p] = k + 1;
+                    break;
+                }
+            }
+            if (alive) st_release_sys(peer(ws, a.heads + c * MAX_PES + me, p), a.received[c * MAX_PES + p] + consumed[p]);
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x < n && threadIdx.x != me) a.received[c * MAX_PES + threadIdx.x] += consumed[threadIdx.x];
+}
+// ANCHOR_END: gather_receive
+
+// Combine. Grid 2 x num_channels: blocks [0, C) send, [C, 2C) receive.
+extern "C" __global__ void __launch_bounds__(1024) moe_gather(const __grid_constant__ Workspace ws,
+                                                              const __grid_constant__ GatherArgs a) {
+    const uint64_t epoch = begin_call(ws);
+    const int c = blockIdx.x % a.num_channels;
+    if (blockIdx.x < a.num_channels) {
+        const PeerGroup g(ws.n_pes);
+        if (g.active(ws.n_pes)) gather_send(ws, a, epoch, c, g);
+    } else {
+        gather_receive(ws, a, epoch, c);
+    }
+    end_call(ws, epoch);
+}

@@ -1,0 +1,106 @@
+// Chapter 7: what the buffer's kernels share. The buffer is a chapter-4 communicator whose
+// one symmetric allocation carries, after the communicator's own flags and scratch, the
+// buffer's regions (layout and size formulas: src/layout.rs):
+//
+//   control   ring counters, MAX_CHANNELS x MAX_PES u64 each:
+//               dispatch_tail[c][src]   on the receiver: tokens src pushed into ring (c, src)
+//               dispatch_head[c][dst]   on the sender:   tokens dst consumed from ring (c, us)
+//               combine_tail[c][src], combine_head[c][dst]: the same for combine
+//   rows      the notify step's count rows: mine, then n_pes gathered ones
+//   nvl       num_nvl_bytes: the ring queues of dispatch, then (reusing it) of combine
+//   rdma      num_rdma_bytes: the low-latency slots (chapter 8)
+//
+// NOTES on the rings (the subtle part):
+// - Ring (c, s) lives in the receiver's nvl region: ring_tokens slots of slot_bytes each.
+//   The sender writes slots and publishes its tail into the receiver's memory; the receiver
+//   copies slots out and publishes its head into the sender's memory. So each side only ever
+//   polls its own memory, and the other side's updates are posted stores.
+// - Counters never reset. Each side keeps, in local memory, how many tokens it has pushed
+//   (sent) or consumed (received) on each ring over all calls; a call starts where the last
+//   one ended. Both sides advance by the same count per call (the counts come from the notify
+//   step or the handle), so they agree without a reset, a memset or a barrier.
+// - A ring slot is count % ring_tokens. Different calls may lay slots out differently (other
+//   hidden size, dtype, ring size); that is safe because a sender writes into a peer's region
+//   only after the peer announced this call (chapter 4's ready flags), i.e. after the peer's
+//   previous kernel, which drained every ring it was reading, has finished.
+// - A sender publishes its tail after a window of up to 32 tokens, from one thread, after a
+//   named barrier over the warps that wrote the window: the barrier orders their stores before
+//   the releasing thread's store (the pattern DeepEP also relies on).
+#pragma once
+
+#include "../coll_common.cuh"
+
+namespace moe {
+
+using namespace coll;
+
+constexpr int MAX_CHANNELS = 64;
+constexpr int WINDOW = 32;  // tokens per ballot, per published tail
+
+// Failure kinds beyond chapter 4's (error record word 4). Host mirror: src/error.rs.
+constexpr uint64_t WAIT_RING_SPACE = 7;  // a sender waited for the receiver to free slots
+constexpr uint64_t WAIT_RING_DATA = 8;   // a receiver waited for tokens that did not come
+constexpr uint64_t BAD_EXPERT = 9;       // topk_idx held a value outside [-1, num_experts)
+
+// Bad input found on the device (a value only the GPU holds), kept apart from the
+// communicator's failure record: the buffer stays usable, the host raises it once and clears
+// it. claim: local device u64 (first writer wins); words: host-mapped [3] u64 = kind, token,
+// value (kind written last).
+struct InputError {
+    unsigned long long* claim;
+    uint64_t* words;
+    __device__ void record(uint64_t kind, uint64_t token, uint64_t value) const {
+        if (atomicCAS(claim, 0ull, 1ull) != 0ull) return;
+        volatile uint64_t* r = words;
+        r[1] = token;
+        r[2] = value;
+        __threadfence_system();
+        r[0] = kind;
+    }
+};
+
+__device__ __forceinline__ bool wait_counter(const Workspace& ws, const uint64_t* counter, uint64_t target,
+                                             uint64_t what, int pe, uint64_t epoch) {
+    return wait_at_least(ws, counter, target, static_cast<Wait>(what), pe, epoch);
+}
+
+// [begin, end) of the original tokens channel c owns: equal shares in token order. Host
+// mirror: src/layout.rs channel_range.
+__device__ __forceinline__ void channel_range(int num_tokens, int num_channels, int c, int* begin, int* end) {
+    const int per = (num_tokens + num_channels - 1) / num_channels;
+    *begin = min(per * c, num_tokens);
+    *end = min(*begin + per, num_tokens);
+}
+
+// Warps of a block split into one group per peer; `member` is this warp's index in it.
+struct PeerGroup {
+    int peer, member, size;
+    __device__ PeerGroup(int n_pes) {
+        size = (blockDim.x / 32) / n_pes;
+        peer = (threadIdx.x / 32) / size;
+        member = (threadIdx.x / 32) % size;
+    }
+    __device__ bool active(int n_pes) const { return size > 0 && peer < n_pes; }
+    // A barrier over just this group's warps (named barrier 1 + peer; 0 is __syncthreads).
+    __device__ void sync() const {
+        asm volatile("bar.sync %0, %1;" ::"r"(1 + peer), "r"(size * 32) : "memory");
+    }
+};
+
+// Copies `num_bytes` (a multiple of 16) from `src` to `dst` with the 32 lanes of a warp.
+__device__ __forceinline__ void warp_copy(uint8_t* dst, const uint8_t* src, uint64_t num_bytes, int lane) {
+    const uint4* s = reinterpret_cast<const uint4*>(src);
+    uint4* d = reinterpret_cast<uint4*>(dst);
+    const uint64_t n = num_bytes / 16;
+    uint64_t i = lane;
+    for (; i + 96 < n; i += 128) {
+        const uint4 a = s[i], b = s[i + 32], c = s[i + 64], e = s[i + 96];
+        d[i] = a;
+        d[i + 32] = b;
+        d[i + 64] = c;
+        d[i + 96] = e;
+    }
+    for (; i < n; i += 32) d[i] = s[i];
+}
+
+}  // namespace moe
