@@ -102,7 +102,7 @@ def mistakes_are_caught(tally: Tally) -> None:
     buffer = nv.empty((1024,), torch.float32)
     # 1025 floats from the start of a 1024-float allocation (torch itself refuses to make such
     # a view, so wrap the address directly, as a buggy extension might).
-    overhang = nv._core._tensor_at(buffer.data_ptr(), 1025 * 4, buffer).view(torch.float32)
+    overhang = nv._tensors._tensor_at(buffer.data_ptr(), 1025 * 4, buffer).view(torch.float32)
     tally.expect_error(lambda: nv.peer_view(buffer, n), nv.PeOutOfRangeError, "out of range")
     tally.expect_error(
         lambda: nv.put(overhang, torch.zeros(1025, device="cuda"), 0),

@@ -126,7 +126,7 @@ def mistakes(tally: Tally) -> None:
     tally.expect_error(lambda: nv.get(local, sym, -1), nv.PeOutOfRangeError, "out of range")
     tally.expect_error(lambda: nv.put(sym, local.float(), 0), nv.InvalidArgumentError, "dtype")
     tally.expect_error(lambda: nv.put(sym[:10], local, 0), nv.InvalidArgumentError, "shape")
-    overhang = nv._core._tensor_at(sym[1000:].data_ptr(), 100 * 4, sym).view(torch.int32)
+    overhang = nv._tensors._tensor_at(sym[1000:].data_ptr(), 100 * 4, sym).view(torch.int32)
     tally.expect_error(
         lambda: nv.put(overhang, local[:100], 0), nv.OutOfBoundsError, "past the end"
     )
