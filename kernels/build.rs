@@ -119,10 +119,11 @@ fn build() -> Result<(), String> {
         out_dir: &out_dir,
         extra_flags: &extra_flags,
     };
+    let toolchain = &toolchain;
     let results: Vec<Result<PathBuf, String>> = std::thread::scope(|scope| {
         let handles: Vec<_> = jobs
             .iter()
-            .map(|&(source, arch)| scope.spawn(|| toolchain.compile(source, arch)))
+            .map(|&(source, arch)| scope.spawn(move || toolchain.compile(source, arch)))
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
