@@ -1,4 +1,4 @@
-//! Compiles every `cuda/*.cu` into one cubin per target architecture and embeds them.
+//! Compiles every `cuda/**/*.cu` into one cubin per target architecture and embeds them.
 //!
 //! NVSHMEM device calls live in a static device library, so each file goes through the
 //! relocatable-device-code path:
@@ -8,17 +8,45 @@
 //! nvcc -arch=sm_90 -dlink -cubin k.o -lnvshmem_device -o k.cubin     (device link)
 //! ```
 //!
+//! Modules and kernels (`build_support/names.rs` has the rules): a module is one `.cu` file
+//! anywhere under `cuda/`, named by its path without `.cu` (`cuda/buffer/dispatch.cu` is
+//! `buffer/dispatch`); a `.cu` file anywhere else in the crate, or one whose path is no
+//! module name, stops the build. Every source compiles with `-I cuda`, so a file in a
+//! subfolder includes the shared header as `"common.cuh"` or as `"../common.cuh"`. Each
+//! module's kernels are read from its cubin's symbol table: `extern "C"` kernels under their
+//! source name, C++ kernels (in a namespace, templates) under their mangled name.
+//!
 //! The target list comes from one variable, `KERNEL_ARCHS` (default `sm_90`, e.g.
-//! `KERNEL_ARCHS=sm_80,sm_90,sm_100`). nvcc and NVSHMEM are searched in the order
-//! `$NVCC`/`$NVSHMEM_HOME`, `$CUDA_HOME`, the system, then the project `.venv` that
-//! `scripts/setup.sh` fills with the pinned CUDA 13.0 and NVSHMEM 3.4.5 wheels.
+//! `KERNEL_ARCHS=sm_80,sm_90,sm_100`).
+//!
+//! nvcc and NVSHMEM are searched in this order (the first hit wins; the error lists them all):
+//!
+//! 1. the explicit variables: `$NVCC`, then `$CUDA_HOME/bin/nvcc`; `$NVSHMEM_HOME`;
+//! 2. the environment of the Python that drives the build, when one does: maturin names it in
+//!    `PYO3_PYTHON` (`pip install ./python`, `maturin build`), and its `sys.path` (which under
+//!    pip's isolated build holds the wheels `python/pyproject.toml` requires, the pinned CUDA
+//!    13.0 compiler and NVSHMEM 3.4.5) is searched for `nvidia/cu13/bin/nvcc` and
+//!    `nvidia/nvshmem`. It comes before the system because those pins are what the package
+//!    asked for; a system toolkit of another release must not replace them;
+//! 3. the system: nvcc on `PATH`, `/usr/local/cuda/bin/nvcc`; `/usr/local/nvshmem`,
+//!    `/opt/nvidia/nvshmem`;
+//! 4. the project `.venv` that `scripts/setup.sh` fills with the same pinned wheels.
+//!
+//! An NVSHMEM whose headers are not the pinned release is passed over (and named in the error):
+//! the device library in the cubins must match the host library exactly.
+
+#[path = "build_support/names.rs"]
+mod names;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use names::ModuleSource;
+
 const DEFAULT_ARCHS: &str = "sm_90";
 const SETUP_HINT: &str = "run scripts/setup.sh (installs the pinned CUDA 13.0 compiler and \
-                          nvidia-nvshmem-cu13==3.4.5 wheels into .venv)";
+                          nvidia-nvshmem-cu13==3.4.5 wheels into .venv), or build the Python \
+                          package with `pip install ./python` (its build requirements bring them)";
 
 fn main() {
     if let Err(message) = build() {
@@ -32,6 +60,8 @@ fn build() -> Result<(), String> {
     let manifest_dir = PathBuf::from(env("CARGO_MANIFEST_DIR").unwrap());
     let out_dir = PathBuf::from(env("OUT_DIR").unwrap());
     let project_venv = manifest_dir.join("../.venv");
+    // PYO3_PYTHON is deliberately not here: whichever environment supplied the pinned tools,
+    // the cubins are the same, and maturin's and cargo's builds should share them.
     for var in [
         "NVCC",
         "CUDA_HOME",
@@ -42,21 +72,11 @@ fn build() -> Result<(), String> {
         println!("cargo:rerun-if-env-changed={var}");
     }
 
-    let cuda_dir = manifest_dir.join("cuda");
-    println!("cargo:rerun-if-changed={}", cuda_dir.display());
-    let mut sources = Vec::new();
-    for entry in std::fs::read_dir(&cuda_dir).map_err(|e| format!("{}: {e}", cuda_dir.display()))? {
-        let path = entry.map_err(|e| e.to_string())?.path();
-        match path.extension().and_then(|e| e.to_str()) {
-            Some("cu") => {
-                println!("cargo:rerun-if-changed={}", path.display());
-                sources.push(path);
-            }
-            Some("cuh") => println!("cargo:rerun-if-changed={}", path.display()),
-            _ => {}
-        }
+    let sources = names::find_sources(&manifest_dir)?;
+    for path in &sources.watch {
+        println!("cargo:rerun-if-changed={}", path.display());
     }
-    sources.sort();
+    let cuda_dir = manifest_dir.join("cuda");
 
     let archs: Vec<String> = env("KERNEL_ARCHS")
         .unwrap_or_else(|| DEFAULT_ARCHS.into())
@@ -72,9 +92,9 @@ fn build() -> Result<(), String> {
         }
     }
 
-    let nvcc = find_nvcc(&project_venv)?;
-    let nvshmem = find_nvshmem(&project_venv)?;
-    let version = read_nvshmem_version(&nvshmem.include)?;
+    let python_paths = build_python_paths();
+    let nvcc = find_nvcc(&python_paths, &project_venv)?;
+    let nvshmem = find_nvshmem(&python_paths, &project_venv)?;
     let cccl = nvcc
         .parent()
         .and_then(Path::parent)
@@ -86,51 +106,49 @@ fn build() -> Result<(), String> {
         .unwrap_or_default();
 
     // Compile (module, arch) pairs in parallel: nvcc is single-threaded per file.
-    let jobs: Vec<(PathBuf, String)> = sources
+    let jobs: Vec<(&ModuleSource, &str)> = sources
+        .modules
         .iter()
-        .flat_map(|s| archs.iter().map(move |a| (s.clone(), a.clone())))
+        .flat_map(|s| archs.iter().map(move |a| (s, a.as_str())))
         .collect();
-    let results: Vec<Result<(String, String, PathBuf), String>> = std::thread::scope(|scope| {
+    let toolchain = Toolchain {
+        nvcc: &nvcc,
+        nvshmem: &nvshmem,
+        cccl: cccl.as_deref(),
+        include: &cuda_dir,
+        out_dir: &out_dir,
+        extra_flags: &extra_flags,
+    };
+    let toolchain = &toolchain;
+    let results: Vec<Result<PathBuf, String>> = std::thread::scope(|scope| {
         let handles: Vec<_> = jobs
             .iter()
-            .map(|(source, arch)| {
-                let (nvcc, nvshmem, cccl, out_dir, cuda_dir, extra_flags) =
-                    (&nvcc, &nvshmem, &cccl, &out_dir, &cuda_dir, &extra_flags);
-                scope.spawn(move || {
-                    compile_one(
-                        nvcc,
-                        nvshmem,
-                        cccl.as_deref(),
-                        cuda_dir,
-                        source,
-                        arch,
-                        out_dir,
-                        extra_flags,
-                    )
-                })
-            })
+            .map(|&(source, arch)| scope.spawn(move || toolchain.compile(source, arch)))
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
 
     let mut table = String::new();
-    for result in results {
-        let (module, arch, cubin) = result?;
-        let source = cuda_dir.join(format!("{module}.cu"));
-        let text =
-            std::fs::read_to_string(&source).map_err(|e| format!("{}: {e}", source.display()))?;
-        let kernels = extern_c_kernels(&text);
+    for ((source, arch), result) in jobs.iter().zip(results) {
+        let cubin = result?;
+        let bytes = std::fs::read(&cubin).map_err(|e| format!("{}: {e}", cubin.display()))?;
+        let kernels = names::cubin_kernels(&bytes)
+            .map_err(|why| format!("reading the kernel names of {}: {why}", cubin.display()))?;
         if kernels.is_empty() {
             return Err(format!(
-                "{} defines no extern \"C\" __global__ kernel",
-                source.display()
+                "{} defines no __global__ kernel (module `{}`): a module is loaded through one \
+                 of its kernels, so it needs at least one",
+                source.path.display(),
+                source.module
             ));
         }
         table.push_str(&format!(
-            "    Cubin {{ module: {module:?}, arch: {arch:?}, kernels: &{kernels:?}, bytes: include_bytes!({:?}) }},\n",
+            "    Cubin {{ module: {:?}, arch: {arch:?}, kernels: &{kernels:?}, bytes: include_bytes!({:?}) }},\n",
+            source.module,
             cubin.display().to_string()
         ));
     }
+    let version = nvshmem.version;
     let generated = format!(
         "/// Every embedded cubin: one per (module, arch).\n\
          pub static CUBINS: &[Cubin] = &[\n{table}];\n\
@@ -138,55 +156,62 @@ fn build() -> Result<(), String> {
          pub const NVSHMEM_DEVICE_VERSION: nvshmem_sys::Version = nvshmem_sys::Version {{ major: {}, minor: {}, patch: {} }};\n\
          /// Architectures the cubins were built for (`KERNEL_ARCHS`).\n\
          pub const BUILT_ARCHS: &[&str] = &{:?};\n",
-        version.0, version.1, version.2, archs
+        version.major, version.minor, version.patch, archs
     );
     std::fs::write(out_dir.join("cubins.rs"), generated).map_err(|e| e.to_string())?;
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
-fn compile_one(
-    nvcc: &Path,
-    nvshmem: &Nvshmem,
-    cccl: Option<&Path>,
-    cuda_dir: &Path,
-    source: &Path,
-    arch: &str,
-    out_dir: &Path,
-    extra_flags: &[String],
-) -> Result<(String, String, PathBuf), String> {
-    let module = source.file_stem().unwrap().to_string_lossy().to_string();
-    let object = out_dir.join(format!("{module}.{arch}.o"));
-    let cubin = out_dir.join(format!("{module}.{arch}.cubin"));
-    let mut compile = Command::new(nvcc);
-    compile
-        .arg(format!("-arch={arch}"))
-        .args(["-rdc=true", "-O3", "-std=c++17", "-lineinfo", "-Xptxas=-v"])
-        .arg("-I")
-        .arg(cuda_dir)
-        .arg("-I")
-        .arg(&nvshmem.include);
-    if let Some(cccl) = cccl {
-        compile.arg("-I").arg(cccl);
+/// Everything a compile needs besides the source and the architecture.
+struct Toolchain<'a> {
+    nvcc: &'a Path,
+    nvshmem: &'a Nvshmem,
+    cccl: Option<&'a Path>,
+    /// `kernels/cuda`: on the include path, so every source finds `common.cuh` by that name.
+    include: &'a Path,
+    out_dir: &'a Path,
+    extra_flags: &'a [String],
+}
+
+impl Toolchain<'_> {
+    /// Compiles and device-links one module for one architecture; returns the cubin's path
+    /// (`OUT_DIR/<module>.<arch>.cubin`, folders of the module name included).
+    fn compile(&self, source: &ModuleSource, arch: &str) -> Result<PathBuf, String> {
+        let object = self.out_dir.join(format!("{}.{arch}.o", source.module));
+        let cubin = self.out_dir.join(format!("{}.{arch}.cubin", source.module));
+        if let Some(folder) = object.parent() {
+            std::fs::create_dir_all(folder).map_err(|e| format!("{}: {e}", folder.display()))?;
+        }
+        let mut compile = Command::new(self.nvcc);
+        compile
+            .arg(format!("-arch={arch}"))
+            .args(["-rdc=true", "-O3", "-std=c++17", "-lineinfo", "-Xptxas=-v"])
+            .arg("-I")
+            .arg(self.include)
+            .arg("-I")
+            .arg(&self.nvshmem.include);
+        if let Some(cccl) = self.cccl {
+            compile.arg("-I").arg(cccl);
+        }
+        compile
+            .args(self.extra_flags)
+            .arg("-c")
+            .arg(&source.path)
+            .arg("-o")
+            .arg(&object);
+        run(&mut compile)?;
+        let mut link = Command::new(self.nvcc);
+        link.arg(format!("-arch={arch}"))
+            .args(["-dlink", "-cubin"])
+            .arg(&object)
+            .arg("-L")
+            .arg(&self.nvshmem.lib)
+            .arg("-lnvshmem_device")
+            .arg("-o")
+            .arg(&cubin);
+        run(&mut link)?;
+        Ok(cubin)
     }
-    compile
-        .args(extra_flags)
-        .arg("-c")
-        .arg(source)
-        .arg("-o")
-        .arg(&object);
-    run(&mut compile)?;
-    let mut link = Command::new(nvcc);
-    link.arg(format!("-arch={arch}"))
-        .args(["-dlink", "-cubin"])
-        .arg(&object)
-        .arg("-L")
-        .arg(&nvshmem.lib)
-        .arg("-lnvshmem_device")
-        .arg("-o")
-        .arg(&cubin);
-    run(&mut link)?;
-    Ok((module, arch.to_string(), cubin))
 }
 
 fn run(command: &mut Command) -> Result<(), String> {
@@ -209,45 +234,46 @@ fn run(command: &mut Command) -> Result<(), String> {
     Ok(())
 }
 
-/// Names of the `extern "C" __global__ void name(` kernels in a source file. Unmangled names
-/// are the only ones the driver can look up by the name written in the source.
-fn extern_c_kernels(source: &str) -> Vec<String> {
-    let mut names = Vec::new();
-    for (i, _) in source.match_indices("__global__") {
-        let before = &source[..i];
-        let line_start = before.rfind('\n').map_or(0, |p| p + 1);
-        let prefix = &source[line_start..i];
-        // `extern "C" __global__` on one line, or inside an `extern "C" {` block.
-        let in_block = before
-            .rfind("extern \"C\" {")
-            .is_some_and(|b| !before[b..].contains("\n}"));
-        if !prefix.contains("extern \"C\"") && !in_block {
-            continue;
-        }
-        let rest = &source[i..];
-        let Some(void_at) = rest.find("void") else {
-            continue;
-        };
-        let mut after_void = rest[void_at + 4..].trim_start();
-        if let Some(bounds) = after_void.strip_prefix("__launch_bounds__") {
-            let Some(close) = bounds.find(')') else {
-                continue;
-            };
-            after_void = bounds[close + 1..].trim_start();
-        }
-        let name: String = after_void
-            .chars()
-            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-            .collect();
-        if !name.is_empty() {
-            names.push(name);
-        }
-    }
-    names
-}
-
 fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+/// Where the Python that drives the build looks for packages, and what to call it in errors.
+struct PythonPaths {
+    /// `build interpreter <path> (PYO3_PYTHON)`.
+    label: String,
+    /// Its `sys.path` entries, in order, or why there are none.
+    entries: Result<Vec<PathBuf>, String>,
+}
+
+/// Asks the build interpreter (maturin's `PYO3_PYTHON`) for its `sys.path`. It inherits this
+/// process's environment, so under pip's isolated build it reports the build environment's
+/// folders too (pip adds them through `PYTHONPATH`).
+fn build_python_paths() -> PythonPaths {
+    let Some(python) = env("PYO3_PYTHON") else {
+        return PythonPaths {
+            label: "build interpreter".into(),
+            entries: Err("PYO3_PYTHON is unset (not a maturin build)".into()),
+        };
+    };
+    let output = Command::new(&python)
+        .args([
+            "-c",
+            "import sys; print('\\n'.join(p for p in sys.path if p))",
+        ])
+        .output();
+    let entries = match output {
+        Ok(output) if output.status.success() => Ok(String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .map(PathBuf::from)
+            .collect()),
+        Ok(output) => Err(format!("it failed to report sys.path ({})", output.status)),
+        Err(e) => Err(format!("it could not be run ({e})")),
+    };
+    PythonPaths {
+        label: format!("build interpreter {python} (PYO3_PYTHON)"),
+        entries,
+    }
 }
 
 /// `<venv>/lib/python3.*/site-packages/nvidia/<rest>`, if present.
@@ -262,33 +288,65 @@ fn venv_nvidia(venv: &Path, rest: &str) -> Option<PathBuf> {
     found.pop()
 }
 
-fn find_nvcc(project_venv: &Path) -> Result<PathBuf, String> {
-    let mut searched = Vec::new();
-    let mut candidates: Vec<(String, Option<PathBuf>)> = vec![
-        ("$NVCC".into(), env("NVCC").map(PathBuf::from)),
-        (
-            "$CUDA_HOME/bin/nvcc".into(),
-            env("CUDA_HOME").map(|h| PathBuf::from(h).join("bin/nvcc")),
-        ),
+/// A place to look, under the name the error gives it: a path, or why there is none.
+type Candidate = (String, Result<PathBuf, String>);
+
+/// `$name` as a candidate path (with `rest` appended), or "not set".
+fn env_candidate(name: &str, rest: &str) -> Candidate {
+    let path = env(name)
+        .map(|v| match rest {
+            "" => PathBuf::from(v),
+            rest => PathBuf::from(v).join(rest),
+        })
+        .ok_or_else(|| "not set".to_string());
+    (format!("${name}"), path)
+}
+
+/// `<entry>/<rest>` for every `sys.path` entry of the build interpreter that has it; one line
+/// saying why when none does.
+fn python_candidates(python: &PythonPaths, rest: &str) -> Vec<Candidate> {
+    let entries = match &python.entries {
+        Ok(entries) => entries,
+        Err(why) => return vec![(python.label.clone(), Err(why.clone()))],
+    };
+    let found: Vec<Candidate> = entries
+        .iter()
+        .map(|entry| entry.join(rest))
+        .filter(|p| p.exists())
+        .map(|p| (python.label.clone(), Ok(p)))
+        .collect();
+    if found.is_empty() {
+        let why = format!("no sys.path entry has {rest}");
+        return vec![(python.label.clone(), Err(why))];
+    }
+    found
+}
+
+/// The project `.venv`'s `nvidia/<rest>` as a candidate.
+fn venv_candidate(project_venv: &Path, rest: &str) -> Candidate {
+    let path = venv_nvidia(project_venv, rest).ok_or_else(|| format!("no nvidia/{rest}"));
+    (format!("project venv {}", project_venv.display()), path)
+}
+
+fn find_nvcc(python: &PythonPaths, project_venv: &Path) -> Result<PathBuf, String> {
+    let mut candidates: Vec<Candidate> = vec![
+        env_candidate("NVCC", ""),
+        env_candidate("CUDA_HOME", "bin/nvcc"),
     ];
+    candidates.extend(python_candidates(python, "nvidia/cu13/bin/nvcc"));
     if let Some(path) = env("PATH") {
         for dir in std::env::split_paths(&path) {
-            candidates.push(("nvcc on PATH".into(), Some(dir.join("nvcc"))));
+            candidates.push(("nvcc on PATH".into(), Ok(dir.join("nvcc"))));
         }
     }
-    candidates.push((
-        "system CUDA".into(),
-        Some("/usr/local/cuda/bin/nvcc".into()),
-    ));
-    candidates.push((
-        format!("project venv {}", project_venv.display()),
-        venv_nvidia(project_venv, "cu13/bin/nvcc"),
-    ));
+    candidates.push(("system CUDA".into(), Ok("/usr/local/cuda/bin/nvcc".into())));
+    candidates.push(venv_candidate(project_venv, "cu13/bin/nvcc"));
+    let mut searched = Vec::new();
     for (source, path) in candidates {
         match path {
-            Some(p) if p.is_file() => return Ok(p),
-            Some(p) => searched.push(format!("  - {source}: {} (not found)", p.display())),
-            None => searched.push(format!("  - {source}: not set")),
+            Ok(p) if p.is_file() => return Ok(p),
+            Ok(p) => searched.push(format!("  - {source}: {} (not found)", p.display())),
+            Err(why) => searched.push(format!("  - {source}: {why}")),
         }
     }
     searched.dedup();
@@ -301,51 +359,66 @@ fn find_nvcc(project_venv: &Path) -> Result<PathBuf, String> {
 struct Nvshmem {
     include: PathBuf,
     lib: PathBuf,
+    version: nvshmem_sys::Version,
 }
 
-fn find_nvshmem(project_venv: &Path) -> Result<Nvshmem, String> {
-    let mut candidates: Vec<(String, Option<PathBuf>)> = vec![
-        (
-            "$NVSHMEM_HOME".into(),
-            env("NVSHMEM_HOME").map(PathBuf::from),
-        ),
-        ("system".into(), Some("/usr/local/nvshmem".into())),
-        ("system".into(), Some("/opt/nvidia/nvshmem".into())),
-        (
-            format!("project venv {}", project_venv.display()),
-            venv_nvidia(project_venv, "nvshmem"),
-        ),
-    ];
+fn find_nvshmem(python: &PythonPaths, project_venv: &Path) -> Result<Nvshmem, String> {
+    let explicit = env("NVSHMEM_HOME").map(PathBuf::from);
+    let mut candidates: Vec<Candidate> = vec![env_candidate("NVSHMEM_HOME", "")];
+    candidates.extend(python_candidates(python, "nvidia/nvshmem"));
+    candidates.push(("system".into(), Ok("/usr/local/nvshmem".into())));
+    candidates.push(("system".into(), Ok("/opt/nvidia/nvshmem".into())));
+    candidates.push(venv_candidate(project_venv, "nvshmem"));
+    let pinned = nvshmem_sys::PINNED_VERSION;
     let mut searched = Vec::new();
-    for (source, root) in candidates.drain(..) {
-        match root {
-            Some(root) => {
-                let nvshmem = Nvshmem {
-                    include: root.join("include"),
-                    lib: root.join("lib"),
-                };
-                let header = nvshmem.include.join("nvshmem.h");
-                let device_lib = nvshmem.lib.join("libnvshmem_device.a");
-                if header.is_file() && device_lib.is_file() {
-                    return Ok(nvshmem);
-                }
-                searched.push(format!(
-                    "  - {source}: {} and {} (not both present)",
-                    header.display(),
-                    device_lib.display()
-                ));
+    for (source, root) in candidates {
+        let root = match root {
+            Ok(root) => root,
+            Err(why) => {
+                searched.push(format!("  - {source}: {why}"));
+                continue;
             }
-            None => searched.push(format!("  - {source}: not set")),
+        };
+        let (include, lib) = (root.join("include"), root.join("lib"));
+        let header = include.join("nvshmem.h");
+        let device_lib = lib.join("libnvshmem_device.a");
+        if !header.is_file() || !device_lib.is_file() {
+            searched.push(format!(
+                "  - {source}: {} and {} (not both present)",
+                header.display(),
+                device_lib.display()
+            ));
+            continue;
         }
+        let version = read_nvshmem_version(&include)?;
+        if version == pinned {
+            return Ok(Nvshmem {
+                include,
+                lib,
+                version,
+            });
+        }
+        let why = format!(
+            "{source}: {} is NVSHMEM {version}, not the pinned {pinned}",
+            root.display()
+        );
+        if explicit.as_ref() == Some(&root) {
+            // An explicit choice that is wrong is an error, not something to search past.
+            return Err(format!(
+                "{why}. The device library linked into the kernels must match the host \
+                 library exactly; point NVSHMEM_HOME at NVSHMEM {pinned} or unset it"
+            ));
+        }
+        searched.push(format!("  - {why} (passed over)"));
     }
     Err(format!(
-        "NVSHMEM headers and device library (nvshmem.h, libnvshmem_device.a) not found. \
-         Searched:\n{}\nFix: {SETUP_HINT}, or set NVSHMEM_HOME",
+        "NVSHMEM {pinned} headers and device library (nvshmem.h, libnvshmem_device.a) not \
+         found. Searched:\n{}\nFix: {SETUP_HINT}, or set NVSHMEM_HOME",
         searched.join("\n")
     ))
 }
 
-fn read_nvshmem_version(include: &Path) -> Result<(i32, i32, i32), String> {
+fn read_nvshmem_version(include: &Path) -> Result<nvshmem_sys::Version, String> {
     let header = include.join("non_abi/nvshmem_version.h");
     let text =
         std::fs::read_to_string(&header).map_err(|e| format!("{}: {e}", header.display()))?;
@@ -355,9 +428,9 @@ fn read_nvshmem_version(include: &Path) -> Result<(i32, i32, i32), String> {
             .and_then(|v| v.trim().parse().ok())
             .ok_or_else(|| format!("{} has no {name}", header.display()))
     };
-    Ok((
-        field("NVSHMEM_VENDOR_MAJOR_VERSION")?,
-        field("NVSHMEM_VENDOR_MINOR_VERSION")?,
-        field("NVSHMEM_VENDOR_PATCH_VERSION")?,
-    ))
+    Ok(nvshmem_sys::Version {
+        major: field("NVSHMEM_VENDOR_MAJOR_VERSION")?,
+        minor: field("NVSHMEM_VENDOR_MINOR_VERSION")?,
+        patch: field("NVSHMEM_VENDOR_PATCH_VERSION")?,
+    })
 }

@@ -1,9 +1,15 @@
 """Shared by the chapter scripts (scripts/ch0N_*.py): launch, self-check tally, test data.
 
 Each chapter script mirrors its chapter's Rust example with the Python package, checks its own
-results, and ends like the Rust examples: every rank prints `pe <i>: P passed, F failed`, then
-rank 0 prints the job's total `N passed, M failed` as its last line (scripts/gpu_test.sh looks
-for it). Exit code 0: all passed, 1: a check failed, 2: an error stopped the run.
+results, and ends like the Rust examples: a line `pe <i>: P passed, F failed` per rank, then the
+job's total `N passed, M failed` as the last line (scripts/gpu_test.sh looks for it). Exit code
+0: all passed, 1: a check failed, 2: an error stopped the run.
+
+Output: torchrun gives every rank the same terminal, and Python's print writes a line's text and
+its newline separately, so two ranks printing at once run their lines together. So the
+scripts print results through `print_by_pe` (collective: rank 0 prints every rank's lines, in
+PE order, each prefixed `pe <i>: `), and what cannot wait for a collective (a failed check, an
+error) through `print_now` (this rank's lines, prefixed, in one write).
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import os
 import sys
 import time
 import traceback
-from typing import Callable
+from typing import Callable, Sequence, Union
 
 # NVLink multicast (NVLS) stays off in every layer (see DESIGN.md); set before NCCL/NVSHMEM
 # read their environment.
@@ -59,6 +65,30 @@ def pattern_words(source_pe: int, num_words: int, seed: int) -> torch.Tensor:
     return torch.where(x >= 1 << 31, x - (1 << 32), x).to(torch.int32)
 
 
+def _prefixed(pe: int, lines: Sequence[str]) -> str:
+    return "".join(f"pe {pe}: {line}\n" for text in lines for line in text.splitlines())
+
+
+def print_now(text: str, *, error: bool = False) -> None:
+    """This rank's `text` now, every line prefixed `pe <rank>: `, in one write (so another
+    rank's output cannot land inside it). For what must not wait: failures and errors."""
+    rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
+    stream = sys.stderr if error else sys.stdout
+    stream.flush()
+    os.write(stream.fileno(), _prefixed(rank, [text]).encode())
+
+
+def print_by_pe(lines: Union[str, Sequence[str], None]) -> None:
+    """Collective: every rank passes its lines (a string, a list, or None for none); rank 0
+    prints all of them in PE order, each prefixed `pe <i>: `. Every rank must call it at the
+    same point, also a rank with nothing to say."""
+    mine = [lines] if isinstance(lines, str) else list(lines or [])
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    if dist.get_rank() == 0:
+        print("".join(_prefixed(pe, rows) for pe, rows in enumerate(everyone)), end="", flush=True)
+
+
 class Tally:
     """Checks counted on this rank; `finish` prints the job's total on rank 0."""
 
@@ -72,32 +102,30 @@ class Tally:
         else:
             self.failed += 1
             text = what() if callable(what) else what
-            print(f"pe {dist.get_rank()}: FAILED: {text}", file=sys.stderr, flush=True)
+            print_now(f"FAILED: {text}", error=True)
         return ok
 
     def expect_error(self, call: Callable[[], object], error: type, text: str) -> None:
         """Counts a pass when `call` raises `error` with `text` in its message."""
         try:
             call()
-        except error as e:
-            self.check(text in str(e), lambda: f"{error.__name__} without {text!r}: {e}")
+        except error as raised:
+            self.check(text in str(raised), f"{error.__name__} without {text!r}: {raised}")
             return
-        except Exception as e:  # noqa: BLE001 - reported as a failed check
-            self.check(False, lambda: f"expected {error.__name__}, got {type(e).__name__}: {e}")
+        except Exception as other:  # noqa: BLE001 - reported as a failed check
+            self.check(False, f"expected {error.__name__}, got {type(other).__name__}: {other}")
             return
         self.check(False, f"expected {error.__name__} ({text!r}), nothing was raised")
 
     def finish(self) -> bool:
-        """Collective: every rank's line, then rank 0's total as the last line of the job."""
-        rows = [None] * dist.get_world_size()
+        """Collective: every rank's line, then the job's total as the last line of the job."""
+        rows: list = [None] * dist.get_world_size()
         dist.all_gather_object(rows, (self.passed, self.failed))
-        print(f"pe {dist.get_rank()}: {self.passed} passed, {self.failed} failed", flush=True)
-        dist.barrier()
+        print_by_pe(f"{self.passed} passed, {self.failed} failed")
         passed = sum(r[0] for r in rows)
         # A rank that checked nothing counts as a failure, not as silence.
         failed = sum(r[1] for r in rows) + sum(1 for r in rows if r[0] + r[1] == 0)
         if dist.get_rank() == 0:
-            time.sleep(0.2)  # let the other ranks' lines reach torchrun's output first
             print(f"{passed} passed, {failed} failed", flush=True)
         return failed == 0
 
@@ -108,8 +136,7 @@ def main(program: str, run: Callable[[], bool]) -> None:
         ok = run()
         code = 0 if ok else 1
     except Exception:  # noqa: BLE001 - every error ends the run with its message
-        print(f"{program}: error on rank {os.environ.get('RANK', '?')}:", file=sys.stderr)
-        traceback.print_exc()
+        print_now(f"{program}: error:\n{traceback.format_exc()}", error=True)
         sys.exit(2)
     nv.finalize()
     dist.destroy_process_group()

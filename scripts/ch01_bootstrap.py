@@ -6,7 +6,8 @@ Mirrors chapters/ch01-bootstrap/examples/ch01_bootstrap.rs: every PE initialises
 (rank 0's unique id travels over torch.distributed instead of the Rust rendezvous), prints
 where it stands, checks that NVSHMEM's numbering matches torchrun's, then writes a pattern
 derived from its rank into the next PE's symmetric buffer and checks what the previous PE
-wrote into its own. Rank 0 prints `N passed, M failed` last.
+wrote into its own. Rank 0 prints every rank's lines (`pe <i>: ...`) and `N passed, M failed`
+last.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import os
 
 import torch
 
-from ch00_common import Tally, job_seed, main, nv, pattern_words, start
+from ch00_common import Tally, job_seed, main, nv, pattern_words, print_by_pe, start
 
 # Ring message sizes in 4-byte words: one word, an odd size no block count divides, 64 MiB.
 RING_SIZES_WORDS = (1, 1_000_003, 16 << 20)
@@ -26,11 +27,10 @@ def run() -> bool:
     me, n = nv.my_pe(), nv.n_pes()
     device = torch.cuda.current_device()
     _, (major, minor, patch) = nv.library_info()
-    print(
-        f"pe {me}/{n} (node pe {nv.node_pe()}/{nv.node_size()}) on cuda:{device} "
-        f"{torch.cuda.get_device_name(device)}: NVSHMEM {major}.{minor}.{patch} initialised "
-        f"in {init_seconds * 1e3:.1f} ms",
-        flush=True,
+    print_by_pe(
+        f"PE {me} of {n} (PE {nv.node_pe()} of {nv.node_size()} on this node) on "
+        f"cuda:{device} {torch.cuda.get_device_name(device)}: NVSHMEM {major}.{minor}.{patch} "
+        f"initialised in {init_seconds * 1e3:.1f} ms"
     )
     tally = Tally()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -62,7 +62,7 @@ def ring_round(num_words: int, job: int, tally: Tally) -> None:
     nv.barrier()  # completes every PE's puts: our buffer holds the previous PE's pattern
     source = (me - 1) % n
     wrong = (received != pattern_words(source, num_words, seed)).sum().item()
-    print(f"pe {me}: ring of {num_words} words: {wrong} wrong words from pe {source}", flush=True)
+    print_by_pe(f"ring of {num_words} words: {wrong} wrong words from pe {source}")
     tally.check(wrong == 0, f"{wrong} of {num_words} words from pe {source} are wrong")
 # ANCHOR_END: ring
 

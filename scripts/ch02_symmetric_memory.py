@@ -7,7 +7,7 @@ names the same buffer on every PE; stores through a peer view (a plain torch ker
 the peer's memory) land in the peer's tensor once a barrier has passed; and the mistakes
 symmetric memory invites (different sizes on different PEs, a PE that does not exist, a range
 past the end, a tensor from outside the heap) are exceptions, not corruption. Rank 0 prints
-`N passed, M failed` last.
+every rank's lines (`pe <i>: ...`) and `N passed, M failed` last.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import os
 
 import torch
 
-from ch00_common import Tally, job_seed, main, nv, pattern_words, start
+from ch00_common import Tally, job_seed, main, nv, pattern_words, print_by_pe, start
 
 INBOX_WORDS = 3 << 20
 
@@ -25,7 +25,7 @@ def run() -> bool:
     start()
     me, n = nv.my_pe(), nv.n_pes()
     heap = os.environ.get("NVSHMEM_SYMMETRIC_SIZE", "unset: NVSHMEM's default of 1 GiB")
-    print(f"pe {me}/{n}: symmetric heap NVSHMEM_SYMMETRIC_SIZE={heap}", flush=True)
+    print_by_pe(f"PE {me} of {n}: symmetric heap NVSHMEM_SYMMETRIC_SIZE={heap}")
     tally = Tally()
     same_offset_everywhere(tally)
     peer_stores_land_after_a_barrier(tally)
@@ -44,18 +44,16 @@ def same_offset_everywhere(tally: Tally) -> None:
     table = nv.empty((n,), torch.int64)
     table.fill_(-1)
     nv.barrier()
+    notes = []
     for pe in range(n):
         peer_table = nv.peer_view(table, pe)
         if peer_table is None:
-            print(f"pe {me}: pe {pe} is not load/store reachable; skipping it", flush=True)
+            notes.append(f"pe {pe} is not load/store reachable; skipping it")
             continue
         peer_table[me] = distance  # a torch kernel storing into pe's memory
     nv.barrier()
     distances = table.tolist()
-    print(
-        f"pe {me}: second - first = {distance} bytes; as seen by every PE: {distances}",
-        flush=True,
-    )
+    print_by_pe(notes + [f"second - first = {distance} bytes; as seen by every PE: {distances}"])
     tally.check(
         all(d == distance for d in distances),
         f"symmetric offsets differ across PEs: {distances}",
@@ -74,16 +72,14 @@ def peer_stores_land_after_a_barrier(tally: Tally) -> None:
     seed = job_seed()
     next_inbox = nv.peer_view(inbox, nxt)
     if next_inbox is None:
-        print(f"pe {me}: pe {nxt} is not load/store reachable; chapter 3's put reaches it")
+        print_by_pe(f"pe {nxt} is not load/store reachable; chapter 3's put reaches it")
         tally.check(True)
         return
     next_inbox.copy_(pattern_words(me, INBOX_WORDS, seed))
     nv.barrier()  # our stores are complete, and so are the previous PE's into our inbox
     wrong = (inbox != pattern_words(previous, INBOX_WORDS, seed)).sum().item()
-    print(
-        f"pe {me}: stored {INBOX_WORDS} words into pe {nxt}; {wrong} wrong words from "
-        f"pe {previous}",
-        flush=True,
+    print_by_pe(
+        f"stored {INBOX_WORDS} words into pe {nxt}; {wrong} wrong words from pe {previous}"
     )
     tally.check(wrong == 0, f"{wrong} words from pe {previous} are wrong")
 
@@ -102,7 +98,7 @@ def mistakes_are_caught(tally: Tally) -> None:
     buffer = nv.empty((1024,), torch.float32)
     # 1025 floats from the start of a 1024-float allocation (torch itself refuses to make such
     # a view, so wrap the address directly, as a buggy extension might).
-    overhang = nv._core._tensor_at(buffer.data_ptr(), 1025 * 4, buffer).view(torch.float32)
+    overhang = nv._tensors._tensor_at(buffer.data_ptr(), 1025 * 4, buffer).view(torch.float32)
     tally.expect_error(lambda: nv.peer_view(buffer, n), nv.PeOutOfRangeError, "out of range")
     tally.expect_error(
         lambda: nv.put(overhang, torch.zeros(1025, device="cuda"), 0),

@@ -34,7 +34,7 @@ from typing import Callable, Dict, List, Optional
 import torch
 import torch.distributed as dist
 
-from ch00_common import Tally, main, nv, start
+from ch00_common import Tally, main, nv, print_by_pe, print_now, start
 
 SIZES_WORDS = (3, 1_000_003, 16 << 20)  # the Rust example's sizes plus 64 MiB
 DST_OFFSET_WORDS = 7  # an odd offset into the destination: no alignment luck
@@ -110,8 +110,9 @@ def ring_round(method: str, num_words: int, seed: int, tally: Tally) -> None:
     expected = torch.full((total,), POISON, dtype=torch.int32, device="cuda")
     expected[window] = fresh_words(num_words, source, seed) ^ 0x5A5A5A5A
     wrong = (got != expected).sum().item()
-    if num_words == SIZES_WORDS[-1] or wrong:
-        print(f"pe {me}: {method} of {num_words} words from pe {source}: {wrong} wrong", flush=True)
+    # Every rank takes part in the report; only the largest size, or a failure, has a line.
+    shown = num_words == SIZES_WORDS[-1] or wrong
+    print_by_pe(f"{method} of {num_words} words from pe {source}: {wrong} wrong" if shown else None)
     tally.check(wrong == 0, f"{method} of {num_words} words: {wrong} wrong words from pe {source}")
 
 
@@ -126,7 +127,7 @@ def mistakes(tally: Tally) -> None:
     tally.expect_error(lambda: nv.get(local, sym, -1), nv.PeOutOfRangeError, "out of range")
     tally.expect_error(lambda: nv.put(sym, local.float(), 0), nv.InvalidArgumentError, "dtype")
     tally.expect_error(lambda: nv.put(sym[:10], local, 0), nv.InvalidArgumentError, "shape")
-    overhang = nv._core._tensor_at(sym[1000:].data_ptr(), 100 * 4, sym).view(torch.int32)
+    overhang = nv._tensors._tensor_at(sym[1000:].data_ptr(), 100 * 4, sym).view(torch.int32)
     tally.expect_error(
         lambda: nv.put(overhang, local[:100], 0), nv.OutOfBoundsError, "past the end"
     )
@@ -236,7 +237,7 @@ METHODS = (
 def bench(tally: Tally, csv_path: Optional[str]) -> None:
     me, n = nv.my_pe(), nv.n_pes()
     if n < 2 or n % 2:
-        print(f"pe {me}: --bench needs an even number of PEs (pairs); skipping", flush=True)
+        print_by_pe("--bench needs an even number of PEs (pairs); skipping")
         return
     peer = me ^ 1
     rows: List[Dict[str, object]] = []
@@ -286,7 +287,7 @@ def bench(tally: Tally, csv_path: Optional[str]) -> None:
                     row[f"{system}_{mode}_us"] = time_per_op_us(op, mode == "graph", reset)
                 except Exception as error:  # noqa: BLE001 - reported, the other systems still run
                     row[f"{system}_{mode}_us"] = float("nan")
-                    print(f"pe {me}: {system} {mode} timing failed: {error}", flush=True)
+                    print_now(f"{system} {mode} timing failed: {error}", error=True)
                     torch.cuda.synchronize()
         torch.cuda.synchronize()
         # The data really moved: every system delivered the peer's bytes, and the last

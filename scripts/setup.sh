@@ -8,6 +8,7 @@
 # Nothing is exported: kernels/build.rs finds nvcc and NVSHMEM itself, in this order:
 #   nvcc:    $NVCC, $CUDA_HOME/bin/nvcc, nvcc on PATH or /usr/local/cuda/bin/nvcc, then .venv
 #   NVSHMEM: $NVSHMEM_HOME, the system, then .venv
+# (a maturin or pip build also searches its Python's environment, right after the variables).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
@@ -20,7 +21,7 @@ build=1
 for arg in "$@"; do
   case "$arg" in
     --no-build) build=0 ;;
-    -h | --help) sed -n '2,10p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,11p' "$0"; exit 0 ;;
     *) die "unknown argument '$arg' (try --help)" ;;
   esac
 done

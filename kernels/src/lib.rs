@@ -1,7 +1,8 @@
 //! Device code for every chapter, compiled at build time and embedded in this crate.
 //!
-//! `build.rs` turns each `cuda/<module>.cu` into one cubin per architecture in
-//! `KERNEL_ARCHS`; [`CUBINS`] lists them. [`NvshmemModule::load`] picks the cubin that matches
+//! `build.rs` turns each `cuda/<module>.cu` (subfolders included: `cuda/buffer/dispatch.cu` is
+//! module `buffer/dispatch`) into one cubin per architecture in `KERNEL_ARCHS`; [`CUBINS`]
+//! lists them with the kernels each defines. [`NvshmemModule::load`] picks the cubin that matches
 //! the GPU, loads it into a CUDA context and runs `nvshmemx_cumodule_init` on it: without that
 //! call the module's copy of NVSHMEM's device state stays empty and every device-side
 //! NVSHMEM call in it fails.
@@ -14,11 +15,13 @@ use nvshmem_sys::Nvshmem;
 /// One embedded cubin.
 #[derive(Debug, Clone, Copy)]
 pub struct Cubin {
-    /// File stem of the source: `cuda/<module>.cu`.
+    /// The source's path under `cuda/` without `.cu`: `ring`, `buffer/dispatch`.
     pub module: &'static str,
     /// Target architecture, e.g. `sm_90`.
     pub arch: &'static str,
-    /// `extern "C" __global__` kernels defined in the source, in order.
+    /// The kernels the cubin defines, by the symbol the driver looks them up by: `extern "C"`
+    /// kernels by their source name, C++ kernels by their mangled name ([`kernel_symbol`]
+    /// finds one from its `namespace::name`). In the cubin's symbol-table order.
     pub kernels: &'static [&'static str],
     pub bytes: &'static [u8],
 }
@@ -38,6 +41,24 @@ pub enum KernelError {
         module: String,
         device: String,
         built: Vec<&'static str>,
+    },
+    #[error(
+        "module `{module}` has no kernel named `{name}` (its kernels: {kernels}); C++ kernels \
+         are named with their namespace, e.g. `nvshmem_tutorial::dispatch`"
+    )]
+    UnknownKernel {
+        module: String,
+        name: String,
+        kernels: String,
+    },
+    #[error(
+        "`{name}` names {} kernels of module `{module}` (template instantiations or \
+         overloads): {}; pass the mangled name of the one you mean", .matches.len(), .matches.join(", ")
+    )]
+    AmbiguousKernel {
+        module: String,
+        name: String,
+        matches: Vec<&'static str>,
     },
     #[error("CUDA driver error while {what}: {source}")]
     Driver {
@@ -73,9 +94,7 @@ pub fn pattern_word(source_pe: usize, index: u64, seed: u32) -> u32 {
 pub fn cubin(module: &str, arch: &str) -> Result<&'static [u8], KernelError> {
     let candidates: Vec<&Cubin> = CUBINS.iter().filter(|c| c.module == module).collect();
     if candidates.is_empty() {
-        let mut names: Vec<&str> = CUBINS.iter().map(|c| c.module).collect();
-        names.dedup();
-        return Err(KernelError::UnknownModule(module.into(), names.join(", ")));
+        return Err(KernelError::UnknownModule(module.into(), module_names()));
     }
     candidates
         .iter()
@@ -86,6 +105,66 @@ pub fn cubin(module: &str, arch: &str) -> Result<&'static [u8], KernelError> {
             device: arch.into(),
             built: candidates.iter().map(|c| c.arch).collect(),
         })
+}
+
+/// The symbol of `module`'s kernel `name`, to pass to [`NvshmemModule::function`].
+///
+/// `name` is what the source calls the kernel: an `extern "C"` name as it is, a C++ kernel
+/// with its namespaces (`nvshmem_tutorial::dispatch`), or an exact mangled name. C++ names
+/// are matched against the mangled (Itanium ABI) symbols in the cubin, where
+/// `nvshmem_tutorial::dispatch` starts `_ZN16nvshmem_tutorial8dispatch` and a template's
+/// arguments and the parameter types follow. Several matches (instantiations, overloads) are
+/// an error that lists them.
+pub fn kernel_symbol(module: &str, name: &str) -> Result<&'static str, KernelError> {
+    let kernels = CUBINS
+        .iter()
+        .find(|c| c.module == module)
+        .map(|c| c.kernels)
+        .ok_or_else(|| KernelError::UnknownModule(module.into(), module_names()))?;
+    let matches = matching_symbols(kernels, name);
+    match matches.as_slice() {
+        [symbol] => Ok(symbol),
+        [] => Err(KernelError::UnknownKernel {
+            module: module.into(),
+            name: name.into(),
+            kernels: kernels.join(", "),
+        }),
+        _ => Err(KernelError::AmbiguousKernel {
+            module: module.into(),
+            name: name.into(),
+            matches,
+        }),
+    }
+}
+
+/// The symbols among `kernels` that `name` names (see [`kernel_symbol`]): an exact match
+/// alone, else every mangled symbol of the C++ name.
+fn matching_symbols(kernels: &[&'static str], name: &str) -> Vec<&'static str> {
+    if let Some(exact) = kernels.iter().find(|k| **k == name) {
+        return vec![exact];
+    }
+    let parts: Vec<&str> = name.split("::").collect();
+    let encoded: String = parts.iter().map(|p| format!("{}{p}", p.len())).collect();
+    kernels
+        .iter()
+        .copied()
+        .filter(|symbol| match parts.len() {
+            // `_Z3foo` + parameters: the length prefix already ends the name.
+            1 => symbol.starts_with(&format!("_Z{encoded}")),
+            // `_ZN2ns3foo` + `E` (end of the nested name) or `I` (template arguments); a digit
+            // would start another nested part (`ns::foo::bar`), which is another name.
+            _ => symbol
+                .strip_prefix(&format!("_ZN{encoded}"))
+                .is_some_and(|rest| rest.starts_with(['E', 'I'])),
+        })
+        .collect()
+}
+
+/// The embedded module names, for errors.
+fn module_names() -> String {
+    let mut names: Vec<&str> = CUBINS.iter().map(|c| c.module).collect();
+    names.dedup();
+    names.join(", ")
 }
 
 /// `sm_<major><minor>` of the context's device.
@@ -106,7 +185,8 @@ pub struct NvshmemModule {
 }
 
 impl NvshmemModule {
-    /// Loads `cuda/<name>.cu`'s cubin for the context's GPU and registers it with NVSHMEM.
+    /// Loads `cuda/<name>.cu`'s cubin (`name` may hold folders: `buffer/dispatch`) for the
+    /// context's GPU and registers it with NVSHMEM.
     /// NVSHMEM must already be initialised on `ctx` (chapter 1's `World`).
     pub fn load(
         ctx: &Arc<CudaContext>,
@@ -132,7 +212,8 @@ impl NvshmemModule {
         })
     }
 
-    /// A kernel of this module by its `extern "C"` name.
+    /// A kernel of this module by its symbol: the `extern "C"` name, or the mangled name of a
+    /// C++ kernel ([`kernel_symbol`] finds it from `namespace::name`).
     pub fn function(&self, kernel: &str) -> Result<CudaFunction, KernelError> {
         self.module
             .load_function(kernel)
@@ -172,4 +253,206 @@ fn module_handle(module: &Arc<CudaModule>, name: &str) -> Result<sys::CUmodule, 
         .result()
         .map_err(KernelError::driver("cuFuncGetModule"))?;
     Ok(cu_module)
+}
+
+/// The build's own naming rules (`build_support/names.rs`), checked here because build
+/// scripts have no tests of their own.
+#[cfg(test)]
+#[path = "../build_support/names.rs"]
+mod build_names;
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    use super::build_names::{cubin_kernels, find_sources, module_name};
+    use super::*;
+
+    /// A fresh, empty folder for one test.
+    fn scratch(test: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("kernels-{test}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn touch(path: &Path) {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, "// test\n").unwrap();
+    }
+
+    #[test]
+    fn module_names_are_paths_under_cuda_without_the_extension() {
+        assert_eq!(module_name(Path::new("ring.cu")).unwrap(), "ring");
+        assert_eq!(
+            module_name(Path::new("buffer/dispatch.cu")).unwrap(),
+            "buffer/dispatch"
+        );
+        assert_eq!(module_name(Path::new("a_1/_b/c2.cu")).unwrap(), "a_1/_b/c2");
+        for bad in [
+            "low-latency.cu",
+            "buffer/2nd.cu",
+            "my folder/x.cu",
+            "x.y.cu",
+            "../x.cu",
+        ] {
+            let why = module_name(Path::new(bad)).unwrap_err();
+            assert!(!why.is_empty(), "{bad}");
+        }
+        let why = module_name(Path::new("buffer/low-latency.cu")).unwrap_err();
+        assert!(why.contains("`low-latency`"), "{why}");
+    }
+
+    #[test]
+    fn sources_in_subfolders_are_modules_and_their_headers_are_watched() {
+        let crate_dir = scratch("sources");
+        for file in ["cuda/ring.cu", "cuda/common.cuh", "cuda/buffer/dispatch.cu"] {
+            touch(&crate_dir.join(file));
+        }
+        touch(&crate_dir.join("cuda/buffer/layout.cuh"));
+        touch(&crate_dir.join("src/lib.rs"));
+        let sources = find_sources(&crate_dir).unwrap();
+        let modules: Vec<&str> = sources.modules.iter().map(|m| m.module.as_str()).collect();
+        assert_eq!(modules, ["buffer/dispatch", "ring"]);
+        for watched in [
+            "cuda",
+            "cuda/buffer",
+            "cuda/common.cuh",
+            "cuda/buffer/layout.cuh",
+            "cuda/buffer/dispatch.cu",
+        ] {
+            assert!(
+                sources.watch.contains(&crate_dir.join(watched)),
+                "{watched} is not watched: {:?}",
+                sources.watch
+            );
+        }
+        assert!(!sources.watch.contains(&crate_dir.join("src/lib.rs")));
+        std::fs::remove_dir_all(crate_dir).unwrap();
+    }
+
+    #[test]
+    fn a_cu_file_the_build_would_skip_is_an_error_naming_it() {
+        let misplaced = scratch("misplaced");
+        touch(&misplaced.join("cuda/ring.cu"));
+        touch(&misplaced.join("src/stray.cu"));
+        let error = find_sources(&misplaced).unwrap_err();
+        assert!(error.contains("src/stray.cu"), "{error}");
+        assert!(error.contains("Move them under kernels/cuda"), "{error}");
+
+        let badly_named = scratch("badly-named");
+        touch(&badly_named.join("cuda/buffer/low-latency.cu"));
+        let error = find_sources(&badly_named).unwrap_err();
+        assert!(error.contains("low-latency.cu"), "{error}");
+        assert!(error.contains("rename"), "{error}");
+        std::fs::remove_dir_all(misplaced).unwrap();
+        std::fs::remove_dir_all(badly_named).unwrap();
+    }
+
+    /// `extern "C" __global__ void <name>(` in a source: a reading of the source that does
+    /// not go through the cubin, to check the cubin reading against.
+    fn extern_c_kernels_in(source: &str) -> Vec<String> {
+        source
+            .split("extern \"C\" __global__ void ")
+            .skip(1)
+            .map(|rest| {
+                rest.chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            })
+            .map(String::from_iter)
+            .collect()
+    }
+
+    #[test]
+    fn every_cubin_lists_the_extern_c_kernels_its_source_defines() {
+        let cuda = Path::new(env!("CARGO_MANIFEST_DIR")).join("cuda");
+        let mut checked = 0;
+        for cubin in CUBINS {
+            let source = std::fs::read_to_string(cuda.join(format!("{}.cu", cubin.module)));
+            // A module of C++ kernels only has none: build.rs still requires one kernel.
+            let expected = extern_c_kernels_in(&source.unwrap());
+            assert!(!cubin.kernels.is_empty(), "{}: no kernel", cubin.module);
+            checked += expected.len();
+            for kernel in &expected {
+                assert!(
+                    cubin.kernels.contains(&kernel.as_str()),
+                    "{} {}: `{kernel}` missing from {:?}",
+                    cubin.module,
+                    cubin.arch,
+                    cubin.kernels
+                );
+            }
+            // The embedded table is what the cubin itself says, nothing more.
+            assert_eq!(cubin_kernels(cubin.bytes).unwrap(), cubin.kernels);
+        }
+        assert!(checked > 0, "no extern \"C\" kernel found in any source");
+    }
+
+    #[test]
+    fn a_file_that_is_not_a_cubin_is_refused_with_the_reason() {
+        assert!(
+            cubin_kernels(b"not an ELF file")
+                .unwrap_err()
+                .contains("not an ELF")
+        );
+        // A real cubin cut short: its section table lies past the end.
+        let cubin = CUBINS[0].bytes;
+        let error = cubin_kernels(&cubin[..cubin.len() / 2]).unwrap_err();
+        assert!(error.contains("truncated"), "{error}");
+    }
+
+    /// cuda/selftest/naming.cu: a module in a subfolder with extern "C" and C++ kernels.
+    #[test]
+    fn cxx_kernels_in_a_subfolder_module_are_found_by_their_qualified_name() {
+        let module = "selftest/naming";
+        for arch in BUILT_ARCHS {
+            assert!(cubin(module, arch).is_ok(), "{module} not built for {arch}");
+        }
+        assert_eq!(
+            kernel_symbol(module, "naming_plain").unwrap(),
+            "naming_plain"
+        );
+        assert_eq!(
+            kernel_symbol(module, "nvshmem_tutorial::naming_scoped").unwrap(),
+            "_ZN16nvshmem_tutorial13naming_scopedEPji"
+        );
+        let exact = "_ZN16nvshmem_tutorial15naming_templateILi4EEEvPj";
+        assert_eq!(kernel_symbol(module, exact).unwrap(), exact);
+        let error = kernel_symbol(module, "nvshmem_tutorial::naming_template").unwrap_err();
+        assert!(
+            matches!(error, KernelError::AmbiguousKernel { ref matches, .. } if matches.len() == 2)
+        );
+        let error = kernel_symbol(module, "naming_scoped").unwrap_err();
+        assert!(
+            error.to_string().contains("nvshmem_tutorial::dispatch"),
+            "{error}"
+        );
+        assert!(matches!(
+            kernel_symbol("selftest/missing", "x"),
+            Err(KernelError::UnknownModule(..))
+        ));
+    }
+
+    #[test]
+    fn mangled_names_match_only_their_own_qualified_name() {
+        let kernels: &[&'static str] = &[
+            "_ZN2ns8dispatchEPfi",
+            "_ZN2ns8dispatch5innerEv",
+            "_ZN2ns15dispatch_helperEv",
+            "_ZN3ns28dispatchEv",
+            "_Z8dispatchPf",
+            "dispatch_c",
+        ];
+        assert_eq!(
+            matching_symbols(kernels, "ns::dispatch"),
+            ["_ZN2ns8dispatchEPfi"]
+        );
+        assert_eq!(
+            matching_symbols(kernels, "ns::dispatch::inner"),
+            ["_ZN2ns8dispatch5innerEv"]
+        );
+        assert_eq!(matching_symbols(kernels, "dispatch"), ["_Z8dispatchPf"]);
+        assert_eq!(matching_symbols(kernels, "dispatch_c"), ["dispatch_c"]);
+        assert!(matching_symbols(kernels, "ns::combine").is_empty());
+    }
 }

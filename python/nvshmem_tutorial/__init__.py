@@ -32,6 +32,11 @@ Between two PEs, a put can carry a signal instead of waiting for every PE at a b
 Importing the package needs neither torch nor a GPU; the calls that do raise clear errors
 (``NotInitializedError``, ``NoDeviceError``, ``ImportError``) when they are missing.
 
+Where things are: ``_bootstrap`` (init, finalize, where this PE stands), ``_tensors``
+(symmetric tensors, peer views, freeing), ``_transfers`` (put/get, barrier, quiet),
+``_signals`` (put_signal, signal_op, wait_signal); ``_checks`` and ``_runtime`` hold what
+they share. The Rust side (python/src) is split the same way.
+
 Freeing rule: ``nvshmem_free`` is collective, so a symmetric tensor whose last reference dies
 is only *released*; its memory is returned at the next collective point (``empty()``,
 ``collect()`` or ``finalize()``) once every rank has released it too.
@@ -64,31 +69,15 @@ def _point_nvshmem_home_at_the_wheel() -> None:
 _point_nvshmem_home_at_the_wheel()
 
 from . import _native  # noqa: E402
-from ._core import (  # noqa: E402
-    SUPPORTED_DTYPES,
-    barrier,
-    collect,
-    empty,
+from ._bootstrap import (  # noqa: E402
     finalize,
-    get,
-    get_nbi,
-    heap_usage,
     init,
     is_initialized,
-    is_symmetric,
     library_info,
     my_pe,
     n_pes,
     node_pe,
     node_size,
-    peer_view,
-    put,
-    put_nbi,
-    put_signal,
-    quiet,
-    signal_op,
-    wait_signal,
-    zeros,
 )
 from ._native import (  # noqa: E402
     InvalidArgumentError,
@@ -101,6 +90,17 @@ from ._native import (  # noqa: E402
     PeOutOfRangeError,
 )
 
+from ._signals import put_signal, signal_op, wait_signal  # noqa: E402
+from ._tensors import (  # noqa: E402
+    SUPPORTED_DTYPES,
+    collect,
+    empty,
+    heap_usage,
+    is_symmetric,
+    peer_view,
+    zeros,
+)
+from ._transfers import barrier, get, get_nbi, put, put_nbi, quiet  # noqa: E402
 __version__: str = _native.__version__
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""Type stubs of the Rust extension (python/src/lib.rs). Pointers are device addresses as
+"""Type stubs of the Rust extension (python/src/*.rs). Pointers are device addresses as
 ints (``tensor.data_ptr()``), streams are ``cudaStream_t`` as ints (``stream.cuda_stream``)."""
 
 from typing import List, Optional, Tuple

@@ -13,54 +13,24 @@ use pyo3::PyErr;
 use pyo3::create_exception;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 
-create_exception!(
-    _native,
-    NvshmemError,
-    PyRuntimeError,
-    "NVSHMEM or CUDA failed, or was used in the wrong state."
-);
-create_exception!(
-    _native,
-    NotInitializedError,
-    NvshmemError,
-    "A call that needs NVSHMEM came before nvshmem_tutorial.init() (or after finalize())."
-);
-create_exception!(
-    _native,
-    NoDeviceError,
-    NvshmemError,
-    "No CUDA driver or no such GPU on this machine."
-);
-create_exception!(
-    _native,
-    LibraryError,
-    NvshmemError,
-    "libnvshmem_host.so.3 is missing, unloadable or the wrong release."
-);
-create_exception!(
-    _native,
-    InvalidArgumentError,
-    PyValueError,
-    "An argument is wrong; nothing was enqueued."
-);
-create_exception!(
-    _native,
-    NotSymmetricError,
-    InvalidArgumentError,
-    "A tensor that must live in NVSHMEM's symmetric heap does not."
-);
-create_exception!(
-    _native,
-    OutOfBoundsError,
-    InvalidArgumentError,
-    "A byte range reaches past the end of its symmetric allocation."
-);
-create_exception!(
-    _native,
-    PeOutOfRangeError,
-    InvalidArgumentError,
-    "A PE number outside 0..n_pes()."
-);
+/// Declares the exception classes, one line each so the hierarchy reads at a glance:
+/// `Name(PythonBase): "docstring";`. All live in `nvshmem_tutorial._native`.
+macro_rules! exceptions {
+    ($($name:ident($base:ty): $doc:literal;)*) => {
+        $(create_exception!(_native, $name, $base, $doc);)*
+    };
+}
+
+exceptions! {
+    NvshmemError(PyRuntimeError): "NVSHMEM or CUDA failed, or was used in the wrong state.";
+    NotInitializedError(NvshmemError): "A call that needs NVSHMEM came before nvshmem_tutorial.init() (or after finalize()).";
+    NoDeviceError(NvshmemError): "No CUDA driver or no such GPU on this machine.";
+    LibraryError(NvshmemError): "libnvshmem_host.so.3 is missing, unloadable or the wrong release.";
+    InvalidArgumentError(PyValueError): "An argument is wrong; nothing was enqueued.";
+    NotSymmetricError(InvalidArgumentError): "A tensor that must live in NVSHMEM's symmetric heap does not.";
+    OutOfBoundsError(InvalidArgumentError): "A byte range reaches past the end of its symmetric allocation.";
+    PeOutOfRangeError(InvalidArgumentError): "A PE number outside 0..n_pes().";
+}
 
 /// Every failure of the extension, before it becomes a Python exception.
 #[derive(Debug)]

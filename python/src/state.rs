@@ -30,6 +30,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use ch01_bootstrap::World;
 use ch02_symmetric_memory::SymmetricBuffer;
+use pyo3::prelude::*;
 
 use crate::errors::Error;
 
@@ -88,6 +89,16 @@ pub fn with_state<R>(
     let mut guard = lock(&STATE);
     let state = guard.as_mut().ok_or(Error::NotInitialized(what))?;
     f(state)
+}
+
+/// [`with_state`] the way every Python entry point calls it: with the GIL released (see "Locks
+/// and the GIL"), its error turned into the Python exception for it.
+pub fn with_state_detached<R: Send>(
+    py: Python<'_>,
+    what: &'static str,
+    f: impl FnOnce(&mut State) -> Result<R, Error> + Send,
+) -> PyResult<R> {
+    py.detach(|| with_state(what, f)).map_err(Into::into)
 }
 
 pub fn is_initialized() -> bool {
@@ -190,10 +201,7 @@ impl State {
         }
         // Torch kernels on any stream may still read or write the memory we are about to
         // free (the tensor died on the host, its last kernels may not have run yet).
-        self.world
-            .context()
-            .bind_to_thread()
-            .map_err(Error::cuda("binding the context"))?;
+        self.bind()?;
         self.world
             .context()
             .synchronize()
@@ -234,6 +242,16 @@ impl State {
             });
         }
         Ok((id, offset))
+    }
+
+    /// Binds the world's context to this thread: NVSHMEM's on-stream calls and CUDA's
+    /// synchronisation use the current context, and the GIL-free thread we run on may never
+    /// have had one.
+    pub fn bind(&self) -> Result<(), Error> {
+        self.world
+            .context()
+            .bind_to_thread()
+            .map_err(Error::cuda("binding the context"))
     }
 
     /// `Err` unless `pe` names a PE of this job.

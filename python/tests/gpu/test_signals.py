@@ -170,7 +170,7 @@ def test_bad_signal_arguments_raise_before_anything_is_enqueued():
     block_src = torch.zeros(4, dtype=torch.int64, device="cuda").view(torch.uint64)
     # One word whose 8 bytes start 4 bytes before the end of a 16-byte allocation.
     pair = nv.empty((2,), torch.uint64)
-    overhang = nv._core._tensor_at(pair.data_ptr() + 12, 8, pair)
+    overhang = nv._tensors._tensor_at(pair.data_ptr() + 12, 8, pair)
     cases = [
         (lambda: nv.put_signal(sym, local, nxt, words[0].cpu(), 1), nv.InvalidArgumentError, "CPU tensor"),
         (lambda: nv.put_signal(sym, local.cpu(), nxt, words[0], 1), nv.InvalidArgumentError, "CPU tensor"),
@@ -208,7 +208,7 @@ def test_bad_signal_arguments_raise_before_anything_is_enqueued():
     except RuntimeError:
         pass
     try:
-        misaligned = nv._core._tensor_at(pair.data_ptr() + 4, 8, pair).view(torch.uint64)
+        misaligned = nv._tensors._tensor_at(pair.data_ptr() + 4, 8, pair).view(torch.uint64)
         cases.append(
             (lambda: nv.wait_signal(misaligned, 1), nv.InvalidArgumentError, "8-byte aligned")
         )

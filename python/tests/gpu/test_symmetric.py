@@ -192,7 +192,7 @@ def test_bad_arguments_raise_before_anything_is_enqueued():
     local = torch.zeros(256, device="cuda")
     # 512 floats starting at `sym`, which holds 256: torch cannot make such a view of `sym`
     # (storage bounds), so wrap the address directly, as a buggy extension might.
-    overhang = nv._core._tensor_at(sym.data_ptr(), 2048, sym).view(torch.float32)
+    overhang = nv._tensors._tensor_at(sym.data_ptr(), 2048, sym).view(torch.float32)
     cases = [
         (lambda: nv.put(sym, local.cpu(), 0), nv.InvalidArgumentError, "CPU tensor"),
         (lambda: nv.put(sym.cpu(), local, 0), nv.InvalidArgumentError, "CPU tensor"),
