@@ -356,8 +356,14 @@ mod tests {
             .split("extern \"C\" __global__ void ")
             .skip(1)
             .map(|rest| {
+                // `__launch_bounds__(512) name(` names the kernel after the bounds.
+                let rest = match rest.strip_prefix("__launch_bounds__") {
+                    Some(bounds) => bounds[bounds.find(')').map_or(0, |i| i + 1)..].trim_start(),
+                    None => rest,
+                };
                 rest.chars()
                     .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect::<Vec<_>>()
             })
             .map(String::from_iter)
             .collect()
