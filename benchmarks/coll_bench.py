@@ -5,8 +5,10 @@ each). An op that cannot be captured is timed eagerly and marked `eager`.
 
     torchrun --standalone --nproc_per_node=N benchmarks/coll_bench.py --peers nccl,torch OUT.csv
     torchrun --standalone --nproc_per_node=N benchmarks/coll_bench.py --peers torch_nvshmem OUT.csv
+    torchrun --standalone --nproc_per_node=N benchmarks/coll_bench.py --peers ours OUT.csv
 
-torch's all_to_all_vdev loads its own NVSHMEM: run `torch_nvshmem` in a process of its own.
+torch's all_to_all_vdev loads its own NVSHMEM: run `torch_nvshmem` in a process of its own,
+apart from `ours` (nvshmem_tutorial through Python, the size table choosing).
 Sizes and busbw follow nccl-tests (all-reduce and broadcast: the buffer; all-gather: its
 output; reduce-scatter: its input; all-to-all: one rank's input).
 """
@@ -120,6 +122,36 @@ def nccl_and_torch(rows, timer, n, rank, with_torch: bool):
             print(f"rank 0: {size} B done", flush=True)
 
 
+def ours_from_python(rows, timer, n, rank):
+    """nvshmem_tutorial's collectives through the Python package, the size table choosing:
+    the same kernels as ch04-coll-bench, here to show the Python path captures in a graph
+    and costs nothing per call once captured."""
+    import nvshmem_tutorial as nv
+
+    nv.init()
+    for size in SIZES:
+        count = size // 2
+        x = nv.empty((count,), torch.bfloat16)
+        y = nv.empty((count,), torch.bfloat16)
+        part = nv.empty((count // n,), torch.bfloat16)
+        x.fill_(1)
+        cases = {
+            "all_reduce": lambda: nv.all_reduce(y, x),
+            "all_gather": lambda: nv.all_gather(y, part),
+            "reduce_scatter": lambda: nv.reduce_scatter(part, x),
+            "broadcast": lambda: nv.broadcast(x, x, 0),
+            "all_to_all": lambda: nv.all_to_all(y, x),
+        }
+        for collective, call in cases.items():
+            us, timing = timer.time(size, call)
+            rows.append((collective, "auto_python", "ours", timing, n, size, us, size / (us * 1e-6) / 1e9 * busbw_factor(collective, n)))
+        x = y = part = None  # release the tensors (the lambdas hold the names, not copies)
+        nv.collect()
+        if rank == 0:
+            print(f"rank 0: ours (python) {size} B done", flush=True)
+    nv.finalize()
+
+
 def torch_nvshmem(rows, timer, n, rank, device):
     import torch.distributed._symmetric_memory as symm_mem
 
@@ -157,6 +189,8 @@ def main():
     peers = args.peers.split(",")
     if "nccl" in peers:
         nccl_and_torch(rows, timer, n, rank, with_torch="torch" in peers)
+    if "ours" in peers:
+        ours_from_python(rows, timer, n, rank)
     if "torch_nvshmem" in peers:
         with torch.cuda.device(device):
             torch_nvshmem(rows, timer, n, rank, device)

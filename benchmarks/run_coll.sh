@@ -30,4 +30,6 @@ run() { timeout --kill-after=30 "$timeout_s" torchrun --standalone --nproc_per_n
 run --no-python "$BIN_DIR/ch04-coll-bench" "$work/ours.csv"
 run benchmarks/coll_bench.py --peers nccl,torch "$work/peers.csv"
 run benchmarks/coll_bench.py --peers torch_nvshmem "$work/vdev.csv"
-python3 benchmarks/plot_coll.py "$out_dir/coll_${gpu}_${n}gpu.csv" "$work/ours.csv" "$work/peers.csv" "$work/vdev.csv"
+run benchmarks/coll_bench.py --peers ours "$work/ours_python.csv"
+python3 benchmarks/plot_coll.py "$out_dir/coll_${gpu}_${n}gpu.csv" "$work/ours.csv" "$work/peers.csv" \
+  "$work/vdev.csv" "$work/ours_python.csv"

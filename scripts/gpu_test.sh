@@ -115,7 +115,8 @@ if [[ "${GPU_TEST_PYTHON:-1}" == 1 ]]; then
     py_runs=("pytest:python3 -m pytest -p no:cacheprovider -q python/tests/gpu"
       "ch01_bootstrap.py:python3 scripts/ch01_bootstrap.py"
       "ch02_symmetric_memory.py:python3 scripts/ch02_symmetric_memory.py"
-      "ch03_put_get.py:python3 scripts/ch03_put_get.py")
+      "ch03_put_get.py:python3 scripts/ch03_put_get.py"
+      "ch04_collectives.py:python3 scripts/ch04_collectives.py")
     for n in "${nprocs[@]}"; do
       ((n >= 2)) || continue # the suite and the scripts exchange data between PEs
       for entry in "${py_runs[@]}"; do

@@ -229,6 +229,11 @@ impl NvshmemModule {
 }
 // ANCHOR_END: module
 
+// SAFETY: a loaded module's handle is valid from any thread of the process (the driver's
+// module API is thread-safe); the handle is only read after `load`.
+unsafe impl Send for NvshmemModule {}
+unsafe impl Sync for NvshmemModule {}
+
 impl Drop for NvshmemModule {
     fn drop(&mut self) {
         // SAFETY: the module was registered in `load` and is still loaded (we hold the Arc).

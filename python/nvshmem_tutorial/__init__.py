@@ -34,8 +34,9 @@ Importing the package needs neither torch nor a GPU; the calls that do raise cle
 
 Where things are: ``_bootstrap`` (init, finalize, where this PE stands), ``_tensors``
 (symmetric tensors, peer views, freeing), ``_transfers`` (put/get, barrier, quiet),
-``_signals`` (put_signal, signal_op, wait_signal); ``_checks`` and ``_runtime`` hold what
-they share. The Rust side (python/src) is split the same way.
+``_signals`` (put_signal, signal_op, wait_signal), ``_collectives`` (chapter 4: all_reduce,
+reduce_scatter, all_gather, all_to_all, all_to_all_v, broadcast, sync_all); ``_checks`` and
+``_runtime`` hold what they share. The Rust side (python/src) is split the same way.
 
 Freeing rule: ``nvshmem_free`` is collective, so a symmetric tensor whose last reference dies
 is only *released*; its memory is returned at the next collective point (``empty()``,
@@ -90,6 +91,16 @@ from ._native import (  # noqa: E402
     PeOutOfRangeError,
 )
 
+from ._collectives import (  # noqa: E402
+    all_gather,
+    all_reduce,
+    all_to_all,
+    all_to_all_v,
+    broadcast,
+    check_collectives,
+    reduce_scatter,
+    sync_all,
+)
 from ._signals import put_signal, signal_op, wait_signal  # noqa: E402
 from ._tensors import (  # noqa: E402
     SUPPORTED_DTYPES,
@@ -114,7 +125,13 @@ __all__ = [
     "OutOfBoundsError",
     "PeOutOfRangeError",
     "__version__",
+    "all_gather",
+    "all_reduce",
+    "all_to_all",
+    "all_to_all_v",
     "barrier",
+    "broadcast",
+    "check_collectives",
     "collect",
     "empty",
     "finalize",
@@ -134,7 +151,9 @@ __all__ = [
     "put_nbi",
     "put_signal",
     "quiet",
+    "reduce_scatter",
     "signal_op",
+    "sync_all",
     "wait_signal",
     "zeros",
 ]

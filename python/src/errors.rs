@@ -56,6 +56,8 @@ pub enum Error {
         what: &'static str,
         source: cudarc::driver::DriverError,
     },
+    /// Something failed on the device or in a chapter's runtime (the message says what).
+    Failed(String),
 }
 
 impl From<BootstrapError> for Error {
@@ -133,6 +135,7 @@ impl From<Error> for PyErr {
             Error::Cuda { what, source } => {
                 NvshmemError::new_err(format!("CUDA driver error while {what}: {source}"))
             }
+            Error::Failed(message) => NvshmemError::new_err(message),
         }
     }
 }

@@ -14,7 +14,8 @@
 //!
 //! One module per concern, like the Python package beside it: [`bootstrap`] (library, init,
 //! finalize), [`allocation`] (symmetric tensors and their checks), [`transfers`] (put/get,
-//! barrier, quiet), [`signals`] (the pairwise handshake); [`state`], [`errors`] and
+//! barrier, quiet), [`signals`] (the pairwise handshake), [`collectives`] (chapter 4);
+//! [`state`], [`errors`] and
 //! [`dlpack`] hold what they share.
 //!
 //! Pointers cross the boundary as integers (`tensor.data_ptr()`, `stream.cuda_stream`): torch
@@ -23,6 +24,7 @@
 
 mod allocation;
 mod bootstrap;
+mod collectives;
 mod dlpack;
 mod errors;
 mod signals;
@@ -44,6 +46,11 @@ mod _native {
     use crate::bootstrap::{
         finalize, init, is_initialized, library_info, pinned_nvshmem_version, probe_driver,
         topology, unique_id,
+    };
+    #[pymodule_export]
+    use crate::collectives::{
+        all_gather, all_reduce, all_to_all, all_to_all_v, broadcast, check_collectives,
+        reduce_scatter, sync_all,
     };
     #[pymodule_export]
     use crate::errors::{

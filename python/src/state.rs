@@ -62,6 +62,9 @@ pub struct Allocation {
 
 pub struct State {
     pub world: Arc<World>,
+    /// Chapter 4's collectives, made at the first collective call (which every PE makes at
+    /// the same point of its program, so the communicator's collective allocation lines up).
+    pub collectives: Option<ch04_collectives::Communicator<Arc<World>>>,
     /// Live allocations by id. Ids only grow, so key order is allocation order: the order
     /// every PE made them in, and the order in which they must be freed.
     pub allocations: BTreeMap<u64, Allocation>,
@@ -117,6 +120,7 @@ pub fn install(init: impl FnOnce() -> Result<World, Error>) -> Result<(), Error>
     }
     *guard = Some(State {
         world: Arc::new(init()?),
+        collectives: None,
         allocations: BTreeMap::new(),
     });
     Ok(())
@@ -278,6 +282,9 @@ pub fn finalize() -> Result<usize, Error> {
     let ctx = state.world.context().clone();
     let _ = ctx.bind_to_thread();
     let synced = ctx.synchronize();
+    // The communicator was allocated after some tensors and before others; freeing it first
+    // is still the same order on every PE, which is all nvshmem_free needs.
+    drop(state.collectives.take());
     // Allocation order on every PE: pop from the front of the ordered map.
     while let Some((_, allocation)) = state.allocations.pop_first() {
         drop(allocation);
