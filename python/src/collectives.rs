@@ -50,7 +50,8 @@ fn with_communicator(
     py: Python<'_>,
     what: &'static str,
     ranges: &[(u64, usize)],
-    call: impl FnOnce(&Communicator<std::sync::Arc<ch01_bootstrap::World>>) -> Result<(), CollError> + Send,
+    call: impl FnOnce(&Communicator<std::sync::Arc<ch01_bootstrap::World>>) -> Result<(), CollError>
+    + Send,
 ) -> PyResult<()> {
     let ranges = ranges.to_vec();
     state::with_state_detached(py, what, move |s: &mut State| {
@@ -61,7 +62,10 @@ fn with_communicator(
         }
         s.bind()?;
         if s.collectives.is_none() {
-            s.collectives = Some(Communicator::new(s.world.clone(), CollectivesConfig::default())?);
+            s.collectives = Some(Communicator::new(
+                s.world.clone(),
+                CollectivesConfig::default(),
+            )?);
         }
         Ok(call(s.collectives.as_ref().expect("made above"))?)
     })
@@ -71,7 +75,9 @@ fn with_communicator(
 /// complete puts in flight (barrier does).
 #[pyfunction]
 pub fn sync_all(py: Python<'_>, stream: u64) -> PyResult<()> {
-    with_communicator(py, "sync_all", &[], move |c| c.sync_all_raw(stream_handle(stream) as _))
+    with_communicator(py, "sync_all", &[], move |c| {
+        c.sync_all_raw(stream_handle(stream) as _)
+    })
 }
 
 /// out[i] = sum over PEs of input[i] (fp32 sums, PE order), `count` elements of `dtype`.
@@ -89,9 +95,21 @@ pub fn all_reduce(
 ) -> PyResult<()> {
     let (dtype, algorithm) = (parse_dtype(dtype)?, parse_algorithm(algorithm)?);
     let bytes = count * dtype.size();
-    with_communicator(py, "all_reduce", &[(out_ptr, bytes), (in_ptr, bytes)], move |c| {
-        c.all_reduce_raw(out_ptr, in_ptr, count, dtype, algorithm, stream_handle(stream) as _)
-    })
+    with_communicator(
+        py,
+        "all_reduce",
+        &[(out_ptr, bytes), (in_ptr, bytes)],
+        move |c| {
+            c.all_reduce_raw(
+                out_ptr,
+                in_ptr,
+                count,
+                dtype,
+                algorithm,
+                stream_handle(stream) as _,
+            )
+        },
+    )
 }
 
 /// out[i] = sum over PEs of input[my_pe * count + i]. out_ptr: symmetric [count];
@@ -110,7 +128,14 @@ pub fn reduce_scatter(
     let (dtype, algorithm) = (parse_dtype(dtype)?, parse_algorithm(algorithm)?);
     let bytes = count * dtype.size();
     with_communicator(py, "reduce_scatter", &[(out_ptr, bytes)], move |c| {
-        c.reduce_scatter_raw(out_ptr, in_ptr, count, dtype, algorithm, stream_handle(stream) as _)
+        c.reduce_scatter_raw(
+            out_ptr,
+            in_ptr,
+            count,
+            dtype,
+            algorithm,
+            stream_handle(stream) as _,
+        )
     })
 }
 
@@ -127,7 +152,13 @@ pub fn all_gather(
 ) -> PyResult<()> {
     let algorithm = parse_algorithm(algorithm)?;
     with_communicator(py, "all_gather", &[(in_ptr, num_bytes)], move |c| {
-        c.all_gather_raw(out_ptr, in_ptr, num_bytes, algorithm, stream_handle(stream) as _)
+        c.all_gather_raw(
+            out_ptr,
+            in_ptr,
+            num_bytes,
+            algorithm,
+            stream_handle(stream) as _,
+        )
     })
 }
 
@@ -144,7 +175,13 @@ pub fn all_to_all(
 ) -> PyResult<()> {
     let algorithm = parse_algorithm(algorithm)?;
     with_communicator(py, "all_to_all", &[], move |c| {
-        c.all_to_all_raw(out_ptr, in_ptr, num_bytes, algorithm, stream_handle(stream) as _)
+        c.all_to_all_raw(
+            out_ptr,
+            in_ptr,
+            num_bytes,
+            algorithm,
+            stream_handle(stream) as _,
+        )
     })
 }
 
@@ -161,10 +198,22 @@ pub fn broadcast(
     stream: u64,
 ) -> PyResult<()> {
     let algorithm = parse_algorithm(algorithm)?;
-    with_communicator(py, "broadcast", &[(out_ptr, num_bytes), (in_ptr, num_bytes)], move |c| {
-        let root = usize::try_from(root).unwrap_or(usize::MAX);
-        c.broadcast_raw(out_ptr, in_ptr, num_bytes, root, algorithm, stream_handle(stream) as _)
-    })
+    with_communicator(
+        py,
+        "broadcast",
+        &[(out_ptr, num_bytes), (in_ptr, num_bytes)],
+        move |c| {
+            let root = usize::try_from(root).unwrap_or(usize::MAX);
+            c.broadcast_raw(
+                out_ptr,
+                in_ptr,
+                num_bytes,
+                root,
+                algorithm,
+                stream_handle(stream) as _,
+            )
+        },
+    )
 }
 
 /// all-to-all-v over rows of row_bytes with counts only the device knows.
@@ -184,7 +233,10 @@ pub fn all_to_all_v(
     out_splits_offsets_ptr: u64,
     stream: u64,
 ) -> PyResult<()> {
-    let ranges = [(out_ptr, out_rows * row_bytes), (in_ptr, in_rows * row_bytes)];
+    let ranges = [
+        (out_ptr, out_rows * row_bytes),
+        (in_ptr, in_rows * row_bytes),
+    ];
     with_communicator(py, "all_to_all_v", &ranges, move |c| {
         // SAFETY: the Python layer checked both count tensors (device, int64, shapes).
         unsafe {

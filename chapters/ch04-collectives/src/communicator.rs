@@ -16,7 +16,8 @@ use cudarc::driver::{DeviceRepr, sys};
 use crate::algorithm::{Algorithm, Collective, DType, Plan, choose, plan};
 use crate::config::CollectivesConfig;
 use crate::error::CollError;
-use crate::workspace::{Kernels, Memory};
+use crate::launch::Kernels;
+use crate::workspace::{Memory, Workspace, symmetric_bytes};
 
 /// Element types the reductions take (summed in fp32).
 pub trait Reducible: DeviceRepr {
@@ -28,6 +29,15 @@ impl Reducible for f32 {
 impl Reducible for half::bf16 {
     const DTYPE: DType = DType::Bf16;
 }
+
+/// The chapter's kernel modules (kernels/cuda/coll_*.cu).
+const MODULES: [&str; 5] = [
+    "coll_sync",
+    "coll_broadcast",
+    "coll_all_gather",
+    "coll_reduce",
+    "coll_all_to_all",
+];
 
 /// One call as the checks see it.
 struct Call<'a> {
@@ -59,11 +69,8 @@ pub struct Communicator<W: Deref<Target = World>> {
 impl<W: Deref<Target = World>> Communicator<W> {
     /// Collective: allocates the workspace on every PE and loads the kernels.
     pub fn new(world: W, config: CollectivesConfig) -> Result<Self, CollError> {
-        let num_sms = world
-            .context()
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .map_err(CollError::cuda("reading the SM count"))? as u32;
-        let kernels = Kernels::load(&world, num_sms)?;
+        let kernels = Kernels::load(&world, &MODULES)?;
+        let num_sms = kernels.num_sms();
         let memory = Memory::new(world, &config)?;
         Ok(Self {
             memory,
@@ -78,6 +85,22 @@ impl<W: Deref<Target = World>> Communicator<W> {
     }
     pub fn config(&self) -> &CollectivesConfig {
         &self.config
+    }
+
+    /// The communicator as its kernels see it, for kernels of a caller that build on it
+    /// (they must follow the protocol of coll_common.cuh: begin_call and end_call).
+    pub fn workspace(&self) -> Workspace {
+        self.memory.workspace
+    }
+
+    /// The symmetric bytes after the communicator's own (`CollectivesConfig::extra_bytes`):
+    /// (device address, length). Zeroed at creation, on every PE.
+    pub fn extra_region(&self) -> (u64, usize) {
+        let own = symmetric_bytes(self.world().n_pes(), self.config.ll_max_bytes) as u64;
+        (
+            self.memory.symmetric.device_ptr() + own,
+            self.config.extra_bytes,
+        )
     }
 
     /// `Err` with the device's account if a kernel of this communicator failed (a wait that
@@ -150,7 +173,7 @@ impl<W: Deref<Target = World>> Communicator<W> {
             .bind_to_thread()
             .map_err(CollError::cuda("binding the context"))?;
         // SAFETY: every caller passes the arguments of `plan.kernel` in its order.
-        unsafe { self.kernels.launch(&plan, stream, args) }
+        unsafe { self.kernels.launch(&(&plan).into(), stream, args) }
     }
 
     // ANCHOR: sync_all_raw

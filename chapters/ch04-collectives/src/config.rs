@@ -30,6 +30,9 @@ pub struct CollectivesConfig {
     pub ll_max_bytes: usize,
     /// Bound on every in-kernel wait, in milliseconds.
     pub timeout_ms: u64,
+    /// Bytes to allocate after the communicator's own, in the same symmetric allocation, for
+    /// a caller that builds on it (chapter 7's buffer keeps its rings there).
+    pub extra_bytes: usize,
 }
 
 impl Default for CollectivesConfig {
@@ -37,6 +40,7 @@ impl Default for CollectivesConfig {
         Self {
             ll_max_bytes: DEFAULT_LL_MAX_BYTES,
             timeout_ms: DEFAULT_TIMEOUT_MS,
+            extra_bytes: 0,
         }
     }
 }

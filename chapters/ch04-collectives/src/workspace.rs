@@ -14,15 +14,13 @@
 //! Beside it, per PE: `state` (device: last finished call, blocks arrived, failed) and the
 //! error record (host-mapped pinned memory, so the host reads it without synchronising).
 
-use std::collections::HashMap;
 use std::ffi::c_void;
 use std::ops::Deref;
 
 use ch01_bootstrap::World;
 use ch02_symmetric_memory::SymmetricBuffer;
-use cudarc::driver::{CudaFunction, CudaSlice, DeviceRepr, sys};
+use cudarc::driver::{CudaSlice, DeviceRepr, sys};
 
-use crate::algorithm::Plan;
 use crate::config::{CollectivesConfig, MAX_BLOCKS, MAX_PES};
 use crate::error::{CollError, DeviceFailure, DeviceFailureKind};
 
@@ -119,107 +117,6 @@ impl Drop for ErrorRecord {
     }
 }
 
-/// A kernel and the most blocks of it one GPU holds at once.
-struct Kernel {
-    function: CudaFunction,
-    max_co_resident: u32,
-}
-
-/// The chapter's kernel modules (`kernels/cuda/coll_*.cu`), loaded and registered.
-pub(crate) struct Kernels {
-    by_name: HashMap<&'static str, Kernel>,
-    _modules: Vec<kernels::NvshmemModule>,
-}
-
-const MODULES: [&str; 5] = [
-    "coll_sync",
-    "coll_broadcast",
-    "coll_all_gather",
-    "coll_reduce",
-    "coll_all_to_all",
-];
-
-impl Kernels {
-    pub(crate) fn load(world: &World, num_sms: u32) -> Result<Self, CollError> {
-        let mut by_name = HashMap::new();
-        let mut modules = Vec::new();
-        for name in MODULES {
-            let module = world.load_module(name)?;
-            let cubin = kernels::CUBINS
-                .iter()
-                .find(|c| c.module == name)
-                .ok_or_else(|| kernels::KernelError::UnknownModule(name.into(), String::new()))?;
-            for &kernel in cubin.kernels {
-                let function = module.function(kernel)?;
-                let per_sm = function
-                    .occupancy_max_active_blocks_per_multiprocessor(
-                        crate::config::THREADS_PER_BLOCK,
-                        0,
-                        None,
-                    )
-                    .map_err(CollError::cuda("reading a kernel's occupancy"))?;
-                by_name.insert(
-                    kernel,
-                    Kernel {
-                        function,
-                        max_co_resident: per_sm * num_sms,
-                    },
-                );
-            }
-            modules.push(module);
-        }
-        Ok(Self {
-            by_name,
-            _modules: modules,
-        })
-    }
-
-    // ANCHOR: launch
-    /// Launches `plan` on `stream`. Every block of these kernels may wait for a peer's block,
-    /// so all of them must be resident at once: a cooperative launch guarantees it (and fails
-    /// instead of hanging when the grid is too large). Inside a stream capture, which may not
-    /// take cooperative launches, the occupancy check stands in for that guarantee.
-    ///
-    /// # Safety
-    /// `args` must match the kernel's parameters and stay alive for the call.
-    pub(crate) unsafe fn launch(
-        &self,
-        plan: &Plan,
-        stream: sys::CUstream,
-        args: &mut [*mut c_void],
-    ) -> Result<(), CollError> {
-        let kernel = self.by_name.get(plan.kernel).ok_or_else(|| {
-            kernels::KernelError::UnknownModule(plan.kernel.into(), MODULES.join(", "))
-        })?;
-        if plan.num_blocks > kernel.max_co_resident {
-            return Err(CollError::NotCoResident {
-                kernel: plan.kernel,
-                grid: plan.num_blocks,
-                max: kernel.max_co_resident,
-            });
-        }
-        let (grid, block) = ((plan.num_blocks, 1, 1), (plan.threads_per_block, 1, 1));
-        let f = kernel.function.cu_function();
-        use cudarc::driver::result::{
-            launch_cooperative_kernel, launch_kernel, stream::is_capturing,
-        };
-        // SAFETY: a live stream of this context.
-        let capturing = unsafe { is_capturing(stream) }
-            .map_err(CollError::cuda("querying stream capture"))?
-            != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-        // SAFETY: the caller vouches for `args`; the grid fits the GPU (checked above).
-        unsafe {
-            if capturing {
-                launch_kernel(f, grid, block, 0, stream, args)
-            } else {
-                launch_cooperative_kernel(f, grid, block, 0, stream, args)
-            }
-        }
-        .map_err(CollError::cuda("launching a collective"))
-    }
-    // ANCHOR_END: launch
-}
-
 /// What a communicator allocates: the symmetric flags and scratch, the local state and the
 /// error record, and the kernel view of all of them.
 pub(crate) struct Memory<W: Deref<Target = World>> {
@@ -250,8 +147,8 @@ impl<W: Deref<Target = World>> Memory<W> {
             .alloc_zeros::<u64>(4)
             .map_err(CollError::cuda("allocating the call state"))?;
         let record = ErrorRecord::new()?;
-        let symmetric =
-            SymmetricBuffer::<W, u8>::new(world, symmetric_bytes(n_pes, config.ll_max_bytes))?;
+        let own_bytes = symmetric_bytes(n_pes, config.ll_max_bytes);
+        let symmetric = SymmetricBuffer::<W, u8>::new(world, own_bytes + config.extra_bytes)?;
         symmetric.fill_bytes(0)?;
         symmetric.world().barrier_all()?;
         let base = symmetric.device_ptr();

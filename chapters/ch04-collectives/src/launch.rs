@@ -1,0 +1,163 @@
+//! Loading kernel modules and launching kernels whose blocks wait for each other's peers:
+//! every block must be resident at once, or a block spinning on a flag can keep the block
+//! that would raise it from ever starting. Used by this chapter's collectives and by the
+//! buffer of chapter 7.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+
+use ch01_bootstrap::World;
+use cudarc::driver::{CudaFunction, sys};
+
+use crate::algorithm::Plan;
+use crate::error::CollError;
+
+/// One launch: a kernel by name, its grid and block, its dynamic shared memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchSpec {
+    pub kernel: &'static str,
+    pub num_blocks: u32,
+    pub threads_per_block: u32,
+    pub shared_mem_bytes: u32,
+}
+
+impl From<&Plan> for LaunchSpec {
+    fn from(plan: &Plan) -> Self {
+        Self {
+            kernel: plan.kernel,
+            num_blocks: plan.num_blocks,
+            threads_per_block: plan.threads_per_block,
+            shared_mem_bytes: 0,
+        }
+    }
+}
+
+struct Kernel {
+    function: CudaFunction,
+    /// Blocks of (threads, shared bytes) one SM holds, measured at the first launch of each
+    /// shape (the occupancy query costs microseconds; a launch should not).
+    per_sm: std::sync::Mutex<HashMap<(u32, u32), u32>>,
+}
+
+/// Kernel modules (`kernels/cuda/...`), loaded and registered with NVSHMEM; their kernels by
+/// the name the driver knows them by.
+pub struct Kernels {
+    by_name: HashMap<&'static str, Kernel>,
+    num_sms: u32,
+    _modules: Vec<kernels::NvshmemModule>,
+}
+
+impl Kernels {
+    pub fn load(world: &World, modules: &[&'static str]) -> Result<Self, CollError> {
+        let num_sms = world
+            .context()
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(CollError::cuda("reading the SM count"))? as u32;
+        let mut by_name = HashMap::new();
+        let mut loaded = Vec::new();
+        for &name in modules {
+            let module = world.load_module(name)?;
+            let cubin = kernels::CUBINS
+                .iter()
+                .find(|c| c.module == name)
+                .ok_or_else(|| kernels::KernelError::UnknownModule(name.into(), String::new()))?;
+            for &kernel in cubin.kernels {
+                let function = module.function(kernel)?;
+                by_name.insert(
+                    kernel,
+                    Kernel {
+                        function,
+                        per_sm: Default::default(),
+                    },
+                );
+            }
+            loaded.push(module);
+        }
+        Ok(Self {
+            by_name,
+            num_sms,
+            _modules: loaded,
+        })
+    }
+
+    /// The GPU's SM count.
+    pub fn num_sms(&self) -> u32 {
+        self.num_sms
+    }
+
+    // ANCHOR: launch
+    /// Launches `spec` on `stream`. Every block may wait for a peer's block, so all of them
+    /// must be resident at once: a cooperative launch guarantees it (and fails instead of
+    /// hanging when the grid is too large). Inside a stream capture, which may not take
+    /// cooperative launches, the occupancy check stands in for that guarantee.
+    ///
+    /// # Safety
+    /// `args` must match the kernel's parameters and stay alive for the call.
+    pub unsafe fn launch(
+        &self,
+        spec: &LaunchSpec,
+        stream: sys::CUstream,
+        args: &mut [*mut c_void],
+    ) -> Result<(), CollError> {
+        let names = || self.by_name.keys().copied().collect::<Vec<_>>().join(", ");
+        let kernel = self
+            .by_name
+            .get(spec.kernel)
+            .ok_or_else(|| kernels::KernelError::UnknownModule(spec.kernel.into(), names()))?;
+        let shape = (spec.threads_per_block, spec.shared_mem_bytes);
+        let per_sm = {
+            let mut cache = kernel.per_sm.lock().unwrap_or_else(|p| p.into_inner());
+            match cache.get(&shape) {
+                Some(&per_sm) => per_sm,
+                None => {
+                    let per_sm = kernel
+                        .function
+                        .occupancy_max_active_blocks_per_multiprocessor(
+                            shape.0,
+                            shape.1 as usize,
+                            None,
+                        )
+                        .map_err(CollError::cuda("reading a kernel's occupancy"))?;
+                    *cache.entry(shape).or_insert(per_sm)
+                }
+            }
+        };
+        let max = per_sm * self.num_sms;
+        if spec.num_blocks > max {
+            return Err(CollError::NotCoResident {
+                kernel: spec.kernel,
+                grid: spec.num_blocks,
+                max,
+            });
+        }
+        let (grid, block) = ((spec.num_blocks, 1, 1), (spec.threads_per_block, 1, 1));
+        let f = kernel.function.cu_function();
+        if spec.shared_mem_bytes > 48 << 10 {
+            kernel
+                .function
+                .set_attribute(
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    spec.shared_mem_bytes as i32,
+                )
+                .map_err(CollError::cuda("allowing a kernel more shared memory"))?;
+        }
+        use cudarc::driver::result::{
+            launch_cooperative_kernel, launch_kernel, stream::is_capturing,
+        };
+        // SAFETY: a live stream of this context.
+        let capturing = unsafe { is_capturing(stream) }
+            .map_err(CollError::cuda("querying stream capture"))?
+            != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        let smem = spec.shared_mem_bytes;
+        // SAFETY: the caller vouches for `args`; the grid fits the GPU (checked above).
+        unsafe {
+            if capturing {
+                launch_kernel(f, grid, block, smem, stream, args)
+            } else {
+                launch_cooperative_kernel(f, grid, block, smem, stream, args)
+            }
+        }
+        .map_err(CollError::cuda("launching a kernel"))
+    }
+    // ANCHOR_END: launch
+}
