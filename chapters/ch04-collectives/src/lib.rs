@@ -24,4 +24,4 @@ pub use communicator::{Communicator, Reducible};
 pub use config::CollectivesConfig;
 pub use error::{CollError, DeviceFailure, DeviceFailureKind};
 pub use launch::{Kernels, LaunchSpec};
-pub use workspace::Workspace;
+pub use workspace::{HostMapped, Workspace};

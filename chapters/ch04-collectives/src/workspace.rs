@@ -70,49 +70,67 @@ fn ll_slot_bytes(ll_max_bytes: usize) -> usize {
     2 * ll_max_bytes.next_multiple_of(16)
 }
 
-/// Eight u64 of pinned host memory that the GPU writes through its mapping: a kernel records
-/// a failure there and the host reads it at any time, without synchronising a stream.
-pub(crate) struct ErrorRecord {
+/// `len` words of pinned host memory that the GPU reads and writes through its mapping: a
+/// kernel leaves a result there (a failure record, a count) and the host reads it at any
+/// time, without synchronising a stream.
+pub struct HostMapped {
     host: *mut u64,
     device: u64,
+    len: usize,
 }
 
-// SAFETY: pinned host memory is valid from every thread; the GPU writes it, the host only
-// reads it with volatile loads.
-unsafe impl Send for ErrorRecord {}
-unsafe impl Sync for ErrorRecord {}
+// SAFETY: pinned host memory is valid from every thread; host accesses are volatile, the
+// GPU's go through its own mapping.
+unsafe impl Send for HostMapped {}
+unsafe impl Sync for HostMapped {}
 
-impl ErrorRecord {
-    fn new() -> Result<Self, CollError> {
-        // SAFETY: a fresh 64-byte pinned allocation, mapped into the device's address space.
-        let host =
-            unsafe { cudarc::driver::result::malloc_host(64, sys::CU_MEMHOSTALLOC_DEVICEMAP) }
-                .map_err(CollError::cuda("allocating the error record"))? as *mut u64;
-        // SAFETY: `host` holds 8 u64.
-        unsafe { std::ptr::write_bytes(host, 0, 8) };
+impl HostMapped {
+    /// `len` zeroed u64 words.
+    pub fn new(len: usize) -> Result<Self, CollError> {
+        // SAFETY: a fresh pinned allocation, mapped into the device's address space.
+        let host = unsafe {
+            cudarc::driver::result::malloc_host(len.max(1) * 8, sys::CU_MEMHOSTALLOC_DEVICEMAP)
+        }
+        .map_err(CollError::cuda("allocating host-mapped memory"))? as *mut u64;
+        // SAFETY: `host` holds `len` words.
+        unsafe { std::ptr::write_bytes(host, 0, len) };
         let mut device = 0;
         // SAFETY: `host` was allocated with DEVICEMAP.
         unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host as *mut c_void, 0) }
             .result()
-            .map_err(CollError::cuda("mapping the error record"))?;
-        Ok(Self { host, device })
+            .map_err(CollError::cuda("mapping host memory into the GPU"))?;
+        Ok(Self { host, device, len })
     }
 
-    /// The record, if a kernel wrote one. Word 0 is written last (after a system fence).
-    fn read(&self) -> Option<[u64; 8]> {
-        // SAFETY: 8 u64 of live pinned memory; volatile because the GPU writes them.
-        let word = |i: usize| unsafe { std::ptr::read_volatile(self.host.add(i)) };
-        if word(0) == 0 {
-            return None;
-        }
+    /// The address kernels use.
+    pub fn device_ptr(&self) -> u64 {
+        self.device
+    }
+
+    /// Word `i`, as the GPU last left it.
+    pub fn read(&self, i: usize) -> u64 {
+        assert!(i < self.len, "word {i} of {}", self.len);
+        // SAFETY: in bounds (checked); volatile because the GPU writes it.
+        unsafe { std::ptr::read_volatile(self.host.add(i)) }
+    }
+
+    pub fn write(&self, i: usize, value: u64) {
+        assert!(i < self.len, "word {i} of {}", self.len);
+        // SAFETY: in bounds (checked).
+        unsafe { std::ptr::write_volatile(self.host.add(i), value) }
+    }
+
+    /// Words `0..len`, read after word 0 (which the GPU writes last, after a system fence).
+    pub fn snapshot<const N: usize>(&self) -> [u64; N] {
+        let first = self.read(0);
         std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
-        Some(std::array::from_fn(word))
+        std::array::from_fn(|i| if i == 0 { first } else { self.read(i) })
     }
 }
 
-impl Drop for ErrorRecord {
+impl Drop for HostMapped {
     fn drop(&mut self) {
-        // SAFETY: allocated by malloc_host; the communicator synchronised its stream first.
+        // SAFETY: allocated by malloc_host; its users synchronised before dropping it.
         let _ = unsafe { cudarc::driver::result::free_host(self.host as *mut c_void) };
     }
 }
@@ -123,7 +141,8 @@ pub(crate) struct Memory<W: Deref<Target = World>> {
     pub symmetric: SymmetricBuffer<W, u8>,
     /// Read and written by the kernels only (through `workspace.state`); held to keep it alive.
     pub _state: CudaSlice<u64>,
-    pub record: ErrorRecord,
+    /// Host-mapped [8] u64: the failure record (see `Workspace::error`).
+    pub record: HostMapped,
     pub workspace: Workspace,
 }
 
@@ -146,7 +165,7 @@ impl<W: Deref<Target = World>> Memory<W> {
         let state = stream
             .alloc_zeros::<u64>(4)
             .map_err(CollError::cuda("allocating the call state"))?;
-        let record = ErrorRecord::new()?;
+        let record = HostMapped::new(8)?;
         let own_bytes = symmetric_bytes(n_pes, config.ll_max_bytes);
         let symmetric = SymmetricBuffer::<W, u8>::new(world, own_bytes + config.extra_bytes)?;
         symmetric.fill_bytes(0)?;
@@ -156,7 +175,7 @@ impl<W: Deref<Target = World>> Memory<W> {
         let (state_ptr, _) = cudarc::driver::DevicePtr::device_ptr(&state, &stream);
         let workspace = Workspace {
             state: state_ptr,
-            error: record.device,
+            error: record.device_ptr(),
             ready: base,
             done: base + READY_BYTES as u64,
             counts: base + (READY_BYTES + DONE_BYTES) as u64,
@@ -196,19 +215,20 @@ impl<W: Deref<Target = World>> Memory<W> {
     /// `Err` with the kernel's account if any kernel of this communicator failed. Cheap (one
     /// read of pinned memory): every call makes it first.
     pub(crate) fn check(&self, timeout_ms: u64) -> Result<(), CollError> {
-        match self.record.read() {
-            None => Ok(()),
-            Some(word) => Err(CollError::Device(DeviceFailure {
-                me: self.workspace.my_pe as usize,
-                kind: DeviceFailureKind::from_code(word[4]),
-                pe: word[1],
-                expected: word[2],
-                seen: word[3],
-                block: word[5],
-                call: word[6],
-                timeout_ms,
-            })),
+        let word: [u64; 8] = self.record.snapshot();
+        if word[0] == 0 {
+            return Ok(());
         }
+        Err(CollError::Device(DeviceFailure {
+            me: self.workspace.my_pe as usize,
+            kind: DeviceFailureKind::from_code(word[4]),
+            pe: word[1],
+            expected: word[2],
+            seen: word[3],
+            block: word[5],
+            call: word[6],
+            timeout_ms,
+        }))
     }
 }
 
