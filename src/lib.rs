@@ -5,7 +5,7 @@
 //! ```text
 //! nvshmem-sys/                    raw FFI: libnvshmem_host.so.3 opened at run time, ABI types,
 //!                                 library discovery and the version pin (3.4.5)
-//! kernels/                        kernels/cuda/*.cu -> one cubin per arch, embedded;
+//! kernels/                        kernels/cuda/**/*.cu -> one cubin per arch, embedded;
 //!                                 NvshmemModule (load + nvshmemx_cumodule_init)
 //! chapters/ch01-bootstrap         LaunchEnv (torchrun), unique-id rendezvous (TCP, bounded),
 //!                                 World (init/finalize), checks (the harness every example uses)
@@ -14,16 +14,45 @@
 //! chapters/ch03-put-get           device put/get (thread/warp/block, nbi+quiet), putmem_signal
 //!                                 handshake, peer stores, bulk-copy put, host on-stream ops;
 //!                                 the p2p benchmark
-//! python/                         nvshmem_tutorial: PyO3 module + torch glue
-//! src/lib.rs                      this map; NvshmemBuffer (dispatch/combine) lands here in
-//!                                 chapter 7
+//! chapters/ch04-collectives       Communicator: barrier, broadcast, all-gather, reduce-scatter,
+//!                                 all-reduce, all-to-all(-v) from peer stores and signals
+//! python/                         nvshmem_tutorial: PyO3 module + torch glue (Buffer: DeepEP's API)
+//! src/                            chapter 7, NvshmemBuffer (this crate):
+//!   config.rs                       DeepEP's Config, defaults per rank count, size hints
+//!   layout.rs                       the buffer's regions and slots as size formulas
+//!   buffer.rs                       NvshmemBuffer: one allocation, its kernels, check()
+//!   notify.rs                       get_dispatch_layout; the notify step (chapter 4's all-gather)
+//!   dispatch.rs, combine.rs         the two halves of MoE communication
+//!   handle.rs, view.rs, error.rs    what they take and return
+//!   bin/                            ch07-buffer (self-checking)
+//! kernels/cuda/buffer/            moe.cuh (ring protocol NOTES), layout.cu, notify.cu,
+//!                                 intranode.cu (moe_scatter, moe_gather)
 //! ```
 //!
 //! Each chapter crate depends only on earlier chapters, `nvshmem-sys` and `kernels`; this
 //! crate re-exports them so that an application needs one dependency.
 
+pub mod buffer;
+pub mod combine;
+pub mod config;
+pub mod dispatch;
+pub mod error;
+pub mod handle;
+pub mod layout;
+pub mod notify;
+pub mod view;
+
+pub use buffer::{BufferOptions, NvshmemBuffer};
 pub use ch01_bootstrap as bootstrap;
 pub use ch02_symmetric_memory as symmetric_memory;
 pub use ch03_put_get as put_get;
+pub use ch04_collectives as collectives;
+pub use combine::{CombineInputs, CombineOutputs};
+pub use config::Config;
+pub use dispatch::{DispatchInputs, DispatchOutputs};
+pub use error::BufferError;
+pub use handle::Handle;
 pub use kernels;
+pub use notify::{LayoutOutputs, NotifyInputs, NotifyOutputs, RecvCounts};
 pub use nvshmem_sys;
+pub use view::{ElemType, View};

@@ -120,6 +120,19 @@ impl HostMapped {
         unsafe { std::ptr::write_volatile(self.host.add(i), value) }
     }
 
+    /// 32-bit word `i` (kernels that count in int32 write halves of the u64 words).
+    pub fn read_i32(&self, i: usize) -> i32 {
+        assert!(i < 2 * self.len, "i32 {i} of {}", 2 * self.len);
+        // SAFETY: in bounds (checked); volatile because the GPU writes it.
+        unsafe { std::ptr::read_volatile((self.host as *const i32).add(i)) }
+    }
+
+    pub fn write_i32(&self, i: usize, value: i32) {
+        assert!(i < 2 * self.len, "i32 {i} of {}", 2 * self.len);
+        // SAFETY: in bounds (checked).
+        unsafe { std::ptr::write_volatile((self.host as *mut i32).add(i), value) }
+    }
+
     /// Words `0..len`, read after word 0 (which the GPU writes last, after a system fence).
     pub fn snapshot<const N: usize>(&self) -> [u64; N] {
         let first = self.read(0);

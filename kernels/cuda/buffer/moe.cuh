@@ -44,16 +44,17 @@ constexpr uint64_t BAD_EXPERT = 9;       // topk_idx held a value outside [-1, n
 
 // Bad input found on the device (a value only the GPU holds), kept apart from the
 // communicator's failure record: the buffer stays usable, the host raises it once and clears
-// it. claim: local device u64 (first writer wins); words: host-mapped [3] u64 = kind, token,
-// value (kind written last).
+// it. claim: local device u64 (first writer wins); words: host-mapped [4] u64 = kind, token,
+// value, limit (kind written last).
 struct InputError {
     unsigned long long* claim;
     uint64_t* words;
-    __device__ void record(uint64_t kind, uint64_t token, uint64_t value) const {
+    __device__ void record(uint64_t kind, uint64_t token, uint64_t value, uint64_t limit) const {
         if (atomicCAS(claim, 0ull, 1ull) != 0ull) return;
         volatile uint64_t* r = words;
         r[1] = token;
         r[2] = value;
+        r[3] = limit;
         __threadfence_system();
         r[0] = kind;
     }

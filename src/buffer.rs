@@ -1,0 +1,198 @@
+//! `NvshmemBuffer`: one symmetric allocation (a chapter-4 communicator plus the buffer's
+//! regions, src/layout.rs), the kernels of kernels/cuda/buffer, and the small local state the
+//! rings need. Dispatch and combine are in their own modules; this one makes and checks.
+
+use std::ffi::c_void;
+use std::ops::Deref;
+
+use ch01_bootstrap::World;
+use ch04_collectives::{CollectivesConfig, Communicator, HostMapped, Kernels, LaunchSpec, Workspace};
+use cudarc::driver::{CudaSlice, DevicePtr, sys};
+
+use crate::config::{DEFAULT_TIMEOUT_MS, MAX_CHANNELS};
+use crate::error::{BufferError, describe};
+use crate::layout::Regions;
+use ch04_collectives::config::MAX_PES;
+
+const MODULES: [&str; 3] = ["buffer/layout", "buffer/notify", "buffer/intranode"];
+/// Words of the notify step's host-mapped counts: [0] tokens to receive (i32), then one i32
+/// per local expert.
+const COUNT_WORDS: usize = 1 + crate::config::MAX_EXPERTS / 2;
+
+/// How a buffer is made (DeepEP's constructor arguments that matter inside one node).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BufferOptions {
+    /// Bytes of the rings of normal mode (a multiple of 128).
+    pub num_nvl_bytes: usize,
+    /// Bytes of the low-latency region (low-latency mode only).
+    pub num_rdma_bytes: usize,
+    pub low_latency_mode: bool,
+    /// Bound on every wait, device and host, in milliseconds.
+    pub timeout_ms: u64,
+}
+
+impl BufferOptions {
+    pub fn normal(num_nvl_bytes: usize) -> Self {
+        Self { num_nvl_bytes, num_rdma_bytes: 0, low_latency_mode: false, timeout_ms: DEFAULT_TIMEOUT_MS }
+    }
+
+    /// DeepEP's checks on the sizes, and ours on the mode.
+    pub fn check(&self, n_pes: usize) -> Result<(), BufferError> {
+        let invalid = |m: String| Err(BufferError::invalid("Buffer", m));
+        if !self.num_nvl_bytes.is_multiple_of(128) || !self.num_rdma_bytes.is_multiple_of(128) {
+            return invalid(format!(
+                "num_nvl_bytes ({}) and num_rdma_bytes ({}) must be multiples of 128",
+                self.num_nvl_bytes, self.num_rdma_bytes
+            ));
+        }
+        if self.num_rdma_bytes > 0 && !self.low_latency_mode {
+            return invalid(
+                "num_rdma_bytes > 0 outside low-latency mode asks for inter-node normal mode, \
+                 which this buffer does not have: pass num_rdma_bytes=0, or low_latency_mode=True"
+                    .into(),
+            );
+        }
+        if n_pes > MAX_PES {
+            return invalid(format!("{n_pes} ranks: this buffer runs up to {MAX_PES} ranks of one node"));
+        }
+        Ok(())
+    }
+}
+
+/// The ring counters each PE keeps to itself (moe.cuh NOTES): tokens pushed and consumed per
+/// (channel, peer), for dispatch and for combine.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Progress {
+    DispatchSent = 0,
+    DispatchReceived = 1,
+    CombineSent = 2,
+    CombineReceived = 3,
+}
+
+// ANCHOR: buffer
+pub struct NvshmemBuffer<W: Deref<Target = World>> {
+    pub(crate) comm: Communicator<W>,
+    pub(crate) kernels: Kernels,
+    pub(crate) options: BufferOptions,
+    /// Device address of the buffer's regions (after the communicator's own).
+    pub(crate) base: u64,
+    /// Local device [4][MAX_CHANNELS][MAX_PES] u64, indexed by `Progress`.
+    progress: CudaSlice<u64>,
+    /// The notify step's counts (host-mapped i32, see COUNT_WORDS).
+    pub(crate) counts: HostMapped,
+    /// Bad input found on the device: [kind, token, value, limit] (host-mapped) and its claim.
+    pub(crate) input_error: HostMapped,
+    input_claim: CudaSlice<u64>,
+}
+// ANCHOR_END: buffer
+
+impl<W: Deref<Target = World>> NvshmemBuffer<W> {
+    /// Collective: every PE makes its buffer with the same options, at the same point.
+    pub fn new(world: W, options: BufferOptions) -> Result<Self, BufferError> {
+        options.check(world.n_pes())?;
+        let regions = Regions { num_nvl_bytes: options.num_nvl_bytes, num_rdma_bytes: options.num_rdma_bytes };
+        let kernels = Kernels::load(&world, &MODULES)?;
+        let stream = world.stream().clone();
+        let cuda = |what| move |e| BufferError::from(ch04_collectives::CollError::Cuda { what, source: e });
+        let progress = stream.alloc_zeros::<u64>(4 * MAX_CHANNELS * MAX_PES).map_err(cuda("allocating ring state"))?;
+        let input_claim = stream.alloc_zeros::<u64>(1).map_err(cuda("allocating the input-error claim"))?;
+        let config = CollectivesConfig {
+            timeout_ms: options.timeout_ms,
+            extra_bytes: regions.total(),
+            ..CollectivesConfig::default()
+        };
+        let comm = Communicator::new(world, config)?;
+        let (base, _) = comm.extra_region();
+        Ok(Self {
+            comm,
+            kernels,
+            options,
+            base,
+            progress,
+            counts: HostMapped::new(COUNT_WORDS)?,
+            input_error: HostMapped::new(4)?,
+            input_claim,
+        })
+    }
+
+    pub fn world(&self) -> &World {
+        self.comm.world()
+    }
+    pub fn options(&self) -> &BufferOptions {
+        &self.options
+    }
+    /// The chapter-4 communicator the buffer is built on (its notify step uses all-gather).
+    pub fn communicator(&self) -> &Communicator<W> {
+        &self.comm
+    }
+
+    /// This PE's normal-mode region (`rdma = false`) or low-latency region: (address, bytes).
+    /// What DeepEP's `get_local_buffer_tensor` views.
+    pub fn local_region(&self, rdma: bool) -> (u64, usize) {
+        let regions = Regions { num_nvl_bytes: self.options.num_nvl_bytes, num_rdma_bytes: self.options.num_rdma_bytes };
+        if rdma {
+            (self.base + regions.rdma() as u64, self.options.num_rdma_bytes)
+        } else {
+            (self.base + Regions::nvl() as u64, self.options.num_nvl_bytes)
+        }
+    }
+
+    /// `Err` if a kernel of this buffer failed (the buffer is unusable then), or if one found
+    /// bad input (raised once; the buffer stays usable). Cheap: reads host-mapped memory.
+    pub fn check(&self) -> Result<(), BufferError> {
+        self.comm.check().map_err(describe)?;
+        let [kind, token, value, num_experts]: [u64; 4] = self.input_error.snapshot();
+        if kind != 0 {
+            // Clear after the report: the claim word first (device), then the record.
+            self.clear_input_error()?;
+            return Err(BufferError::BadExpert { token, value: value as i64, num_experts });
+        }
+        Ok(())
+    }
+
+    fn clear_input_error(&self) -> Result<(), BufferError> {
+        let stream = self.world().stream();
+        let (claim, _) = self.input_claim.device_ptr(stream);
+        // SAFETY: one u64 of device memory; the stream orders it before the next kernel.
+        unsafe { cudarc::driver::result::memset_d8_async(claim, 0, 8, stream.cu_stream()) }
+            .map_err(|e| BufferError::from(ch04_collectives::CollError::Cuda { what: "clearing the input-error claim", source: e }))?;
+        stream.synchronize().map_err(|e| BufferError::from(ch04_collectives::CollError::Cuda { what: "synchronising", source: e }))?;
+        for i in 0..4 {
+            self.input_error.write(i, 0);
+        }
+        Ok(())
+    }
+
+    /// moe.cuh's InputError, for the layout kernel.
+    pub(crate) fn input_error_args(&self) -> [u64; 2] {
+        let (claim, _) = self.input_claim.device_ptr(self.world().stream());
+        [claim, self.input_error.device_ptr()]
+    }
+
+    /// Device address of one (channel, peer) progress array.
+    pub(crate) fn progress(&self, which: Progress) -> u64 {
+        let (ptr, _) = self.progress.device_ptr(self.world().stream());
+        ptr + (which as usize * MAX_CHANNELS * MAX_PES * 8) as u64
+    }
+
+    /// Device address of one symmetric counter array (layout.rs: Regions::counters).
+    pub(crate) fn counters(&self, which: usize) -> u64 {
+        self.base + Regions::counters(which) as u64
+    }
+
+    pub(crate) fn workspace(&self) -> Workspace {
+        self.comm.workspace()
+    }
+
+    /// Launches a buffer kernel. Its blocks may wait for peers: see `Kernels::launch`.
+    pub(crate) fn launch(&self, spec: LaunchSpec, stream: sys::CUstream, args: &mut [*mut c_void]) -> Result<(), BufferError> {
+        self.world().context().bind_to_thread().map_err(|e| BufferError::from(ch04_collectives::CollError::Cuda { what: "binding the context", source: e }))?;
+        // SAFETY: every caller passes the kernel's parameters in order (see each call site).
+        Ok(unsafe { self.kernels.launch(&spec, stream, args) }?)
+    }
+}
+
+/// A kernel argument: a pointer to the value, as cuLaunchKernel takes them.
+pub(crate) fn arg<T>(value: &T) -> *mut c_void {
+    value as *const T as *mut c_void
+}

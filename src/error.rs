@@ -1,0 +1,61 @@
+//! What can go wrong in the buffer, each with what to do about it.
+
+use ch04_collectives::{CollError, DeviceFailureKind};
+
+#[derive(Debug, thiserror::Error)]
+pub enum BufferError {
+    /// A wrong argument, found before anything was launched.
+    #[error("{what}: {message}")]
+    Invalid { what: &'static str, message: String },
+    #[error(
+        "{what} needs num_nvl_bytes >= {needed} ({rings}) but this buffer has {have}. Create \
+         the buffer with num_nvl_bytes = Config.get_nvl_buffer_size_hint(hidden_bytes, \
+         num_ranks) or more"
+    )]
+    BufferTooSmall {
+        what: &'static str,
+        needed: usize,
+        have: usize,
+        rings: String,
+    },
+    /// Bad input only the GPU could see (an expert id out of range): the buffer stays usable.
+    #[error(
+        "topk_idx[{token}] holds expert {value}, outside -1..{num_experts}: every entry must be \
+         -1 (no expert) or a global expert id below num_experts"
+    )]
+    BadExpert { token: u64, value: i64, num_experts: u64 },
+    #[error(
+        "rank {me}: timed out after {timeout_ms} ms waiting for the notify step's counts (the \
+         peers' rows of tokens per rank and expert). Did every rank call dispatch with the \
+         same num_experts and config?"
+    )]
+    NotifyTimeout { me: usize, timeout_ms: u64 },
+    #[error("{0}")]
+    Ring(String),
+    #[error("the buffer was destroyed; create a new one")]
+    Destroyed,
+    #[error(transparent)]
+    Coll(#[from] CollError),
+}
+
+impl BufferError {
+    pub fn invalid(what: &'static str, message: impl Into<String>) -> Self {
+        Self::Invalid { what, message: message.into() }
+    }
+}
+
+/// Chapter 4's failure record, with the kinds the buffer's kernels add named.
+pub(crate) fn describe(error: CollError) -> BufferError {
+    let CollError::Device(failure) = &error else { return error.into() };
+    let what = match failure.kind {
+        DeviceFailureKind::Unknown(7) => "a sender waited for ring space that the receiver never freed",
+        DeviceFailureKind::Unknown(8) => "a receiver waited for tokens that never came",
+        _ => return error.into(),
+    };
+    BufferError::Ring(format!(
+        "rank {}: call {}, block {}: timed out after {} ms: {what} (peer rank {}, counter \
+         {} expected, {} seen). Did every rank make the same dispatch/combine calls with \
+         matching handles? The buffer is unusable from here on: destroy it and create a new one",
+        failure.me, failure.call, failure.block, failure.timeout_ms, failure.pe, failure.expected, failure.seen
+    ))
+}
