@@ -6,7 +6,9 @@ use std::ffi::c_void;
 use std::ops::Deref;
 
 use ch01_bootstrap::World;
-use ch04_collectives::{CollectivesConfig, Communicator, HostMapped, Kernels, LaunchSpec, Workspace};
+use ch04_collectives::{
+    CollectivesConfig, Communicator, HostMapped, Kernels, LaunchSpec, Workspace,
+};
 use cudarc::driver::{CudaSlice, DevicePtr, sys};
 
 use crate::config::{DEFAULT_TIMEOUT_MS, MAX_CHANNELS};
@@ -33,7 +35,12 @@ pub struct BufferOptions {
 
 impl BufferOptions {
     pub fn normal(num_nvl_bytes: usize) -> Self {
-        Self { num_nvl_bytes, num_rdma_bytes: 0, low_latency_mode: false, timeout_ms: DEFAULT_TIMEOUT_MS }
+        Self {
+            num_nvl_bytes,
+            num_rdma_bytes: 0,
+            low_latency_mode: false,
+            timeout_ms: DEFAULT_TIMEOUT_MS,
+        }
     }
 
     /// DeepEP's checks on the sizes, and ours on the mode.
@@ -53,7 +60,9 @@ impl BufferOptions {
             );
         }
         if n_pes > MAX_PES {
-            return invalid(format!("{n_pes} ranks: this buffer runs up to {MAX_PES} ranks of one node"));
+            return invalid(format!(
+                "{n_pes} ranks: this buffer runs up to {MAX_PES} ranks of one node"
+            ));
         }
         Ok(())
     }
@@ -90,12 +99,21 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
     /// Collective: every PE makes its buffer with the same options, at the same point.
     pub fn new(world: W, options: BufferOptions) -> Result<Self, BufferError> {
         options.check(world.n_pes())?;
-        let regions = Regions { num_nvl_bytes: options.num_nvl_bytes, num_rdma_bytes: options.num_rdma_bytes };
+        let regions = Regions {
+            num_nvl_bytes: options.num_nvl_bytes,
+            num_rdma_bytes: options.num_rdma_bytes,
+        };
         let kernels = Kernels::load(&world, &MODULES)?;
         let stream = world.stream().clone();
-        let cuda = |what| move |e| BufferError::from(ch04_collectives::CollError::Cuda { what, source: e });
-        let progress = stream.alloc_zeros::<u64>(4 * MAX_CHANNELS * MAX_PES).map_err(cuda("allocating ring state"))?;
-        let input_claim = stream.alloc_zeros::<u64>(1).map_err(cuda("allocating the input-error claim"))?;
+        let cuda = |what| {
+            move |e| BufferError::from(ch04_collectives::CollError::Cuda { what, source: e })
+        };
+        let progress = stream
+            .alloc_zeros::<u64>(4 * MAX_CHANNELS * MAX_PES)
+            .map_err(cuda("allocating ring state"))?;
+        let input_claim = stream
+            .alloc_zeros::<u64>(1)
+            .map_err(cuda("allocating the input-error claim"))?;
         let config = CollectivesConfig {
             timeout_ms: options.timeout_ms,
             extra_bytes: regions.total(),
@@ -129,11 +147,20 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
     /// This PE's normal-mode region (`rdma = false`) or low-latency region: (address, bytes).
     /// What DeepEP's `get_local_buffer_tensor` views.
     pub fn local_region(&self, rdma: bool) -> (u64, usize) {
-        let regions = Regions { num_nvl_bytes: self.options.num_nvl_bytes, num_rdma_bytes: self.options.num_rdma_bytes };
+        let regions = Regions {
+            num_nvl_bytes: self.options.num_nvl_bytes,
+            num_rdma_bytes: self.options.num_rdma_bytes,
+        };
         if rdma {
-            (self.base + regions.rdma() as u64, self.options.num_rdma_bytes)
+            (
+                self.base + regions.rdma() as u64,
+                self.options.num_rdma_bytes,
+            )
         } else {
-            (self.base + Regions::nvl() as u64, self.options.num_nvl_bytes)
+            (
+                self.base + Regions::nvl() as u64,
+                self.options.num_nvl_bytes,
+            )
         }
     }
 
@@ -145,7 +172,11 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         if kind != 0 {
             // Clear after the report: the claim word first (device), then the record.
             self.clear_input_error()?;
-            return Err(BufferError::BadExpert { token, value: value as i64, num_experts });
+            return Err(BufferError::BadExpert {
+                token,
+                value: value as i64,
+                num_experts,
+            });
         }
         Ok(())
     }
@@ -155,8 +186,18 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         let (claim, _) = self.input_claim.device_ptr(stream);
         // SAFETY: one u64 of device memory; the stream orders it before the next kernel.
         unsafe { cudarc::driver::result::memset_d8_async(claim, 0, 8, stream.cu_stream()) }
-            .map_err(|e| BufferError::from(ch04_collectives::CollError::Cuda { what: "clearing the input-error claim", source: e }))?;
-        stream.synchronize().map_err(|e| BufferError::from(ch04_collectives::CollError::Cuda { what: "synchronising", source: e }))?;
+            .map_err(|e| {
+                BufferError::from(ch04_collectives::CollError::Cuda {
+                    what: "clearing the input-error claim",
+                    source: e,
+                })
+            })?;
+        stream.synchronize().map_err(|e| {
+            BufferError::from(ch04_collectives::CollError::Cuda {
+                what: "synchronising",
+                source: e,
+            })
+        })?;
         for i in 0..4 {
             self.input_error.write(i, 0);
         }
@@ -185,8 +226,18 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
     }
 
     /// Launches a buffer kernel. Its blocks may wait for peers: see `Kernels::launch`.
-    pub(crate) fn launch(&self, spec: LaunchSpec, stream: sys::CUstream, args: &mut [*mut c_void]) -> Result<(), BufferError> {
-        self.world().context().bind_to_thread().map_err(|e| BufferError::from(ch04_collectives::CollError::Cuda { what: "binding the context", source: e }))?;
+    pub(crate) fn launch(
+        &self,
+        spec: LaunchSpec,
+        stream: sys::CUstream,
+        args: &mut [*mut c_void],
+    ) -> Result<(), BufferError> {
+        self.world().context().bind_to_thread().map_err(|e| {
+            BufferError::from(ch04_collectives::CollError::Cuda {
+                what: "binding the context",
+                source: e,
+            })
+        })?;
         // SAFETY: every caller passes the kernel's parameters in order (see each call site).
         Ok(unsafe { self.kernels.launch(&spec, stream, args) }?)
     }

@@ -90,7 +90,10 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         let hidden = x.cols();
         let hidden_bytes = hidden * 2;
         if !hidden_bytes.is_multiple_of(16) {
-            return Err(BufferError::invalid(WHAT, format!("a row of x is {hidden_bytes} bytes; rows must be a multiple of 16 bytes")));
+            return Err(BufferError::invalid(
+                WHAT,
+                format!("a row of x is {hidden_bytes} bytes; rows must be a multiple of 16 bytes"),
+            ));
         }
         let num_topk = match &inputs.topk_weights {
             Some(w) => {
@@ -101,12 +104,27 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         };
         for (i, bias) in inputs.bias.iter().enumerate() {
             if let Some(b) = bias {
-                b.expect(WHAT, if i == 0 { "bias[0]" } else { "bias[1]" }, ElemType::Bf16, &[Some(num_tokens), Some(hidden)])?;
+                b.expect(
+                    WHAT,
+                    if i == 0 { "bias[0]" } else { "bias[1]" },
+                    ElemType::Bf16,
+                    &[Some(num_tokens), Some(hidden)],
+                )?;
             }
         }
-        outputs.combined_x.expect(WHAT, "combined_x", ElemType::Bf16, &[Some(num_tokens), Some(hidden)])?;
+        outputs.combined_x.expect(
+            WHAT,
+            "combined_x",
+            ElemType::Bf16,
+            &[Some(num_tokens), Some(hidden)],
+        )?;
         if let Some(w) = &outputs.combined_topk_weights {
-            w.expect(WHAT, "combined_topk_weights", ElemType::F32, &[Some(num_tokens), Some(num_topk)])?;
+            w.expect(
+                WHAT,
+                "combined_topk_weights",
+                ElemType::F32,
+                &[Some(num_tokens), Some(num_topk)],
+            )?;
         }
         let slot_bytes = combine_slot_bytes(hidden_bytes, num_topk);
         let ring_tokens = config.num_max_nvl_chunked_recv_tokens as usize;
@@ -116,7 +134,9 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
                 what: WHAT,
                 needed,
                 have: self.options.num_nvl_bytes,
-                rings: format!("{c} channels x {n} ranks x {ring_tokens} slots x {slot_bytes} bytes"),
+                rings: format!(
+                    "{c} channels x {n} ranks x {ring_tokens} slots x {slot_bytes} bytes"
+                ),
             });
         }
         let opt = |v: &Option<View>| v.map_or(0, |v| v.ptr);
@@ -142,7 +162,12 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
             ring_tokens: ring_tokens as i32,
             slot_bytes: slot_bytes as i32,
         };
-        let spec = LaunchSpec { kernel: "moe_gather", num_blocks: 2 * c as u32, threads_per_block: THREADS_PER_BLOCK, shared_mem_bytes: 0 };
+        let spec = LaunchSpec {
+            kernel: "moe_gather",
+            num_blocks: 2 * c as u32,
+            threads_per_block: THREADS_PER_BLOCK,
+            shared_mem_bytes: 0,
+        };
         let ws = self.workspace();
         self.launch(spec, stream, &mut [arg(&ws), arg(&args)])
     }

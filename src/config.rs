@@ -78,7 +78,10 @@ impl Config {
             ));
         }
         if self.num_channels() > MAX_CHANNELS {
-            return invalid(format!("num_sms = {} is more than {} channels", self.num_sms, MAX_CHANNELS));
+            return invalid(format!(
+                "num_sms = {} is more than {} channels",
+                self.num_sms, MAX_CHANNELS
+            ));
         }
         if self.num_max_nvl_chunked_recv_tokens < WINDOW_TOKENS {
             return invalid(format!(
@@ -88,7 +91,10 @@ impl Config {
             ));
         }
         if (THREADS_PER_BLOCK / 32) < n_pes as u32 {
-            return invalid(format!("{n_pes} PEs need more than {} warps per block", THREADS_PER_BLOCK / 32));
+            return invalid(format!(
+                "{n_pes} PEs need more than {} warps per block",
+                THREADS_PER_BLOCK / 32
+            ));
         }
         Ok(())
     }
@@ -141,7 +147,9 @@ pub fn combine_config(num_ranks: usize, num_sms: u32) -> Result<Config, BufferEr
 fn unsupported_ranks(num_ranks: usize) -> BufferError {
     BufferError::invalid(
         "get_dispatch_config",
-        format!("Unsupported number of EP ranks: {num_ranks} (this buffer runs 2, 4 or 8 ranks of one node)"),
+        format!(
+            "Unsupported number of EP ranks: {num_ranks} (this buffer runs 2, 4 or 8 ranks of one node)"
+        ),
     )
 }
 
@@ -152,27 +160,67 @@ mod tests {
     #[test]
     fn deepep_checks_and_defaults() {
         assert!(Config::new(24, 8, 256, 6, 128).is_ok());
-        assert!(Config::new(24, 256, 256, 6, 128).unwrap_err().to_string().contains("smaller than"));
+        assert!(
+            Config::new(24, 256, 256, 6, 128)
+                .unwrap_err()
+                .to_string()
+                .contains("smaller than")
+        );
         let c = Config::new(20, 6, 256, 6, 256).unwrap();
         assert_eq!(c.num_max_rdma_chunked_recv_tokens, 258); // aligned up to the send chunk
-        assert_eq!(dispatch_config(8, 24).unwrap().num_max_nvl_chunked_send_tokens, 6);
-        assert_eq!(combine_config(2, 24).unwrap().num_max_nvl_chunked_send_tokens, 10);
-        assert!(dispatch_config(16, 24).unwrap_err().to_string().contains("Unsupported number of EP ranks: 16"));
+        assert_eq!(
+            dispatch_config(8, 24)
+                .unwrap()
+                .num_max_nvl_chunked_send_tokens,
+            6
+        );
+        assert_eq!(
+            combine_config(2, 24)
+                .unwrap()
+                .num_max_nvl_chunked_send_tokens,
+            10
+        );
+        assert!(
+            dispatch_config(16, 24)
+                .unwrap_err()
+                .to_string()
+                .contains("Unsupported number of EP ranks: 16")
+        );
     }
 
     #[test]
     fn launch_checks_name_the_field() {
         let c = Config::new(23, 8, 256, 6, 128).unwrap();
-        assert!(c.check_for_launch(8).unwrap_err().to_string().contains("must be even"));
+        assert!(
+            c.check_for_launch(8)
+                .unwrap_err()
+                .to_string()
+                .contains("must be even")
+        );
         let c = Config::new(24, 8, 16, 6, 128).unwrap();
-        assert!(c.check_for_launch(8).unwrap_err().to_string().contains("below 32"));
-        assert!(Config::new(24, 8, 256, 6, 128).unwrap().check_for_launch(8).is_ok());
+        assert!(
+            c.check_for_launch(8)
+                .unwrap_err()
+                .to_string()
+                .contains("below 32")
+        );
+        assert!(
+            Config::new(24, 8, 256, 6, 128)
+                .unwrap()
+                .check_for_launch(8)
+                .is_ok()
+        );
     }
 
     #[test]
     fn the_hint_covers_deepeps_test() {
         // tests/test_intranode.py: Config(24, 8, 256), hidden 7168 bf16, 8 ranks, 2e9 bytes.
-        let hint = Config::new(24, 8, 256, 6, 128).unwrap().get_nvl_buffer_size_hint(7168 * 2, 8);
-        assert!(hint < 2_000_000_000 && hint > 12 * 8 * 256 * 7168 * 2, "{hint}");
+        let hint = Config::new(24, 8, 256, 6, 128)
+            .unwrap()
+            .get_nvl_buffer_size_hint(7168 * 2, 8);
+        assert!(
+            hint < 2_000_000_000 && hint > 12 * 8 * 256 * 7168 * 2,
+            "{hint}"
+        );
     }
 }

@@ -108,52 +108,112 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         let fp8 = match x.elem {
             ElemType::Bf16 => false,
             ElemType::Fp8E4m3 => true,
-            other => return Err(BufferError::invalid(WHAT, format!("x must be bfloat16 or float8_e4m3fn, got {}", other.name()))),
+            other => {
+                return Err(BufferError::invalid(
+                    WHAT,
+                    format!("x must be bfloat16 or float8_e4m3fn, got {}", other.name()),
+                ));
+            }
         };
         x.expect(WHAT, "x", x.elem, &[Some(num_tokens), None])?;
         let hidden = x.cols();
         let hidden_bytes = hidden * x.elem.size();
         if !hidden_bytes.is_multiple_of(16) {
-            return Err(BufferError::invalid(WHAT, format!("a row of x is {hidden_bytes} bytes; rows must be a multiple of 16 bytes")));
+            return Err(BufferError::invalid(
+                WHAT,
+                format!("a row of x is {hidden_bytes} bytes; rows must be a multiple of 16 bytes"),
+            ));
         }
         let num_scales = match (fp8, &inputs.x_scales) {
             (true, Some(s)) => {
                 if s.elem != ElemType::F32 || s.dims != 2 || s.rows() != num_tokens {
-                    return Err(BufferError::invalid(WHAT, format!("x_scales must be float32 [{num_tokens}, S], got {} {:?}", s.elem.name(), &s.shape[..s.dims])));
+                    return Err(BufferError::invalid(
+                        WHAT,
+                        format!(
+                            "x_scales must be float32 [{num_tokens}, S], got {} {:?}",
+                            s.elem.name(),
+                            &s.shape[..s.dims]
+                        ),
+                    ));
                 }
                 s.cols()
             }
             (true, None) => return Err(BufferError::invalid(WHAT, "fp8 x comes as (x, x_scales)")),
-            (false, Some(_)) => return Err(BufferError::invalid(WHAT, "x_scales only go with fp8 x")),
+            (false, Some(_)) => {
+                return Err(BufferError::invalid(WHAT, "x_scales only go with fp8 x"));
+            }
             (false, None) => 0,
         };
         let num_topk = match (&inputs.topk_idx, &inputs.topk_weights) {
             (Some(i), Some(w)) => {
                 i.expect(WHAT, "topk_idx", ElemType::I64, &[Some(num_tokens), None])?;
-                w.expect(WHAT, "topk_weights", ElemType::F32, &[Some(num_tokens), Some(i.cols())])?;
+                w.expect(
+                    WHAT,
+                    "topk_weights",
+                    ElemType::F32,
+                    &[Some(num_tokens), Some(i.cols())],
+                )?;
                 i.cols()
             }
             (None, None) => 0,
-            _ => return Err(BufferError::invalid(WHAT, "topk_idx and topk_weights come together or not at all")),
+            _ => {
+                return Err(BufferError::invalid(
+                    WHAT,
+                    "topk_idx and topk_weights come together or not at all",
+                ));
+            }
         };
         if num_topk > MAX_TOPK {
-            return Err(BufferError::invalid(WHAT, format!("{num_topk} experts per token; at most {MAX_TOPK}")));
+            return Err(BufferError::invalid(
+                WHAT,
+                format!("{num_topk} experts per token; at most {MAX_TOPK}"),
+            ));
         }
-        outputs.recv_x.expect(WHAT, "recv_x", x.elem, &[None, Some(hidden)])?;
-        handle.recv_src_idx.expect(WHAT, "recv_src_idx", ElemType::I32, &[Some(rows)])?;
+        outputs
+            .recv_x
+            .expect(WHAT, "recv_x", x.elem, &[None, Some(hidden)])?;
+        handle
+            .recv_src_idx
+            .expect(WHAT, "recv_src_idx", ElemType::I32, &[Some(rows)])?;
         if let Some(s) = &outputs.recv_x_scales {
-            s.expect(WHAT, "recv_x_scales", ElemType::F32, &[Some(rows), Some(num_scales)])?;
+            s.expect(
+                WHAT,
+                "recv_x_scales",
+                ElemType::F32,
+                &[Some(rows), Some(num_scales)],
+            )?;
         }
         match (&outputs.recv_topk_idx, &outputs.recv_topk_weights) {
             (Some(i), Some(w)) => {
-                i.expect(WHAT, "recv_topk_idx", ElemType::I64, &[Some(rows), Some(num_topk)])?;
-                w.expect(WHAT, "recv_topk_weights", ElemType::F32, &[Some(rows), Some(num_topk)])?;
+                i.expect(
+                    WHAT,
+                    "recv_topk_idx",
+                    ElemType::I64,
+                    &[Some(rows), Some(num_topk)],
+                )?;
+                w.expect(
+                    WHAT,
+                    "recv_topk_weights",
+                    ElemType::F32,
+                    &[Some(rows), Some(num_topk)],
+                )?;
             }
             (None, None) if num_topk == 0 => {}
-            _ => return Err(BufferError::invalid(WHAT, "recv_topk_idx and recv_topk_weights go with topk_idx")),
+            _ => {
+                return Err(BufferError::invalid(
+                    WHAT,
+                    "recv_topk_idx and recv_topk_weights go with topk_idx",
+                ));
+            }
         }
         if num_topk > 0 && (inputs.num_experts == 0 || !inputs.num_experts.is_multiple_of(n)) {
-            return Err(BufferError::invalid(WHAT, format!("num_experts = {} must be a positive multiple of {n}", inputs.num_experts)));
+            return Err(BufferError::invalid(
+                WHAT,
+                format!(
+                    "num_experts = {} must be a positive multiple of {n}",
+                    inputs.num_experts
+                ),
+            ));
         }
         let slot = DispatchSlot::new(hidden_bytes, num_topk, num_scales);
         let ring_tokens = config.num_max_nvl_chunked_recv_tokens as usize;
@@ -163,10 +223,15 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
                 what: WHAT,
                 needed,
                 have: self.options.num_nvl_bytes,
-                rings: format!("{c} channels x {n} ranks x {ring_tokens} slots x {} bytes", slot.bytes),
+                rings: format!(
+                    "{c} channels x {n} ranks x {ring_tokens} slots x {} bytes",
+                    slot.bytes
+                ),
             });
         }
-        let (token_stride, hidden_stride) = inputs.x_scales.map_or((0, 0), |s| (s.strides[0] as i64, s.strides[1] as i64));
+        let (token_stride, hidden_stride) = inputs
+            .x_scales
+            .map_or((0, 0), |s| (s.strides[0] as i64, s.strides[1] as i64));
         let args = ScatterArgs {
             x: x.ptr,
             x_scales: ptr_or_null(inputs.x_scales.as_ref()),
@@ -196,7 +261,12 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
             ring_tokens: ring_tokens as i32,
             num_recv_rows: rows as i32,
         };
-        let spec = LaunchSpec { kernel: "moe_scatter", num_blocks: 2 * c as u32, threads_per_block: THREADS_PER_BLOCK, shared_mem_bytes: 0 };
+        let spec = LaunchSpec {
+            kernel: "moe_scatter",
+            num_blocks: 2 * c as u32,
+            threads_per_block: THREADS_PER_BLOCK,
+            shared_mem_bytes: 0,
+        };
         let ws = self.workspace();
         self.launch(spec, stream, &mut [arg(&ws), arg(&args)])
     }

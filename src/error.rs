@@ -23,7 +23,11 @@ pub enum BufferError {
         "topk_idx[{token}] holds expert {value}, outside -1..{num_experts}: every entry must be \
          -1 (no expert) or a global expert id below num_experts"
     )]
-    BadExpert { token: u64, value: i64, num_experts: u64 },
+    BadExpert {
+        token: u64,
+        value: i64,
+        num_experts: u64,
+    },
     #[error(
         "rank {me}: timed out after {timeout_ms} ms waiting for the notify step's counts (the \
          peers' rows of tokens per rank and expert). Did every rank call dispatch with the \
@@ -40,15 +44,22 @@ pub enum BufferError {
 
 impl BufferError {
     pub fn invalid(what: &'static str, message: impl Into<String>) -> Self {
-        Self::Invalid { what, message: message.into() }
+        Self::Invalid {
+            what,
+            message: message.into(),
+        }
     }
 }
 
 /// Chapter 4's failure record, with the kinds the buffer's kernels add named.
 pub(crate) fn describe(error: CollError) -> BufferError {
-    let CollError::Device(failure) = &error else { return error.into() };
+    let CollError::Device(failure) = &error else {
+        return error.into();
+    };
     let what = match failure.kind {
-        DeviceFailureKind::Unknown(7) => "a sender waited for ring space that the receiver never freed",
+        DeviceFailureKind::Unknown(7) => {
+            "a sender waited for ring space that the receiver never freed"
+        }
         DeviceFailureKind::Unknown(8) => "a receiver waited for tokens that never came",
         _ => return error.into(),
     };
@@ -56,6 +67,12 @@ pub(crate) fn describe(error: CollError) -> BufferError {
         "rank {}: call {}, block {}: timed out after {} ms: {what} (peer rank {}, counter \
          {} expected, {} seen). Did every rank make the same dispatch/combine calls with \
          matching handles? The buffer is unusable from here on: destroy it and create a new one",
-        failure.me, failure.call, failure.block, failure.timeout_ms, failure.pe, failure.expected, failure.seen
+        failure.me,
+        failure.call,
+        failure.block,
+        failure.timeout_ms,
+        failure.pe,
+        failure.expected,
+        failure.seen
     ))
 }

@@ -39,7 +39,12 @@ impl Handle {
 
     /// Shapes and dtypes as a dispatch of this buffer makes them, for `n_pes` ranks and
     /// `num_channels` channels (which must be the config's: num_sms / 2).
-    pub fn check(&self, what: &'static str, n_pes: usize, num_channels: usize) -> Result<(), BufferError> {
+    pub fn check(
+        &self,
+        what: &'static str,
+        n_pes: usize,
+        num_channels: usize,
+    ) -> Result<(), BufferError> {
         let (r, c, n) = (Some(n_pes), Some(num_channels), Some(self.num_tokens()));
         if self.num_channels() != num_channels {
             return Err(BufferError::invalid(
@@ -54,11 +59,33 @@ impl Handle {
                 ),
             ));
         }
-        self.rank_prefix_matrix.expect(what, "handle[0] (rank_prefix_matrix)", ElemType::I32, &[r, r])?;
-        self.channel_prefix_matrix.expect(what, "handle[1] (channel_prefix_matrix)", ElemType::I32, &[r, c])?;
-        self.recv_channel_prefix_matrix.expect(what, "handle[2] (recv_channel_prefix_matrix)", ElemType::I32, &[r, c])?;
-        self.recv_src_idx.expect(what, "handle[3] (recv_src_idx)", ElemType::I32, &[None])?;
-        self.is_token_in_rank.expect(what, "handle[4] (is_token_in_rank)", ElemType::Bool, &[None, r])?;
-        self.send_head.expect(what, "handle[5] (send_head)", ElemType::I32, &[n, r])
+        self.rank_prefix_matrix.expect(
+            what,
+            "handle[0] (rank_prefix_matrix)",
+            ElemType::I32,
+            &[r, r],
+        )?;
+        self.channel_prefix_matrix.expect(
+            what,
+            "handle[1] (channel_prefix_matrix)",
+            ElemType::I32,
+            &[r, c],
+        )?;
+        self.recv_channel_prefix_matrix.expect(
+            what,
+            "handle[2] (recv_channel_prefix_matrix)",
+            ElemType::I32,
+            &[r, c],
+        )?;
+        self.recv_src_idx
+            .expect(what, "handle[3] (recv_src_idx)", ElemType::I32, &[None])?;
+        self.is_token_in_rank.expect(
+            what,
+            "handle[4] (is_token_in_rank)",
+            ElemType::Bool,
+            &[None, r],
+        )?;
+        self.send_head
+            .expect(what, "handle[5] (send_head)", ElemType::I32, &[n, r])
     }
 }

@@ -56,7 +56,12 @@ pub fn combine_slot_bytes(hidden_bytes: usize, num_topk: usize) -> usize {
 }
 
 /// Bytes of the rings for `num_channels` channels of `ring_tokens` slots of `slot_bytes`.
-pub fn ring_bytes(num_channels: usize, n_pes: usize, ring_tokens: usize, slot_bytes: usize) -> usize {
+pub fn ring_bytes(
+    num_channels: usize,
+    n_pes: usize,
+    ring_tokens: usize,
+    slot_bytes: usize,
+) -> usize {
     num_channels * n_pes * ring_tokens * slot_bytes
 }
 // ANCHOR_END: slots
@@ -115,12 +120,20 @@ mod tests {
 
     #[test]
     fn regions_are_in_order_and_aligned() {
-        let r = Regions { num_nvl_bytes: 1000, num_rdma_bytes: 77 };
+        let r = Regions {
+            num_nvl_bytes: 1000,
+            num_rdma_bytes: 77,
+        };
         assert!(Regions::my_row() >= Regions::CONTROL_BYTES);
         assert!(Regions::gathered_rows() >= Regions::my_row() + ROW_CAPACITY * 4);
         assert!(Regions::nvl() >= Regions::gathered_rows() + MAX_PES * ROW_CAPACITY * 4);
         assert_eq!(r.rdma() - Regions::nvl(), 1024);
-        for offset in [Regions::my_row(), Regions::gathered_rows(), Regions::nvl(), r.rdma()] {
+        for offset in [
+            Regions::my_row(),
+            Regions::gathered_rows(),
+            Regions::nvl(),
+            r.rdma(),
+        ] {
             assert_eq!(offset % 256, 0, "{offset}");
         }
         assert_eq!(r.total(), r.rdma() + 77);

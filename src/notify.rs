@@ -74,18 +74,37 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         if num_experts == 0 || !num_experts.is_multiple_of(n) || num_experts > MAX_EXPERTS {
             return Err(BufferError::invalid(
                 WHAT,
-                format!("num_experts = {num_experts} must be a positive multiple of the {n} ranks, at most {MAX_EXPERTS}"),
+                format!(
+                    "num_experts = {num_experts} must be a positive multiple of the {n} ranks, at most {MAX_EXPERTS}"
+                ),
             ));
         }
         topk_idx.expect(WHAT, "topk_idx", ElemType::I64, &[None, None])?;
         let (num_tokens, num_topk) = (topk_idx.rows(), topk_idx.cols());
         if num_topk > MAX_TOPK {
-            return Err(BufferError::invalid(WHAT, format!("{num_topk} experts per token; at most {MAX_TOPK}")));
+            return Err(BufferError::invalid(
+                WHAT,
+                format!("{num_topk} experts per token; at most {MAX_TOPK}"),
+            ));
         }
-        out.num_tokens_per_rank.expect(WHAT, "num_tokens_per_rank", ElemType::I32, &[Some(n)])?;
-        out.num_tokens_per_expert.expect(WHAT, "num_tokens_per_expert", ElemType::I32, &[Some(num_experts)])?;
-        out.is_token_in_rank.expect(WHAT, "is_token_in_rank", ElemType::Bool, &[Some(num_tokens), Some(n)])?;
-        for (view, bytes) in [(&out.num_tokens_per_rank, n * 4), (&out.num_tokens_per_expert, num_experts * 4)] {
+        out.num_tokens_per_rank
+            .expect(WHAT, "num_tokens_per_rank", ElemType::I32, &[Some(n)])?;
+        out.num_tokens_per_expert.expect(
+            WHAT,
+            "num_tokens_per_expert",
+            ElemType::I32,
+            &[Some(num_experts)],
+        )?;
+        out.is_token_in_rank.expect(
+            WHAT,
+            "is_token_in_rank",
+            ElemType::Bool,
+            &[Some(num_tokens), Some(n)],
+        )?;
+        for (view, bytes) in [
+            (&out.num_tokens_per_rank, n * 4),
+            (&out.num_tokens_per_expert, num_experts * 4),
+        ] {
             // SAFETY: the views were checked to hold these many bytes.
             unsafe { cudarc::driver::result::memset_d8_async(view.ptr, 0, bytes, stream) }
                 .map_err(cuda_error("zeroing the layout counts"))?;
@@ -96,7 +115,12 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
             threads_per_block: 256,
             shared_mem_bytes: ((n + num_experts) * 4) as u32,
         };
-        let (num_tokens, num_topk, num_experts, n) = (num_tokens as i32, num_topk as i32, num_experts as i32, n as i32);
+        let (num_tokens, num_topk, num_experts, n) = (
+            num_tokens as i32,
+            num_topk as i32,
+            num_experts as i32,
+            n as i32,
+        );
         let input_error = self.input_error_args();
         self.launch(
             spec,
@@ -142,22 +166,65 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         let num_experts = inputs.num_tokens_per_expert.rows();
         let num_tokens = inputs.is_token_in_rank.rows();
         if num_experts == 0 || !num_experts.is_multiple_of(n) || num_experts > MAX_EXPERTS {
-            return Err(BufferError::invalid(WHAT, format!("num_tokens_per_expert has {num_experts} entries: a positive multiple of the {n} ranks, at most {MAX_EXPERTS}")));
+            return Err(BufferError::invalid(
+                WHAT,
+                format!(
+                    "num_tokens_per_expert has {num_experts} entries: a positive multiple of the {n} ranks, at most {MAX_EXPERTS}"
+                ),
+            ));
         }
-        inputs.num_tokens_per_rank.expect(WHAT, "num_tokens_per_rank", ElemType::I32, &[Some(n)])?;
-        inputs.num_tokens_per_expert.expect(WHAT, "num_tokens_per_expert", ElemType::I32, &[None])?;
-        inputs.is_token_in_rank.expect(WHAT, "is_token_in_rank", ElemType::Bool, &[None, Some(n)])?;
-        outputs.rank_prefix_matrix.expect(WHAT, "rank_prefix_matrix", ElemType::I32, &[Some(n), Some(n)])?;
-        outputs.channel_prefix_matrix.expect(WHAT, "channel_prefix_matrix", ElemType::I32, &[Some(n), Some(c)])?;
-        outputs.recv_channel_prefix_matrix.expect(WHAT, "recv_channel_prefix_matrix", ElemType::I32, &[Some(n), Some(c)])?;
+        inputs.num_tokens_per_rank.expect(
+            WHAT,
+            "num_tokens_per_rank",
+            ElemType::I32,
+            &[Some(n)],
+        )?;
+        inputs.num_tokens_per_expert.expect(
+            WHAT,
+            "num_tokens_per_expert",
+            ElemType::I32,
+            &[None],
+        )?;
+        inputs.is_token_in_rank.expect(
+            WHAT,
+            "is_token_in_rank",
+            ElemType::Bool,
+            &[None, Some(n)],
+        )?;
+        outputs.rank_prefix_matrix.expect(
+            WHAT,
+            "rank_prefix_matrix",
+            ElemType::I32,
+            &[Some(n), Some(n)],
+        )?;
+        outputs.channel_prefix_matrix.expect(
+            WHAT,
+            "channel_prefix_matrix",
+            ElemType::I32,
+            &[Some(n), Some(c)],
+        )?;
+        outputs.recv_channel_prefix_matrix.expect(
+            WHAT,
+            "recv_channel_prefix_matrix",
+            ElemType::I32,
+            &[Some(n), Some(c)],
+        )?;
         if inputs.expert_alignment == 0 {
-            return Err(BufferError::invalid(WHAT, "expert_alignment must be at least 1"));
+            return Err(BufferError::invalid(
+                WHAT,
+                "expert_alignment must be at least 1",
+            ));
         }
         let my_row = self.base + Regions::my_row() as u64;
         let rows = self.base + Regions::gathered_rows() as u64;
         let row_bytes = row_ints(n, num_experts, c) * 4;
         let (ni, ci, ei, ti) = (n as i32, c as i32, num_experts as i32, num_tokens as i32);
-        let prepare = LaunchSpec { kernel: "moe_notify_prepare", num_blocks: n as u32, threads_per_block: 256, shared_mem_bytes: 0 };
+        let prepare = LaunchSpec {
+            kernel: "moe_notify_prepare",
+            num_blocks: n as u32,
+            threads_per_block: 256,
+            shared_mem_bytes: 0,
+        };
         self.launch(
             prepare,
             stream,
@@ -173,12 +240,22 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
                 arg(&my_row),
             ],
         )?;
-        self.comm.all_gather_raw(rows, my_row, row_bytes, None, stream)?;
+        self.comm
+            .all_gather_raw(rows, my_row, row_bytes, None, stream)?;
         if wait {
             self.counts.write_i32(0, -1); // the kernel writes the total last: -1 = not yet
         }
-        let (me, align, counts) = (self.world().my_pe() as i32, inputs.expert_alignment as i32, self.counts.device_ptr());
-        let finish = LaunchSpec { kernel: "moe_notify_finish", num_blocks: 1, threads_per_block: 256, shared_mem_bytes: 0 };
+        let (me, align, counts) = (
+            self.world().my_pe() as i32,
+            inputs.expert_alignment as i32,
+            self.counts.device_ptr(),
+        );
+        let finish = LaunchSpec {
+            kernel: "moe_notify_finish",
+            num_blocks: 1,
+            threads_per_block: 256,
+            shared_mem_bytes: 0,
+        };
         self.launch(
             finish,
             stream,
@@ -203,17 +280,26 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
 
     /// Spins (bounded) on the host-mapped total the notify kernel writes last.
     fn wait_for_counts(&self, num_local_experts: usize) -> Result<RecvCounts, BufferError> {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(self.options.timeout_ms);
+        let deadline =
+            std::time::Instant::now() + std::time::Duration::from_millis(self.options.timeout_ms);
         loop {
             let total = self.counts.read_i32(0);
             if total >= 0 {
                 std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
-                let per_local_expert = (0..num_local_experts).map(|e| self.counts.read_i32(1 + e)).collect();
-                return Ok(RecvCounts { num_recv_tokens: total as usize, per_local_expert });
+                let per_local_expert = (0..num_local_experts)
+                    .map(|e| self.counts.read_i32(1 + e))
+                    .collect();
+                return Ok(RecvCounts {
+                    num_recv_tokens: total as usize,
+                    per_local_expert,
+                });
             }
             self.check()?; // a kernel that failed will never write the counts
             if std::time::Instant::now() > deadline {
-                return Err(BufferError::NotifyTimeout { me: self.world().my_pe(), timeout_ms: self.options.timeout_ms });
+                return Err(BufferError::NotifyTimeout {
+                    me: self.world().my_pe(),
+                    timeout_ms: self.options.timeout_ms,
+                });
             }
             std::hint::spin_loop();
         }

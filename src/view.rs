@@ -35,9 +35,16 @@ impl ElemType {
     }
     /// From torch's dtype name (`str(dtype)` without `torch.`).
     pub fn from_name(name: &str) -> Option<Self> {
-        [Self::Bf16, Self::Fp8E4m3, Self::F32, Self::I32, Self::I64, Self::Bool]
-            .into_iter()
-            .find(|e| e.name() == name)
+        [
+            Self::Bf16,
+            Self::Fp8E4m3,
+            Self::F32,
+            Self::I32,
+            Self::I64,
+            Self::Bool,
+        ]
+        .into_iter()
+        .find(|e| e.name() == name)
     }
 }
 
@@ -54,10 +61,22 @@ pub struct View {
 
 impl View {
     pub fn vector(ptr: u64, len: usize, elem: ElemType) -> Self {
-        Self { ptr, dims: 1, shape: [len, 1], strides: [1, 1], elem }
+        Self {
+            ptr,
+            dims: 1,
+            shape: [len, 1],
+            strides: [1, 1],
+            elem,
+        }
     }
     pub fn matrix(ptr: u64, rows: usize, cols: usize, elem: ElemType) -> Self {
-        Self { ptr, dims: 2, shape: [rows, cols], strides: [cols, 1], elem }
+        Self {
+            ptr,
+            dims: 2,
+            shape: [rows, cols],
+            strides: [cols, 1],
+            elem,
+        }
     }
     pub fn rows(&self) -> usize {
         self.shape[0]
@@ -74,20 +93,40 @@ impl View {
 
     /// `Err` naming `name` unless this is a contiguous `elem` array of `shape` (a `None`
     /// dimension matches any size).
-    pub fn expect(&self, what: &'static str, name: &str, elem: ElemType, shape: &[Option<usize>]) -> Result<(), BufferError> {
+    pub fn expect(
+        &self,
+        what: &'static str,
+        name: &str,
+        elem: ElemType,
+        shape: &[Option<usize>],
+    ) -> Result<(), BufferError> {
         let shape_ok = self.dims == shape.len()
-            && shape.iter().zip(self.shape).all(|(want, have)| want.is_none_or(|w| w == have));
+            && shape
+                .iter()
+                .zip(self.shape)
+                .all(|(want, have)| want.is_none_or(|w| w == have));
         if self.elem != elem || !shape_ok {
-            let want: Vec<String> = shape.iter().map(|d| d.map_or("_".into(), |d| d.to_string())).collect();
+            let want: Vec<String> = shape
+                .iter()
+                .map(|d| d.map_or("_".into(), |d| d.to_string()))
+                .collect();
             return Err(BufferError::invalid(
                 what,
-                format!("{name} must be {} [{}], got {}", elem.name(), want.join(", "), self.describe()),
+                format!(
+                    "{name} must be {} [{}], got {}",
+                    elem.name(),
+                    want.join(", "),
+                    self.describe()
+                ),
             ));
         }
         if !self.is_contiguous() {
             return Err(BufferError::invalid(
                 what,
-                format!("{name} ({}) must be contiguous (call .contiguous())", self.describe()),
+                format!(
+                    "{name} ({}) must be contiguous (call .contiguous())",
+                    self.describe()
+                ),
             ));
         }
         Ok(())
@@ -101,11 +140,32 @@ mod tests {
     #[test]
     fn expectations_name_the_argument_and_what_it_should_be() {
         let v = View::matrix(0x1000, 4, 8, ElemType::I32);
-        assert!(v.expect("dispatch", "x", ElemType::I32, &[Some(4), None]).is_ok());
-        let err = v.expect("dispatch", "topk_idx", ElemType::I64, &[Some(4), None]).unwrap_err().to_string();
-        assert_eq!(err, "dispatch: topk_idx must be int64 [4, _], got int32 [4, 8]");
-        let strided = View { strides: [1, 4], ..v };
-        assert!(strided.expect("dispatch", "x", ElemType::I32, &[None, None]).unwrap_err().to_string().contains("contiguous"));
-        assert_eq!(ElemType::from_name("float8_e4m3fn"), Some(ElemType::Fp8E4m3));
+        assert!(
+            v.expect("dispatch", "x", ElemType::I32, &[Some(4), None])
+                .is_ok()
+        );
+        let err = v
+            .expect("dispatch", "topk_idx", ElemType::I64, &[Some(4), None])
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "dispatch: topk_idx must be int64 [4, _], got int32 [4, 8]"
+        );
+        let strided = View {
+            strides: [1, 4],
+            ..v
+        };
+        assert!(
+            strided
+                .expect("dispatch", "x", ElemType::I32, &[None, None])
+                .unwrap_err()
+                .to_string()
+                .contains("contiguous")
+        );
+        assert_eq!(
+            ElemType::from_name("float8_e4m3fn"),
+            Some(ElemType::Fp8E4m3)
+        );
     }
 }
