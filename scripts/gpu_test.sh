@@ -24,6 +24,7 @@ CHAPTER_BINS=(
   ch02-symmetric-memory
   ch03-put-get
   ch04-collectives
+  ch07-buffer
 )
 
 step() { printf '\n== gpu_test: %s\n' "$*"; }

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# What one call of the GPU machine runs (the device tool, see CONTRIBUTING.md): install the
+# carried wheel, run scripts/gpu_test.sh, then optional benchmarks, and pack every log into
+# $OUT/logs.tgz (the tool brings back few files; one archive holds them all).
+#
+# Usage: scripts/device_run.sh [gpu_test.sh arguments...]
+# Environment: OUT (where results go; required), GPU_TEST_NPROCS, GPU_TEST_PYTHON (as for
+#   gpu_test.sh), DEVICE_BENCH (space-separated: coll buffer deepep), CARRY (default .carry:
+#   bin/ with the release binaries, wheels/ with the nvshmem_tutorial wheel).
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
+: "${OUT:?set OUT to the folder results go to}"
+export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
+carry=${CARRY:-.carry}
+logs=$(mktemp -d "${TMPDIR:-/tmp}/device_run.XXXXXX")
+trap 'tar czf "$OUT/logs.tgz" -C "$logs" . ; echo "device_run: logs in $OUT/logs.tgz"' EXIT
+
+if compgen -G "$carry/wheels/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site "$carry"/wheels/*.whl
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+{ date -u; nvidia-smi -L; nvidia-smi topo -m; } >"$logs/machine.txt" 2>&1
+
+BIN_DIR="$carry/bin" LOG_DIR="$logs" bash scripts/gpu_test.sh "$@" 2>&1 | tee "$logs/gpu_test.log" | tail -25
+for bench in ${DEVICE_BENCH:-}; do
+  case "$bench" in
+    coll) BIN_DIR="$carry/bin" COLL_OUT="$logs" bash benchmarks/run_coll.sh "${GPU_TEST_NPROCS:-2}" >"$logs/run_coll.log" 2>&1 ;;
+    *) echo "device_run: unknown benchmark '$bench'" ;;
+  esac
+  echo "device_run: $bench exit $?"
+done
