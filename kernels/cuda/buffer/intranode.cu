@@ -82,6 +82,12 @@ __device__ __forceinline__ void rows_from(const int* rank_prefix_matrix, const i
     *count = next - start;
 }
 
+// Before filling a ring up to position `end`, the receiver's head must have reached
+// end - ring_tokens (counters are unsigned: nothing to wait for while end fits).
+__device__ __forceinline__ uint64_t space_needed(uint64_t end, int ring_tokens) {
+    return end > uint64_t(ring_tokens) ? end - ring_tokens : 0;
+}
+
 // acc[i] += element i of the v-th 8-element bf16 vector of `row`.
 __device__ __forceinline__ void add_bf16x8(float (&acc)[8], const uint8_t* row, int v) {
     const uint4 raw = reinterpret_cast<const uint4*>(row)[v];
@@ -145,7 +151,7 @@ __device__ void scatter_send(const Workspace& ws, const ScatterArgs& a, uint64_t
         const int count = __popc(mask);
         if (count == 0) continue;
         if (!to_self && alive && lane == 0) {
-            alive = wait_counter(ws, head, pos + count - a.ring_tokens, WAIT_RING_SPACE, d, epoch);
+            alive = wait_counter(ws, head, space_needed(pos + count, a.ring_tokens), WAIT_RING_SPACE, d, epoch);
         }
         alive = __shfl_sync(0xffffffff, alive, 0);
         for (int j = g.member; alive && j < count; j += g.size) {
@@ -267,7 +273,9 @@ __device__ void gather_send(const Workspace& ws, const GatherArgs& a, uint64_t e
     for (int w0 = 0; w0 < count; w0 += WINDOW) {
         const int window = min(WINDOW, count - w0);
         const uint64_t pos = base + w0;
-        if (alive && lane == 0) alive = wait_counter(ws, a.heads + c * MAX_PES + s, pos + window - a.ring_tokens, WAIT_RING_SPACE, s, epoch);
+        if (alive && lane == 0) {
+            alive = wait_counter(ws, a.heads + c * MAX_PES + s, space_needed(pos + window, a.ring_tokens), WAIT_RING_SPACE, s, epoch);
+        }
         alive = __shfl_sync(0xffffffff, alive, 0);
         for (int j = g.member; alive && j < window; j += g.size) {
             const int64_t r = first + w0 + j;
