@@ -24,6 +24,7 @@
 
 mod allocation;
 mod bootstrap;
+mod buffer;
 mod collectives;
 mod dlpack;
 mod errors;
@@ -47,6 +48,8 @@ mod _native {
         finalize, init, is_initialized, library_info, pinned_nvshmem_version, probe_driver,
         topology, unique_id,
     };
+    #[pymodule_export]
+    use crate::buffer::{BufferCore, PyConfig, buffer_heap_bytes, combine_config, dispatch_config};
     #[pymodule_export]
     use crate::collectives::{
         all_gather, all_reduce, all_to_all, all_to_all_v, broadcast, check_collectives,

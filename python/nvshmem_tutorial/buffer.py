@@ -1,0 +1,352 @@
+"""Chapter 7 from PyTorch: ``Buffer``, DeepEP's intranode ``Buffer`` on this tutorial's kernels.
+
+Names, arguments, defaults, return tuples and handle contents follow DeepEP v1 (commit
+567632d), so code written against DeepEP switches with an import (``benchmarks/deepep_shim``
+runs DeepEP's own tests this way). This module is the torch side only: it allocates outputs
+with torch's caching allocator, orders the work on streams with events as DeepEP does, and
+builds DeepEP's tuples. The checks, the size formulas and the kernels are Rust
+(``nvshmem_tutorial._native.BufferCore``, the root crate's ``NvshmemBuffer``).
+
+Streams: every operation runs on the buffer's communication stream. It first waits for
+``previous_event`` if given, else for the current stream. With ``async_finish=False`` the
+current stream then waits for the communication stream (results usable at once); with
+``async_finish=True`` the returned ``EventOverlap`` holds an event on the communication stream
+and the tensors involved are kept alive until it completes.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, List, Optional, Tuple, Union
+
+from . import _native
+from ._native import Config  # noqa: F401  (re-exported: DeepEP's Config)
+
+try:  # torch is only needed once a Buffer is used; importing the package must not need it
+    import torch
+
+    topk_idx_t = torch.int64
+except ImportError:  # pragma: no cover - exercised by the CPU tests without torch
+    torch = None  # type: ignore[assignment]
+    topk_idx_t = None
+
+#: Bound on every device and host wait of a buffer, in milliseconds.
+TIMEOUT_MS = int(os.environ.get("NVSHMEM_TUTORIAL_TIMEOUT_MS", "10000"))
+
+
+class EventOverlap:
+    """An event to wait for, and tensors to keep alive until it completes (DeepEP's)."""
+
+    def __init__(self, event: Optional[Any] = None, extra_tensors: Optional[Tuple[Any, ...]] = None) -> None:
+        self.event = event
+        self.extra_tensors = extra_tensors
+
+    def current_stream_wait(self) -> None:
+        """Makes the current stream wait for the event."""
+        assert self.event is not None
+        torch.cuda.current_stream().wait_event(self.event)
+
+    def __enter__(self) -> "EventOverlap":
+        return self
+
+    def __exit__(self, exc_type: Any, exc_val: Any, exc_tb: Any) -> None:
+        if self.event is not None:
+            self.current_stream_wait()
+
+
+def _view(tensor: Any) -> tuple:
+    """(address, shape, strides, dtype name): what the Rust side takes for a tensor."""
+    return (tensor.data_ptr(), list(tensor.shape), list(tensor.stride()), str(tensor.dtype).removeprefix("torch."))
+
+
+def _maybe(tensor: Optional[Any]) -> Optional[tuple]:
+    return None if tensor is None else _view(tensor)
+
+
+class Buffer:
+    """DeepEP's ``Buffer`` for one node: normal-mode dispatch and combine through NVLink.
+
+    The constructor initialises NVSHMEM over ``group`` if nothing has yet (sizing the
+    symmetric heap for this buffer unless ``NVSHMEM_SYMMETRIC_SIZE`` is set), then makes one
+    symmetric allocation holding the buffer's rings. Options DeepEP has for other machines
+    (inter-node normal mode, MNNVL, fabric memory, shrink) raise ``ValueError`` naming them.
+    """
+
+    #: SMs of the default configs (``set_num_sms``).
+    num_sms: int = 20
+
+    def __init__(
+        self,
+        group: Optional[Any],
+        num_nvl_bytes: int = 0,
+        num_rdma_bytes: int = 0,
+        low_latency_mode: bool = False,
+        num_qps_per_rank: int = 24,
+        allow_nvlink_for_low_latency_mode: bool = True,
+        allow_mnnvl: bool = False,
+        use_fabric: bool = False,
+        explicitly_destroy: bool = False,
+        enable_shrink: bool = False,
+        comm: Optional[Any] = None,
+    ) -> None:
+        unsupported = [
+            name
+            for name, value in (
+                ("comm (mpi4py)", comm is not None),
+                ("allow_mnnvl", allow_mnnvl),
+                ("use_fabric", use_fabric),
+                ("enable_shrink", enable_shrink),
+                ("low_latency_mode (chapter 8, not built yet)", low_latency_mode),
+                ("num_rdma_bytes > 0 (inter-node normal mode)", num_rdma_bytes > 0 and not low_latency_mode),
+            )
+            if value
+        ]
+        if unsupported:
+            raise ValueError(f"Buffer: not supported by nvshmem_tutorial: {', '.join(unsupported)}")
+        if group is None:
+            raise ValueError("Either 'group' or 'comm' must be provided.")
+        import torch.distributed as dist
+
+        from ._bootstrap import init
+
+        self.group = group
+        self.rank = group.rank()
+        self.group_size = group.size()
+        self.num_nvl_bytes = num_nvl_bytes
+        self.num_rdma_bytes = num_rdma_bytes
+        self.low_latency_mode = low_latency_mode
+        self.explicitly_destroy = explicitly_destroy
+        self.enable_shrink = enable_shrink
+        if not _native.is_initialized():
+            heap = _native.buffer_heap_bytes(self.group_size, num_nvl_bytes, num_rdma_bytes)
+            # Room for this buffer, a communicator and some tensors: rounded up to whole GiB.
+            os.environ.setdefault("NVSHMEM_SYMMETRIC_SIZE", f"{(heap >> 30) + 2}G")
+            init(group)
+        self.runtime = _native.BufferCore(num_nvl_bytes, num_rdma_bytes, low_latency_mode, TIMEOUT_MS)
+        self._comm_stream = torch.cuda.Stream(priority=-1)
+        dist.barrier(group)
+
+    # ---- DeepEP's static helpers ------------------------------------------------------------
+
+    def destroy(self) -> None:
+        """Collective: frees the buffer (DeepEP requires ``explicitly_destroy=True``)."""
+        assert self.explicitly_destroy, "`explicitly_destroy` flag must be set"
+        torch.cuda.synchronize()
+        self.runtime.destroy()
+
+    @staticmethod
+    def is_sm90_compiled() -> bool:
+        return True
+
+    @staticmethod
+    def set_num_sms(new_num_sms: int) -> None:
+        assert new_num_sms % 2 == 0, "The SM count must be even"
+        Buffer.num_sms = new_num_sms
+
+    @staticmethod
+    def capture() -> EventOverlap:
+        """An event recorded on the current stream, as a ``previous_event``."""
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream())
+        return EventOverlap(event)
+
+    @staticmethod
+    def get_dispatch_config(num_ranks: int) -> Config:
+        return _native.dispatch_config(num_ranks, Buffer.num_sms)
+
+    @staticmethod
+    def get_combine_config(num_ranks: int) -> Config:
+        return _native.combine_config(num_ranks, Buffer.num_sms)
+
+    def get_comm_stream(self) -> Any:
+        return self._comm_stream
+
+    def get_local_buffer_tensor(self, dtype: Any, size: Optional[Any] = None, offset: int = 0, use_rdma_buffer: bool = False) -> Any:
+        """A tensor over this rank's region of the buffer (raw bytes from ``offset``)."""
+        address, length = self.runtime.local_region(use_rdma_buffer)
+
+        class _Region:  # __cuda_array_interface__ is how torch adopts memory it did not allocate
+            __cuda_array_interface__ = {"shape": (length,), "typestr": "|u1", "data": (address, False), "version": 3}
+
+        region = torch.as_tensor(_Region(), device=f"cuda:{torch.cuda.current_device()}")
+        region = region[offset:].view(dtype) if offset or dtype != torch.uint8 else region
+        if size is None:
+            return region
+        numel = 1
+        for d in size:
+            numel *= d
+        return region[:numel].view(size)
+
+    # ---- stream and event handling, as DeepEP's -----------------------------------------------
+
+    def _run(self, previous_event: Optional[EventOverlap], async_finish: bool, allocate_on_comm_stream: bool, work: Callable[[int], tuple]) -> Tuple[tuple, EventOverlap]:
+        """Runs `work(stream handle)` on the comm stream after the current stream (or
+        `previous_event`); returns its result and DeepEP's EventOverlap."""
+        if allocate_on_comm_stream and (previous_event is None or not async_finish):
+            raise ValueError("allocate_on_comm_stream needs previous_event and async_finish (as in DeepEP)")
+        compute = torch.cuda.current_stream()
+        comm = self._comm_stream
+        if previous_event is not None:
+            comm.wait_event(previous_event.event)
+        else:
+            comm.wait_stream(compute)
+        with torch.cuda.stream(comm if allocate_on_comm_stream else compute):
+            result = work(comm.cuda_stream)
+        if async_finish:
+            event = torch.cuda.Event()
+            event.record(comm)
+            for tensor in _tensors_in(result):
+                tensor.record_stream(comm)
+            return result, EventOverlap(event, tuple(_tensors_in(result)))
+        compute.wait_stream(comm)
+        return result, EventOverlap(None)
+
+    # ---- layout, dispatch, combine --------------------------------------------------------------
+
+    def get_dispatch_layout(
+        self,
+        topk_idx: Any,
+        num_experts: int,
+        previous_event: Optional[EventOverlap] = None,
+        async_finish: bool = False,
+        allocate_on_comm_stream: bool = False,
+    ) -> Tuple[Any, Optional[Any], Any, Any, EventOverlap]:
+        """``(num_tokens_per_rank [R] int32, None, num_tokens_per_expert [E] int32,
+        is_token_in_rank [N, R] bool, event)``."""
+        device = topk_idx.device
+
+        def work(stream: int) -> tuple:
+            per_rank = torch.empty(self.group_size, dtype=torch.int32, device=device)
+            per_expert = torch.empty(num_experts, dtype=torch.int32, device=device)
+            in_rank = torch.empty((topk_idx.shape[0], self.group_size), dtype=torch.bool, device=device)
+            self.runtime.get_dispatch_layout(_view(topk_idx), num_experts, _view(per_rank), _view(per_expert), _view(in_rank), stream)
+            return per_rank, per_expert, in_rank
+
+        (per_rank, per_expert, in_rank), event = self._run(previous_event, async_finish, allocate_on_comm_stream, work)
+        return per_rank, None, per_expert, in_rank, event
+
+    def dispatch(
+        self,
+        x: Union[Any, Tuple[Any, Any]],
+        handle: Optional[Tuple] = None,
+        num_tokens_per_rank: Optional[Any] = None,
+        num_tokens_per_rdma_rank: Optional[Any] = None,
+        is_token_in_rank: Optional[Any] = None,
+        num_tokens_per_expert: Optional[Any] = None,
+        topk_idx: Optional[Any] = None,
+        topk_weights: Optional[Any] = None,
+        expert_alignment: int = 1,
+        num_worst_tokens: int = 0,
+        config: Optional[Config] = None,
+        previous_event: Optional[EventOverlap] = None,
+        async_finish: bool = False,
+        allocate_on_comm_stream: bool = False,
+    ) -> Tuple[Union[Tuple[Any, Any], Any], Optional[Any], Optional[Any], List[int], Tuple, EventOverlap]:
+        """DeepEP's intranode dispatch: ``(recv_x or (recv_x, recv_x_scales), recv_topk_idx,
+        recv_topk_weights, num_recv_tokens_per_expert_list, handle, event)``; with a cached
+        ``handle``: ``(recv_x..., None, None, None, None, event)``."""
+        config = self.get_dispatch_config(self.group_size) if config is None else config
+        x, x_scales = x if isinstance(x, tuple) else (x, None)
+        if num_tokens_per_rdma_rank is not None:
+            raise ValueError("num_tokens_per_rdma_rank is for inter-node dispatch, which this buffer does not have")
+        hidden = x.shape[1]
+        device = x.device
+        num_scales = x_scales.shape[1] if x_scales is not None else 0
+
+        def outputs(rows: int, num_topk: int) -> tuple:
+            recv_x = torch.empty((rows, hidden), dtype=x.dtype, device=device)
+            recv_scales = torch.empty((rows, num_scales), dtype=torch.float32, device=device) if x_scales is not None else None
+            recv_idx = torch.empty((rows, num_topk), dtype=topk_idx_t, device=device) if num_topk else None
+            recv_w = torch.empty((rows, num_topk), dtype=torch.float32, device=device) if num_topk else None
+            return recv_x, recv_scales, recv_idx, recv_w
+
+        if handle is not None:
+            if topk_idx is not None or topk_weights is not None:
+                raise ValueError("a cached dispatch (handle given) takes no topk_idx/topk_weights")
+
+            def cached(stream: int) -> tuple:
+                recv_x, recv_scales, _, _ = outputs(handle[3].shape[0], 0)
+                self.runtime.dispatch(_view(x), _maybe(x_scales), None, None, 0, tuple(_view(h) for h in handle), _view(recv_x), _maybe(recv_scales), None, None, config, stream)
+                return recv_x, recv_scales
+
+            (recv_x, recv_scales), event = self._run(previous_event, async_finish, allocate_on_comm_stream, cached)
+            return (recv_x if recv_scales is None else (recv_x, recv_scales)), None, None, None, None, event
+
+        if num_tokens_per_rank is None or is_token_in_rank is None or num_tokens_per_expert is None:
+            raise ValueError("dispatch without a handle needs num_tokens_per_rank, is_token_in_rank and num_tokens_per_expert (from get_dispatch_layout)")
+        if num_worst_tokens and topk_idx is None:
+            raise ValueError("num_worst_tokens > 0 needs topk_idx (as in DeepEP)")
+        num_experts = num_tokens_per_expert.shape[0]
+        num_topk = topk_idx.shape[1] if topk_idx is not None else 0
+        channels = config.num_sms // 2
+
+        def fresh(stream: int) -> tuple:
+            rank_prefix = torch.empty((self.group_size, self.group_size), dtype=torch.int32, device=device)
+            channel_prefix = torch.empty((self.group_size, channels), dtype=torch.int32, device=device)
+            recv_channel_prefix = torch.empty((self.group_size, channels), dtype=torch.int32, device=device)
+            counts = self.runtime.notify(
+                _view(num_tokens_per_rank), _view(num_tokens_per_expert), _view(is_token_in_rank), expert_alignment,
+                _view(rank_prefix), _view(channel_prefix), _view(recv_channel_prefix), config, num_worst_tokens == 0, stream,
+            )
+            rows = num_worst_tokens if num_worst_tokens else counts[0]
+            recv_x, recv_scales, recv_idx, recv_w = outputs(rows, num_topk)
+            recv_src_idx = torch.empty(rows, dtype=torch.int32, device=device)
+            send_head = torch.empty((x.shape[0], self.group_size), dtype=torch.int32, device=device)
+            handle = (rank_prefix, channel_prefix, recv_channel_prefix, recv_src_idx, is_token_in_rank, send_head)
+            self.runtime.dispatch(
+                _view(x), _maybe(x_scales), _maybe(topk_idx), _maybe(topk_weights), num_experts, tuple(_view(h) for h in handle),
+                _view(recv_x), _maybe(recv_scales), _maybe(recv_idx), _maybe(recv_w), config, stream,
+            )
+            per_expert = [] if num_worst_tokens else list(counts[1])
+            return recv_x, recv_scales, recv_idx, recv_w, per_expert, handle
+
+        (recv_x, recv_scales, recv_idx, recv_w, per_expert, handle), event = self._run(previous_event, async_finish, allocate_on_comm_stream, fresh)
+        return (recv_x if recv_scales is None else (recv_x, recv_scales)), recv_idx, recv_w, per_expert, handle, event
+
+    def combine(
+        self,
+        x: Any,
+        handle: Tuple,
+        topk_weights: Optional[Any] = None,
+        bias: Union[Any, Tuple[Any, Any], None] = None,
+        config: Optional[Config] = None,
+        previous_event: Optional[EventOverlap] = None,
+        async_finish: bool = False,
+        allocate_on_comm_stream: bool = False,
+    ) -> Tuple[Any, Optional[Any], EventOverlap]:
+        """DeepEP's intranode combine: ``(combined_x [N, H] bf16, combined_topk_weights
+        [N, K] f32 or None, event)``: each token's results from every rank it went to,
+        summed (plus the biases) in fp32 and rounded once."""
+        config = self.get_combine_config(self.group_size) if config is None else config
+        bias0, bias1 = bias if isinstance(bias, tuple) else (bias, None)
+        num_tokens = handle[5].shape[0]
+
+        def work(stream: int) -> tuple:
+            combined = torch.empty((num_tokens, x.shape[1]), dtype=x.dtype, device=x.device)
+            combined_w = None
+            if topk_weights is not None:
+                combined_w = torch.empty((num_tokens, topk_weights.shape[1]), dtype=torch.float32, device=x.device)
+            self.runtime.combine(_view(x), _maybe(topk_weights), _maybe(bias0), _maybe(bias1), tuple(_view(h) for h in handle), _view(combined), _maybe(combined_w), config, stream)
+            return combined, combined_w
+
+        (combined, combined_w), event = self._run(previous_event, async_finish, allocate_on_comm_stream, work)
+        return combined, combined_w, event
+
+    def __getattr__(self, name: str) -> Any:
+        if name in {
+            "internode_dispatch", "internode_combine", "low_latency_dispatch", "low_latency_combine",
+            "get_next_low_latency_combine_buffer", "clean_low_latency_buffer",
+            "low_latency_update_mask_buffer", "low_latency_query_mask_buffer", "low_latency_clean_mask_buffer",
+        }:
+            raise ValueError(f"Buffer.{name}: not supported by nvshmem_tutorial (intranode normal mode only so far)")
+        raise AttributeError(name)
+
+
+def _tensors_in(value: Any) -> List[Any]:
+    """Every tensor in a nest of tuples and lists (what async_finish keeps alive)."""
+    if torch is not None and isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors_in(v)]
+    return []
+
