@@ -88,12 +88,22 @@ __device__ __forceinline__ uint64_t space_needed(uint64_t end, int ring_tokens) 
     return end > uint64_t(ring_tokens) ? end - ring_tokens : 0;
 }
 
-// acc[i] += element i of the v-th 8-element bf16 vector of `row`.
-__device__ __forceinline__ void add_bf16x8(float (&acc)[8], const uint8_t* row, int v) {
-    const uint4 raw = reinterpret_cast<const uint4*>(row)[v];
-    const __nv_bfloat16* h = reinterpret_cast<const __nv_bfloat16*>(&raw);
+// acc[u][i] += element i of 8-element bf16 vector v0 + 32u of `row` (vectors past
+// `num_vectors` skipped): the loads first, then the adds.
+template <int UNROLL>
+__device__ __forceinline__ void add_rows(float (&acc)[UNROLL][8], const uint8_t* row, int v0, int num_vectors) {
+    uint4 raw[UNROLL];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) acc[i] += __bfloat162float(h[i]);
+    for (int u = 0; u < UNROLL; ++u) {
+        if (v0 + 32 * u < num_vectors) raw[u] = reinterpret_cast<const uint4*>(row)[v0 + 32 * u];
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+        if (v0 + 32 * u >= num_vectors) continue;
+        const __nv_bfloat16* h = reinterpret_cast<const __nv_bfloat16*>(&raw[u]);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[u][i] += __bfloat162float(h[i]);
+    }
 }
 
 __device__ __forceinline__ uint32_t lanes_below() {
@@ -333,18 +343,26 @@ __device__ void gather_receive(const Workspace& ws, const GatherArgs& a, uint64_
                 weights[num_rows++] = reinterpret_cast<const float*>(slot + weights_at);
             }
             if (alive) {
+                // UNROLL vectors per lane at a time, every row's loads issued before any add:
+                // the sum is bound by memory latency, so loads in flight are what count.
+                constexpr int UNROLL = 4;
                 const int num_vectors = a.hidden_bytes / 16;
-                for (int v = lane; v < num_vectors; v += 32) {
-                    float acc[8] = {};
-                    const int64_t row_offset = int64_t(t) * a.hidden_bytes;
-                    if (a.bias0 != nullptr) add_bf16x8(acc, a.bias0 + row_offset, v);
-                    if (a.bias1 != nullptr) add_bf16x8(acc, a.bias1 + row_offset, v);
-                    for (int r = 0; r < num_rows; ++r) add_bf16x8(acc, rows[r], v);
-                    uint4 out;
-                    __nv_bfloat16* o = reinterpret_cast<__nv_bfloat16*>(&out);
+                const int64_t row_offset = int64_t(t) * a.hidden_bytes;
+                for (int v0 = lane; v0 < num_vectors; v0 += 32 * UNROLL) {
+                    float acc[UNROLL][8] = {};
+                    if (a.bias0 != nullptr) add_rows(acc, a.bias0 + row_offset, v0, num_vectors);
+                    if (a.bias1 != nullptr) add_rows(acc, a.bias1 + row_offset, v0, num_vectors);
+                    for (int r = 0; r < num_rows; ++r) add_rows(acc, rows[r], v0, num_vectors);
 #pragma unroll
-                    for (int i = 0; i < 8; ++i) o[i] = __float2bfloat16_rn(acc[i]);
-                    reinterpret_cast<uint4*>(a.combined_x + int64_t(t) * a.hidden_bytes)[v] = out;
+                    for (int u = 0; u < UNROLL; ++u) {
+                        const int v = v0 + 32 * u;
+                        if (v >= num_vectors) break;
+                        uint4 out;
+                        __nv_bfloat16* o = reinterpret_cast<__nv_bfloat16*>(&out);
+#pragma unroll
+                        for (int i = 0; i < 8; ++i) o[i] = __float2bfloat16_rn(acc[u][i]);
+                        reinterpret_cast<uint4*>(a.combined_x + row_offset)[v] = out;
+                    }
                 }
                 if (a.combined_topk_weights != nullptr && lane < a.num_topk) {
                     float sum = 0.0f;

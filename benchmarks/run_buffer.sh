@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Chapter 7's benchmark on N GPUs of this machine, in one run: DeepEP v1 built here from a
+# checkout (never committed), its own tests/test_intranode.py for DeepEP and for
+# nvshmem_tutorial (through benchmarks/deepep_shim), then benchmarks/buffer_bench.py for
+# both (num_sms swept, DeepEP's timing), merged into buffer_<gpu>_ep<N>.csv and plotted.
+#
+# Usage: benchmarks/run_buffer.sh DEEPEP_DIR [N]       (default N: 2)
+# Environment: BUFFER_OUT (default benchmarks/results), BUFFER_LOGS (default: a temp dir).
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
+deepep=$(cd "${1:?usage: benchmarks/run_buffer.sh DEEPEP_DIR [N]}" && pwd)
+n=${2:-2}
+out=${BUFFER_OUT:-benchmarks/results}
+logs=${BUFFER_LOGS:-$(mktemp -d "${TMPDIR:-/tmp}/buffer.XXXXXX")}
+mkdir -p "$out" "$logs"
+export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
+unset WORLD_SIZE RANK LOCAL_RANK LOCAL_WORLD_SIZE
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print tolower($2)}')
+shim=$PWD/benchmarks/deepep_shim
+
+echo "run_buffer: building DeepEP in $deepep"
+(cd "$deepep" && CPATH=/usr/local/cuda/include/cccl MAX_JOBS=$(nproc) TORCH_CUDA_ARCH_LIST=9.0 \
+  python3 setup.py build_ext --inplace >"$logs/deepep_build.log" 2>&1) || { tail -20 "$logs/deepep_build.log"; exit 1; }
+
+echo "run_buffer: DeepEP's test_intranode.py, DeepEP"
+(cd "$deepep/tests" && PYTHONPATH="$deepep${PYTHONPATH:+:$PYTHONPATH}" timeout 300 python3 test_intranode.py \
+  --num-processes "$n" >"$logs/test_intranode_deepep_ep$n.log" 2>&1)
+echo "run_buffer: DeepEP's test_intranode.py, ours"
+COMPAT_TIMEOUT_S=300 bash benchmarks/deepep_compat.sh "$deepep" "$n" >"$logs/test_intranode_ours_ep$n.log" 2>&1
+echo "run_buffer: compat exit $?"
+
+sweep=(--num-sms 8 12 16 20 24 --chunks 8 --combine-chunks 4)
+(cd /tmp && PYTHONPATH="$deepep${PYTHONPATH:+:$PYTHONPATH}" timeout 300 python3 "$OLDPWD/benchmarks/buffer_bench.py" \
+  --method deepep "$logs/deepep.csv" "${sweep[@]}" --num-processes "$n" >"$logs/bench_deepep.log" 2>&1)
+(cd /tmp && PYTHONPATH="$shim${PYTHONPATH:+:$PYTHONPATH}" timeout 300 python3 "$OLDPWD/benchmarks/buffer_bench.py" \
+  --method ours "$logs/ours.csv" "${sweep[@]}" --num-processes "$n" >"$logs/bench_ours.log" 2>&1)
+python3 benchmarks/plot_buffer.py "$out/buffer_${gpu}_ep$n.csv" "$logs/ours.csv" "$logs/deepep.csv"
