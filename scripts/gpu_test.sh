@@ -117,7 +117,8 @@ if [[ "${GPU_TEST_PYTHON:-1}" == 1 ]]; then
       "ch01_bootstrap.py:python3 scripts/ch01_bootstrap.py"
       "ch02_symmetric_memory.py:python3 scripts/ch02_symmetric_memory.py"
       "ch03_put_get.py:python3 scripts/ch03_put_get.py"
-      "ch04_collectives.py:python3 scripts/ch04_collectives.py")
+      "ch04_collectives.py:python3 scripts/ch04_collectives.py"
+      "ch07_buffer.py:python3 scripts/ch07_buffer.py")
     for n in "${nprocs[@]}"; do
       ((n >= 2)) || continue # the suite and the scripts exchange data between PEs
       for entry in "${py_runs[@]}"; do
