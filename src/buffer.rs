@@ -71,8 +71,12 @@ impl BufferOptions {
 /// Symmetric heap bytes one buffer takes on `n_pes` PEs: the communicator's own, then the
 /// buffer's regions (src/layout.rs).
 pub fn heap_bytes(n_pes: usize, num_nvl_bytes: usize, num_rdma_bytes: usize) -> usize {
-    let regions = Regions { num_nvl_bytes, num_rdma_bytes };
-    ch04_collectives::workspace::symmetric_bytes(n_pes, CollectivesConfig::default().ll_max_bytes) + regions.total()
+    let regions = Regions {
+        num_nvl_bytes,
+        num_rdma_bytes,
+    };
+    ch04_collectives::workspace::symmetric_bytes(n_pes, CollectivesConfig::default().ll_max_bytes)
+        + regions.total()
 }
 
 /// The ring counters each PE keeps to itself (moe.cuh NOTES): tokens pushed and consumed per

@@ -1,3 +1,4 @@
+// ANCHOR: handle
 //! DeepEP's intranode handle, as device views: what a dispatch leaves behind so that a cached
 //! dispatch can skip the notify step and a combine can send every result home.
 //!
@@ -12,6 +13,7 @@
 //! - `is_token_in_rank` [N, R] bool: the routing the dispatch was given.
 //! - `send_head` [N, R] i32: token t's position in the (channel, rank d) ring of that call,
 //!   -1 if t did not go to d. Combine finds each rank's result for t with it.
+// ANCHOR_END: handle
 
 use crate::error::BufferError;
 use crate::view::{ElemType, View};

@@ -7,8 +7,9 @@ use std::sync::{Arc, Mutex};
 
 use ch01_bootstrap::World;
 use nvshmem_tutorial::{
-    BufferError, BufferOptions, CombineInputs, CombineOutputs, Config, DispatchInputs, DispatchOutputs, ElemType,
-    Handle, LayoutOutputs, NotifyInputs, NotifyOutputs, NvshmemBuffer, View,
+    BufferError, BufferOptions, CombineInputs, CombineOutputs, Config, DispatchInputs,
+    DispatchOutputs, ElemType, Handle, LayoutOutputs, NotifyInputs, NotifyOutputs, NvshmemBuffer,
+    View,
 };
 use pyo3::prelude::*;
 
@@ -19,9 +20,9 @@ use crate::transfers::stream_handle;
 impl From<BufferError> for Error {
     fn from(e: BufferError) -> Self {
         match e {
-            BufferError::Invalid { .. } | BufferError::BufferTooSmall { .. } | BufferError::BadExpert { .. } => {
-                Error::Invalid(e.to_string())
-            }
+            BufferError::Invalid { .. }
+            | BufferError::BufferTooSmall { .. }
+            | BufferError::BadExpert { .. } => Error::Invalid(e.to_string()),
             BufferError::Coll(e) => e.into(),
             other => Error::Failed(other.to_string()),
         }
@@ -40,10 +41,18 @@ fn view(name: &str, (ptr, shape, strides, dtype): PyView) -> Result<View, Error>
     })?;
     let dims = shape.len();
     if !(1..=2).contains(&dims) || strides.len() != dims {
-        return Err(Error::Invalid(format!("{name} must be 1-D or 2-D, got shape {shape:?}")));
+        return Err(Error::Invalid(format!(
+            "{name} must be 1-D or 2-D, got shape {shape:?}"
+        )));
     }
     let pad = |v: &[usize], fill: usize| [v[0], if dims == 2 { v[1] } else { fill }];
-    Ok(View { ptr, dims, shape: pad(&shape, 1), strides: pad(&strides, 1), elem })
+    Ok(View {
+        ptr,
+        dims,
+        shape: pad(&shape, 1),
+        strides: pad(&strides, 1),
+        elem,
+    })
 }
 
 fn optional(name: &str, v: Option<PyView>) -> Result<Option<View>, Error> {
@@ -59,7 +68,13 @@ pub struct PyConfig(pub Config);
 impl PyConfig {
     #[new]
     #[pyo3(signature = (num_sms = 20, num_max_nvl_chunked_send_tokens = 6, num_max_nvl_chunked_recv_tokens = 256, num_max_rdma_chunked_send_tokens = 6, num_max_rdma_chunked_recv_tokens = 256))]
-    fn new(num_sms: u32, num_max_nvl_chunked_send_tokens: u32, num_max_nvl_chunked_recv_tokens: u32, num_max_rdma_chunked_send_tokens: u32, num_max_rdma_chunked_recv_tokens: u32) -> PyResult<Self> {
+    fn new(
+        num_sms: u32,
+        num_max_nvl_chunked_send_tokens: u32,
+        num_max_nvl_chunked_recv_tokens: u32,
+        num_max_rdma_chunked_send_tokens: u32,
+        num_max_rdma_chunked_recv_tokens: u32,
+    ) -> PyResult<Self> {
         let config = Config::new(
             num_sms,
             num_max_nvl_chunked_send_tokens,
@@ -97,13 +112,17 @@ impl PyConfig {
 /// DeepEP's default dispatch config for `num_ranks` with `num_sms` SMs.
 #[pyfunction]
 pub fn dispatch_config(num_ranks: usize, num_sms: u32) -> PyResult<PyConfig> {
-    Ok(PyConfig(nvshmem_tutorial::config::dispatch_config(num_ranks, num_sms).map_err(Error::from)?))
+    Ok(PyConfig(
+        nvshmem_tutorial::config::dispatch_config(num_ranks, num_sms).map_err(Error::from)?,
+    ))
 }
 
 /// DeepEP's default combine config.
 #[pyfunction]
 pub fn combine_config(num_ranks: usize, num_sms: u32) -> PyResult<PyConfig> {
-    Ok(PyConfig(nvshmem_tutorial::config::combine_config(num_ranks, num_sms).map_err(Error::from)?))
+    Ok(PyConfig(
+        nvshmem_tutorial::config::combine_config(num_ranks, num_sms).map_err(Error::from)?,
+    ))
 }
 
 /// Symmetric heap bytes a buffer of these sizes takes on `n_pes` PEs (buffer.py sizes
@@ -120,10 +139,16 @@ pub struct BufferCore {
 }
 
 impl BufferCore {
-    fn with<R: Send>(&self, py: Python<'_>, f: impl FnOnce(&NvshmemBuffer<Arc<World>>) -> Result<R, Error> + Send) -> PyResult<R> {
+    fn with<R: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&NvshmemBuffer<Arc<World>>) -> Result<R, Error> + Send,
+    ) -> PyResult<R> {
         py.detach(|| {
             let guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-            let buffer = guard.as_ref().ok_or_else(|| Error::from(BufferError::Destroyed))?;
+            let buffer = guard
+                .as_ref()
+                .ok_or_else(|| Error::from(BufferError::Destroyed))?;
             f(buffer)
         })
         .map_err(Into::into)
@@ -134,11 +159,26 @@ impl BufferCore {
 impl BufferCore {
     /// Collective: every rank makes its buffer with the same sizes. NVSHMEM must be up.
     #[new]
-    fn new(py: Python<'_>, num_nvl_bytes: usize, num_rdma_bytes: usize, low_latency_mode: bool, timeout_ms: u64) -> PyResult<Self> {
+    fn new(
+        py: Python<'_>,
+        num_nvl_bytes: usize,
+        num_rdma_bytes: usize,
+        low_latency_mode: bool,
+        timeout_ms: u64,
+    ) -> PyResult<Self> {
         let world = state::with_state_detached(py, "Buffer", |s| Ok(s.world.clone()))?;
-        let options = BufferOptions { num_nvl_bytes, num_rdma_bytes, low_latency_mode, timeout_ms };
-        let buffer = py.detach(|| NvshmemBuffer::new(world, options)).map_err(Error::from)?;
-        Ok(Self { inner: Mutex::new(Some(buffer)) })
+        let options = BufferOptions {
+            num_nvl_bytes,
+            num_rdma_bytes,
+            low_latency_mode,
+            timeout_ms,
+        };
+        let buffer = py
+            .detach(|| NvshmemBuffer::new(world, options))
+            .map_err(Error::from)?;
+        Ok(Self {
+            inner: Mutex::new(Some(buffer)),
+        })
     }
 
     /// Collective: frees the buffer's symmetric allocation (every rank destroys its buffer).
@@ -153,7 +193,10 @@ impl BufferCore {
     }
 
     fn is_destroyed(&self) -> bool {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner()).is_none()
+        self.inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_none()
     }
 
     /// Raises what a kernel of this buffer recorded, if anything.
@@ -167,7 +210,16 @@ impl BufferCore {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn get_dispatch_layout(&self, py: Python<'_>, topk_idx: PyView, num_experts: usize, num_tokens_per_rank: PyView, num_tokens_per_expert: PyView, is_token_in_rank: PyView, stream: u64) -> PyResult<()> {
+    fn get_dispatch_layout(
+        &self,
+        py: Python<'_>,
+        topk_idx: PyView,
+        num_experts: usize,
+        num_tokens_per_rank: PyView,
+        num_tokens_per_expert: PyView,
+        is_token_in_rank: PyView,
+        stream: u64,
+    ) -> PyResult<()> {
         let topk_idx = view("topk_idx", topk_idx)?;
         let out = LayoutOutputs {
             num_tokens_per_rank: view("num_tokens_per_rank", num_tokens_per_rank)?,
@@ -175,12 +227,29 @@ impl BufferCore {
             is_token_in_rank: view("is_token_in_rank", is_token_in_rank)?,
         };
         // SAFETY: buffer.py passes views of live torch tensors on this GPU.
-        self.with(py, move |b| Ok(unsafe { b.get_dispatch_layout(&topk_idx, num_experts, &out, stream_handle(stream) as _) }?))
+        self.with(py, move |b| {
+            Ok(unsafe {
+                b.get_dispatch_layout(&topk_idx, num_experts, &out, stream_handle(stream) as _)
+            }?)
+        })
     }
 
     /// The notify step; with `wait`, returns (tokens to receive, per-local-expert counts).
     #[allow(clippy::too_many_arguments)]
-    fn notify(&self, py: Python<'_>, num_tokens_per_rank: PyView, num_tokens_per_expert: PyView, is_token_in_rank: PyView, expert_alignment: usize, rank_prefix_matrix: PyView, channel_prefix_matrix: PyView, recv_channel_prefix_matrix: PyView, config: PyRef<'_, PyConfig>, wait: bool, stream: u64) -> PyResult<Option<(usize, Vec<i32>)>> {
+    fn notify(
+        &self,
+        py: Python<'_>,
+        num_tokens_per_rank: PyView,
+        num_tokens_per_expert: PyView,
+        is_token_in_rank: PyView,
+        expert_alignment: usize,
+        rank_prefix_matrix: PyView,
+        channel_prefix_matrix: PyView,
+        recv_channel_prefix_matrix: PyView,
+        config: PyRef<'_, PyConfig>,
+        wait: bool,
+        stream: u64,
+    ) -> PyResult<Option<(usize, Vec<i32>)>> {
         let config = config.0;
         let inputs = NotifyInputs {
             num_tokens_per_rank: view("num_tokens_per_rank", num_tokens_per_rank)?,
@@ -191,11 +260,15 @@ impl BufferCore {
         let outputs = NotifyOutputs {
             rank_prefix_matrix: view("rank_prefix_matrix", rank_prefix_matrix)?,
             channel_prefix_matrix: view("channel_prefix_matrix", channel_prefix_matrix)?,
-            recv_channel_prefix_matrix: view("recv_channel_prefix_matrix", recv_channel_prefix_matrix)?,
+            recv_channel_prefix_matrix: view(
+                "recv_channel_prefix_matrix",
+                recv_channel_prefix_matrix,
+            )?,
         };
         self.with(py, move |b| {
             // SAFETY: as in get_dispatch_layout.
-            let counts = unsafe { b.notify(&inputs, &outputs, &config, wait, stream_handle(stream) as _) }?;
+            let counts =
+                unsafe { b.notify(&inputs, &outputs, &config, wait, stream_handle(stream) as _) }?;
             Ok(counts.map(|c| (c.num_recv_tokens, c.per_local_expert)))
         })
     }
@@ -204,7 +277,22 @@ impl BufferCore {
     /// recv_channel_prefix_matrix, recv_src_idx, is_token_in_rank, send_head).
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (x, x_scales, topk_idx, topk_weights, num_experts, handle, recv_x, recv_x_scales, recv_topk_idx, recv_topk_weights, config, stream))]
-    fn dispatch(&self, py: Python<'_>, x: PyView, x_scales: Option<PyView>, topk_idx: Option<PyView>, topk_weights: Option<PyView>, num_experts: usize, handle: (PyView, PyView, PyView, PyView, PyView, PyView), recv_x: PyView, recv_x_scales: Option<PyView>, recv_topk_idx: Option<PyView>, recv_topk_weights: Option<PyView>, config: PyRef<'_, PyConfig>, stream: u64) -> PyResult<()> {
+    fn dispatch(
+        &self,
+        py: Python<'_>,
+        x: PyView,
+        x_scales: Option<PyView>,
+        topk_idx: Option<PyView>,
+        topk_weights: Option<PyView>,
+        num_experts: usize,
+        handle: (PyView, PyView, PyView, PyView, PyView, PyView),
+        recv_x: PyView,
+        recv_x_scales: Option<PyView>,
+        recv_topk_idx: Option<PyView>,
+        recv_topk_weights: Option<PyView>,
+        config: PyRef<'_, PyConfig>,
+        stream: u64,
+    ) -> PyResult<()> {
         let config = config.0;
         let inputs = DispatchInputs {
             x: view("x", x)?,
@@ -221,12 +309,34 @@ impl BufferCore {
             recv_topk_weights: optional("recv_topk_weights", recv_topk_weights)?,
         };
         // SAFETY: as in get_dispatch_layout.
-        self.with(py, move |b| Ok(unsafe { b.dispatch(&inputs, &handle, &outputs, &config, stream_handle(stream) as _) }?))
+        self.with(py, move |b| {
+            Ok(unsafe {
+                b.dispatch(
+                    &inputs,
+                    &handle,
+                    &outputs,
+                    &config,
+                    stream_handle(stream) as _,
+                )
+            }?)
+        })
     }
 
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (x, topk_weights, bias0, bias1, handle, combined_x, combined_topk_weights, config, stream))]
-    fn combine(&self, py: Python<'_>, x: PyView, topk_weights: Option<PyView>, bias0: Option<PyView>, bias1: Option<PyView>, handle: (PyView, PyView, PyView, PyView, PyView, PyView), combined_x: PyView, combined_topk_weights: Option<PyView>, config: PyRef<'_, PyConfig>, stream: u64) -> PyResult<()> {
+    fn combine(
+        &self,
+        py: Python<'_>,
+        x: PyView,
+        topk_weights: Option<PyView>,
+        bias0: Option<PyView>,
+        bias1: Option<PyView>,
+        handle: (PyView, PyView, PyView, PyView, PyView, PyView),
+        combined_x: PyView,
+        combined_topk_weights: Option<PyView>,
+        config: PyRef<'_, PyConfig>,
+        stream: u64,
+    ) -> PyResult<()> {
         let config = config.0;
         let inputs = CombineInputs {
             x: view("x", x)?,
@@ -239,11 +349,23 @@ impl BufferCore {
             combined_topk_weights: optional("combined_topk_weights", combined_topk_weights)?,
         };
         // SAFETY: as in get_dispatch_layout.
-        self.with(py, move |b| Ok(unsafe { b.combine(&inputs, &handle, &outputs, &config, stream_handle(stream) as _) }?))
+        self.with(py, move |b| {
+            Ok(unsafe {
+                b.combine(
+                    &inputs,
+                    &handle,
+                    &outputs,
+                    &config,
+                    stream_handle(stream) as _,
+                )
+            }?)
+        })
     }
 }
 
-fn to_handle((rpm, cpm, rcpm, src, in_rank, head): (PyView, PyView, PyView, PyView, PyView, PyView)) -> Result<Handle, Error> {
+fn to_handle(
+    (rpm, cpm, rcpm, src, in_rank, head): (PyView, PyView, PyView, PyView, PyView, PyView),
+) -> Result<Handle, Error> {
     Ok(Handle {
         rank_prefix_matrix: view("handle[0]", rpm)?,
         channel_prefix_matrix: view("handle[1]", cpm)?,

@@ -10,6 +10,7 @@
 //   nvl       num_nvl_bytes: the ring queues of dispatch, then (reusing it) of combine
 //   rdma      num_rdma_bytes: the low-latency slots (chapter 8)
 //
+// ANCHOR: ring_notes
 // NOTES on the rings (the subtle part):
 // - Ring (c, s) lives in the receiver's nvl region: ring_tokens slots of slot_bytes each.
 //   The sender writes slots and publishes its tail into the receiver's memory; the receiver
@@ -26,6 +27,7 @@
 // - A sender publishes its tail after a window of up to 32 tokens, from one thread, after a
 //   named barrier over the warps that wrote the window: the barrier orders their stores before
 //   the releasing thread's store (the pattern DeepEP also relies on).
+// ANCHOR_END: ring_notes
 #pragma once
 
 #include "../coll_common.cuh"
