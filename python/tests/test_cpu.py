@@ -242,3 +242,58 @@ def test_a_broken_library_is_a_library_error_with_the_fix(tmp_path):
     assert out.returncode == 0, text
     assert "LibraryError:" in text, text
     assert "pip install nvidia-nvshmem-cu13==3.4.5" in text, text
+
+
+# ---- chapter 4 and chapter 7 on the CPU: what is checked before anything needs a GPU ----------
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: _native.sync_all(0),
+        lambda: _native.all_reduce(0, 0, 16, "float32", None, 0),
+        lambda: _native.all_gather(0, 0, 16, None, 0),
+        lambda: _native.check_collectives(),
+    ],
+)
+def test_collectives_before_init_raise_not_initialized(call):
+    with pytest.raises(nv.NotInitializedError):
+        call()
+
+
+def test_collective_arguments_are_named_in_the_error():
+    with pytest.raises(nv.InvalidArgumentError, match="bfloat16 or torch.float32"):
+        _native.all_reduce(0, 0, 16, "int32", None, 0)
+    with pytest.raises(nv.InvalidArgumentError, match="unknown algorithm"):
+        _native.all_gather(0, 0, 16, "fastest", 0)
+
+
+def test_config_checks_and_hints_are_deepeps():
+    config = _native.Config(24, 8, 256)
+    assert config.num_sms == 24
+    assert repr(config) == "Config(24, 8, 256, 6, 256)"
+    with pytest.raises(nv.InvalidArgumentError, match="smaller than"):
+        _native.Config(24, 256, 256)
+    hint = config.get_nvl_buffer_size_hint(7168 * 2, 8)
+    assert 12 * 8 * 256 * 7168 * 2 < hint < 2_000_000_000  # DeepEP's test asks for 2e9
+    assert config.get_rdma_buffer_size_hint(7168 * 2, 8) == 0
+    assert _native.dispatch_config(2, 24).num_sms == 24
+    with pytest.raises(nv.InvalidArgumentError, match="Unsupported number of EP ranks: 16"):
+        _native.combine_config(16, 24)
+    assert _native.buffer_heap_bytes(2, 1 << 30, 0) > 1 << 30
+
+
+def test_buffer_module_imports_without_torch_and_refuses_what_it_lacks():
+    import nvshmem_tutorial.buffer as deep_ep
+
+    assert deep_ep.Buffer.num_sms == 20
+    deep_ep.Buffer.set_num_sms(24)
+    assert deep_ep.Buffer.num_sms == 24
+    with pytest.raises(AssertionError, match="even"):
+        deep_ep.Buffer.set_num_sms(23)
+    with pytest.raises(ValueError, match="allow_mnnvl"):
+        deep_ep.Buffer(object(), 1 << 20, allow_mnnvl=True)
+    with pytest.raises(ValueError, match="inter-node"):
+        deep_ep.Buffer(object(), 1 << 20, num_rdma_bytes=1 << 20)
+    with pytest.raises(ValueError, match="'group' or 'comm'"):
+        deep_ep.Buffer(None, 1 << 20)
