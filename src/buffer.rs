@@ -254,6 +254,51 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
     }
 }
 
+impl<W: Deref<Target = World>> NvshmemBuffer<W> {
+    /// `Err` naming the bytes to ask for unless the rings of a call fit in num_nvl_bytes:
+    /// channels x ranks x ring_tokens slots of slot_bytes (layout.rs).
+    pub(crate) fn check_rings_fit(
+        &self,
+        what: &'static str,
+        channels: usize,
+        ring_tokens: usize,
+        slot_bytes: usize,
+    ) -> Result<(), BufferError> {
+        let n = self.world().n_pes();
+        let needed = crate::layout::ring_bytes(channels, n, ring_tokens, slot_bytes);
+        if needed > self.options.num_nvl_bytes {
+            return Err(BufferError::BufferTooSmall {
+                what,
+                needed,
+                have: self.options.num_nvl_bytes,
+                rings: format!(
+                    "{channels} channels x {n} ranks x {ring_tokens} slots x {slot_bytes} bytes"
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// A dispatch or combine kernel: two blocks per channel (a sender and a receiver), the
+    /// communicator's workspace and the kernel's argument struct.
+    pub(crate) fn launch_channels<A>(
+        &self,
+        kernel: &'static str,
+        channels: usize,
+        args: &A,
+        stream: sys::CUstream,
+    ) -> Result<(), BufferError> {
+        let spec = LaunchSpec {
+            kernel,
+            num_blocks: 2 * channels as u32,
+            threads_per_block: crate::config::THREADS_PER_BLOCK,
+            shared_mem_bytes: 0,
+        };
+        let ws = self.workspace();
+        self.launch(spec, stream, &mut [arg(&ws), arg(args)])
+    }
+}
+
 /// A kernel argument: a pointer to the value, as cuLaunchKernel takes them.
 pub(crate) fn arg<T>(value: &T) -> *mut c_void {
     value as *const T as *mut c_void

@@ -4,14 +4,13 @@
 use std::ops::Deref;
 
 use ch01_bootstrap::World;
-use ch04_collectives::LaunchSpec;
 use cudarc::driver::{DeviceRepr, sys};
 
-use crate::buffer::{NvshmemBuffer, Progress, arg};
-use crate::config::{Config, THREADS_PER_BLOCK};
+use crate::buffer::{NvshmemBuffer, Progress};
+use crate::config::Config;
 use crate::error::BufferError;
 use crate::handle::Handle;
-use crate::layout::{Regions, combine_slot_bytes, ring_bytes};
+use crate::layout::{Regions, combine_slot_bytes};
 use crate::view::{ElemType, View};
 
 /// What a combine sends back: `x` [M, H] bf16 (one row per row the dispatch delivered here),
@@ -128,17 +127,7 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         }
         let slot_bytes = combine_slot_bytes(hidden_bytes, num_topk);
         let ring_tokens = config.num_max_nvl_chunked_recv_tokens as usize;
-        let needed = ring_bytes(c, n, ring_tokens, slot_bytes);
-        if needed > self.options.num_nvl_bytes {
-            return Err(BufferError::BufferTooSmall {
-                what: WHAT,
-                needed,
-                have: self.options.num_nvl_bytes,
-                rings: format!(
-                    "{c} channels x {n} ranks x {ring_tokens} slots x {slot_bytes} bytes"
-                ),
-            });
-        }
+        self.check_rings_fit(WHAT, c, ring_tokens, slot_bytes)?;
         let opt = |v: &Option<View>| v.map_or(0, |v| v.ptr);
         let args = GatherArgs {
             x: x.ptr,
@@ -162,14 +151,7 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
             ring_tokens: ring_tokens as i32,
             slot_bytes: slot_bytes as i32,
         };
-        let spec = LaunchSpec {
-            kernel: "moe_gather",
-            num_blocks: 2 * c as u32,
-            threads_per_block: THREADS_PER_BLOCK,
-            shared_mem_bytes: 0,
-        };
-        let ws = self.workspace();
-        self.launch(spec, stream, &mut [arg(&ws), arg(&args)])
+        self.launch_channels("moe_gather", c, &args, stream)
     }
     // ANCHOR_END: combine
 }

@@ -5,14 +5,13 @@
 use std::ops::Deref;
 
 use ch01_bootstrap::World;
-use ch04_collectives::LaunchSpec;
 use cudarc::driver::{DeviceRepr, sys};
 
-use crate::buffer::{NvshmemBuffer, Progress, arg};
-use crate::config::{Config, THREADS_PER_BLOCK};
+use crate::buffer::{NvshmemBuffer, Progress};
+use crate::config::Config;
 use crate::error::BufferError;
 use crate::handle::Handle;
-use crate::layout::{DispatchSlot, MAX_TOPK, Regions, ring_bytes};
+use crate::layout::{DispatchSlot, MAX_TOPK, Regions};
 use crate::view::{ElemType, View};
 
 /// What a dispatch sends. `x` is [N, H] bf16, or fp8 e4m3 with `x_scales` [N, H / 128] f32
@@ -217,18 +216,7 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         }
         let slot = DispatchSlot::new(hidden_bytes, num_topk, num_scales);
         let ring_tokens = config.num_max_nvl_chunked_recv_tokens as usize;
-        let needed = ring_bytes(c, n, ring_tokens, slot.bytes as usize);
-        if needed > self.options.num_nvl_bytes {
-            return Err(BufferError::BufferTooSmall {
-                what: WHAT,
-                needed,
-                have: self.options.num_nvl_bytes,
-                rings: format!(
-                    "{c} channels x {n} ranks x {ring_tokens} slots x {} bytes",
-                    slot.bytes
-                ),
-            });
-        }
+        self.check_rings_fit(WHAT, c, ring_tokens, slot.bytes as usize)?;
         let (token_stride, hidden_stride) = inputs
             .x_scales
             .map_or((0, 0), |s| (s.strides[0] as i64, s.strides[1] as i64));
@@ -261,14 +249,7 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
             ring_tokens: ring_tokens as i32,
             num_recv_rows: rows as i32,
         };
-        let spec = LaunchSpec {
-            kernel: "moe_scatter",
-            num_blocks: 2 * c as u32,
-            threads_per_block: THREADS_PER_BLOCK,
-            shared_mem_bytes: 0,
-        };
-        let ws = self.workspace();
-        self.launch(spec, stream, &mut [arg(&ws), arg(&args)])
+        self.launch_channels("moe_scatter", c, &args, stream)
     }
     // ANCHOR_END: dispatch
 }
