@@ -23,8 +23,8 @@ cargo fmt --all -- --check
 step "cargo clippy --workspace --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 
-step "shellcheck scripts/*.sh .ci/run"
-.venv/bin/shellcheck scripts/*.sh .ci/run
+step "shellcheck scripts/*.sh benchmarks/*.sh .ci/run"
+.venv/bin/shellcheck scripts/*.sh benchmarks/*.sh .ci/run
 echo "shellcheck: clean"
 
 step "mdbook build book"

@@ -271,7 +271,7 @@ def test_collective_arguments_are_named_in_the_error():
 def test_config_checks_and_hints_are_deepeps():
     config = _native.Config(24, 8, 256)
     assert config.num_sms == 24
-    assert repr(config) == "Config(24, 8, 256, 6, 256)"
+    assert repr(config) == "Config(24, 8, 256, 6, 258)"  # rdma recv aligned up to the send chunk, as DeepEP
     with pytest.raises(nv.InvalidArgumentError, match="smaller than"):
         _native.Config(24, 256, 256)
     hint = config.get_nvl_buffer_size_hint(7168 * 2, 8)
