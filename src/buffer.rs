@@ -16,7 +16,14 @@ use crate::error::{BufferError, describe};
 use crate::layout::Regions;
 use ch04_collectives::config::MAX_PES;
 
-const MODULES: [&str; 3] = ["buffer/layout", "buffer/notify", "buffer/intranode"];
+const MODULES: [&str; 4] = [
+    "buffer/layout",
+    "buffer/notify",
+    "buffer/intranode",
+    "buffer/low_latency",
+];
+/// moe.cuh's BAD_HANDLE: a low-latency handle's row named no source rank or a token >= T.
+const BAD_HANDLE: u64 = 12;
 /// Words of the notify step's host-mapped counts: [0] tokens to receive (i32), then one i32
 /// per local expert.
 const COUNT_WORDS: usize = 1 + crate::config::MAX_EXPERTS / 2;
@@ -103,6 +110,9 @@ pub struct NvshmemBuffer<W: Deref<Target = World>> {
     /// Bad input found on the device: [kind, token, value, limit] (host-mapped) and its claim.
     pub(crate) input_error: HostMapped,
     input_claim: CudaSlice<u64>,
+    /// Low-latency mode's per-rank state (call count, finish counters, slot counters; see
+    /// `LlState` in kernels/cuda/buffer/low_latency.cu).
+    pub(crate) ll_state: CudaSlice<u64>,
 }
 // ANCHOR_END: buffer
 
@@ -125,6 +135,9 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         let input_claim = stream
             .alloc_zeros::<u64>(1)
             .map_err(cuda("allocating the input-error claim"))?;
+        let ll_state = stream
+            .alloc_zeros::<u64>(crate::low_latency::STATE_WORDS)
+            .map_err(cuda("allocating the low-latency state"))?;
         let config = CollectivesConfig {
             timeout_ms: options.timeout_ms,
             extra_bytes: regions.total(),
@@ -141,6 +154,7 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
             counts: HostMapped::new(COUNT_WORDS)?,
             input_error: HostMapped::new(4)?,
             input_claim,
+            ll_state,
         })
     }
 
@@ -179,17 +193,25 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
     /// bad input (raised once; the buffer stays usable). Cheap: reads host-mapped memory.
     pub fn check(&self) -> Result<(), BufferError> {
         self.comm.check().map_err(describe)?;
-        let [kind, token, value, num_experts]: [u64; 4] = self.input_error.snapshot();
-        if kind != 0 {
-            // Clear after the report: the claim word first (device), then the record.
-            self.clear_input_error()?;
-            return Err(BufferError::BadExpert {
+        let [kind, token, value, limit]: [u64; 4] = self.input_error.snapshot();
+        if kind == 0 {
+            return Ok(());
+        }
+        // Clear after the report: the claim word first (device), then the record.
+        self.clear_input_error()?;
+        Err(if kind == BAD_HANDLE {
+            BufferError::BadHandle {
+                row: token,
+                token: value as i32 as i64,
+                max_tokens: limit,
+            }
+        } else {
+            BufferError::BadExpert {
                 token,
                 value: value as i64,
-                num_experts,
-            });
-        }
-        Ok(())
+                num_experts: limit,
+            }
+        })
     }
 
     fn clear_input_error(&self) -> Result<(), BufferError> {

@@ -28,6 +28,17 @@ pub enum BufferError {
         value: i64,
         num_experts: u64,
     },
+    /// A low-latency combine's handle that does not belong to its data (found on the GPU).
+    #[error(
+        "low_latency_combine: packed row {row} of the handle names source token {token}, \
+         outside 0..{max_tokens} or outside every source's range: pass the handle of the \
+         dispatch whose results x holds"
+    )]
+    BadHandle {
+        row: u64,
+        token: i64,
+        max_tokens: u64,
+    },
     #[error(
         "rank {me}: timed out after {timeout_ms} ms waiting for the notify step's counts (the \
          peers' rows of tokens per rank and expert). Did every rank call dispatch with the \
@@ -61,6 +72,24 @@ pub(crate) fn describe(error: CollError) -> BufferError {
             "a sender waited for ring space that the receiver never freed"
         }
         DeviceFailureKind::Unknown(8) => "a receiver waited for tokens that never came",
+        DeviceFailureKind::Unknown(kind @ (10 | 11)) => {
+            let op = if kind == 10 { "dispatch" } else { "combine" };
+            return BufferError::Ring(format!(
+                "rank {}: low-latency {op} (call {} of this buffer, slot half {}), block {}: timed \
+                 out after {} ms waiting for rank {}'s tokens for this rank's experts (its flag \
+                 holds call {}). Did every rank make the same low-latency calls with the same \
+                 num_max_dispatch_tokens_per_rank, hidden and num_experts, and call every \
+                 receive hook? The buffer is unusable from here on: destroy it and create a new \
+                 one",
+                failure.me,
+                failure.expected,
+                failure.expected & 1,
+                failure.block,
+                failure.timeout_ms,
+                failure.pe,
+                failure.seen
+            ));
+        }
         _ => return error.into(),
     };
     BufferError::Ring(format!(

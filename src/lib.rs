@@ -24,9 +24,10 @@
 //!   notify.rs                       get_dispatch_layout; the notify step (chapter 4's all-gather)
 //!   dispatch.rs, combine.rs         the two halves of MoE communication
 //!   handle.rs, view.rs, error.rs    what they take and return
+//!   low_latency.rs                  chapter 8: low-latency dispatch/combine (fixed slots)
 //!   bin/                            ch07-buffer (self-checking)
 //! kernels/cuda/buffer/            moe.cuh (ring protocol NOTES), layout.cu, notify.cu,
-//!                                 intranode.cu (moe_scatter, moe_gather)
+//!                                 intranode.cu (moe_scatter, moe_gather), low_latency.cu
 //! ```
 //!
 //! Each chapter crate depends only on earlier chapters, `nvshmem-sys` and `kernels`; this
@@ -39,6 +40,7 @@ pub mod dispatch;
 pub mod error;
 pub mod handle;
 pub mod layout;
+pub mod low_latency;
 pub mod notify;
 pub mod view;
 
@@ -53,6 +55,10 @@ pub use dispatch::{DispatchInputs, DispatchOutputs};
 pub use error::BufferError;
 pub use handle::Handle;
 pub use kernels;
+pub use low_latency::{
+    LlCombineInputs, LlDispatchInputs, LlDispatchOptions, LlDispatchOutputs, LlHandle, LlLayout,
+    Phases, get_low_latency_rdma_size_hint,
+};
 pub use notify::{LayoutOutputs, NotifyInputs, NotifyOutputs, RecvCounts};
 pub use nvshmem_sys;
 pub use view::{ElemType, View};

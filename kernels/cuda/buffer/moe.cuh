@@ -43,6 +43,7 @@ constexpr int WINDOW = 32;  // tokens per ballot, per published tail
 constexpr uint64_t WAIT_RING_SPACE = 7;  // a sender waited for the receiver to free slots
 constexpr uint64_t WAIT_RING_DATA = 8;   // a receiver waited for tokens that did not come
 constexpr uint64_t BAD_EXPERT = 9;       // topk_idx held a value outside [-1, num_experts)
+constexpr uint64_t BAD_HANDLE = 12;      // a low-latency handle's row named no source or a token >= T
 
 // Bad input found on the device (a value only the GPU holds), kept apart from the
 // communicator's failure record: the buffer stays usable, the host raises it once and clears

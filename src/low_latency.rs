@@ -1,0 +1,728 @@
+//! Chapter 8: low-latency mode. Dispatch and combine for decoding: fixed slots instead of a
+//! count exchange, device-side call numbers instead of host state, so one dispatch and one
+//! combine can be captured in a CUDA graph and replayed with new data
+//! (kernels/cuda/buffer/low_latency.cu has the protocol and its NOTES).
+//!
+//! # The low-latency region (num_rdma_bytes), as size formulas
+//!
+//! With T = num_max_dispatch_tokens_per_rank, H = hidden, R = ranks, E = experts, L = E / R:
+//!
+//! ```text
+//! control   CONTROL_BYTES, at fixed offsets whatever the shape:
+//!             flags  [2][MAX_PES] u64        the last call each source finished, per half
+//!             counts [2][MAX_EXPERTS] i32    counts[h][s * L + e]: tokens from s for expert e
+//! half 0    E x T x (16 + 2H)                dispatch slots (a bf16 message is the largest),
+//! half 1    E x T x (16 + 2H)                or combine rows of 2H: call k uses half k & 1
+//! staging   L x (R x T) x 2H                 the zero-copy combine input
+//! ```
+//!
+//! Each part starts at a multiple of 256 bytes.
+
+use std::ops::Deref;
+
+use ch01_bootstrap::World;
+use cudarc::driver::{DevicePtr, DeviceRepr, sys};
+
+use crate::buffer::{NvshmemBuffer, arg};
+use crate::error::BufferError;
+use crate::view::{ElemType, View};
+use ch04_collectives::config::MAX_PES;
+use ch04_collectives::{CollError, LaunchSpec};
+
+/// Most experts (global) a low-latency call takes (`MAX_EXPERTS` in low_latency.cu).
+pub const MAX_EXPERTS: usize = 2048;
+/// Most experts per token.
+pub const MAX_TOPK: usize = 32;
+/// Threads per block of both kernels.
+pub const THREADS_PER_BLOCK: u32 = 512;
+/// Bytes of the control words at the start of the region.
+pub const CONTROL_BYTES: usize = (2 * MAX_PES * 8 + 2 * MAX_EXPERTS * 4).next_multiple_of(256);
+/// u64 words of the per-rank device state (`LlState` in low_latency.cu: calls, arrived,
+/// finish[MAX_PES], slots[MAX_EXPERTS]).
+pub(crate) const STATE_WORDS: usize = (8 + 4 + 4 * MAX_PES + 4 * MAX_EXPERTS).div_ceil(8);
+
+const MODULE: &str = "buffer/low_latency";
+
+fn align256(bytes: usize) -> usize {
+    bytes.next_multiple_of(256)
+}
+
+// ANCHOR: layout
+/// Where a low-latency call of one shape puts things (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LlLayout {
+    pub max_tokens: usize,
+    pub hidden: usize,
+    pub num_ranks: usize,
+    pub num_experts: usize,
+}
+
+impl LlLayout {
+    pub fn num_local_experts(&self) -> usize {
+        self.num_experts / self.num_ranks
+    }
+    /// One dispatch message: a 16-byte header (the source token), the row, fp8 scales.
+    pub fn dispatch_msg_bytes(&self, use_fp8: bool) -> usize {
+        16 + if use_fp8 {
+            self.hidden + self.hidden / 128 * 4
+        } else {
+            self.hidden * 2
+        }
+    }
+    /// One half: every (expert, source, slot) message at its largest (bf16); also holds the
+    /// combine rows (E x T x 2H).
+    pub fn half_bytes(&self) -> usize {
+        align256(self.num_experts * self.max_tokens * self.dispatch_msg_bytes(false))
+    }
+    pub fn half(&self, h: usize) -> usize {
+        CONTROL_BYTES + h * self.half_bytes()
+    }
+    pub fn staging(&self) -> usize {
+        self.half(2)
+    }
+    pub fn staging_bytes(&self) -> usize {
+        align256(self.num_experts * self.max_tokens * self.hidden * 2)
+    }
+    /// Bytes of num_rdma_bytes the shape needs: `get_low_latency_rdma_size_hint`.
+    pub fn total_bytes(&self) -> usize {
+        self.staging() + self.staging_bytes()
+    }
+    pub fn flags(h: usize) -> usize {
+        h * MAX_PES * 8
+    }
+    pub fn counts(h: usize) -> usize {
+        2 * MAX_PES * 8 + h * MAX_EXPERTS * 4
+    }
+}
+// ANCHOR_END: layout
+
+/// DeepEP's `Buffer.get_low_latency_rdma_size_hint`: the num_rdma_bytes a low-latency buffer
+/// needs for this shape (bf16 dispatch, the largest), rounded up to 128 bytes.
+pub fn get_low_latency_rdma_size_hint(
+    num_max_dispatch_tokens_per_rank: usize,
+    hidden: usize,
+    num_ranks: usize,
+    num_experts: usize,
+) -> usize {
+    LlLayout {
+        max_tokens: num_max_dispatch_tokens_per_rank,
+        hidden,
+        num_ranks: num_ranks.max(1),
+        num_experts,
+    }
+    .total_bytes()
+    .next_multiple_of(128)
+}
+
+/// Which halves of a call a launch runs: both (the call returns with the data received),
+/// or the send now and the receive later (`return_recv_hook`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phases {
+    SendAndReceive = 3,
+    Send = 1,
+    Receive = 2,
+}
+
+/// What a low-latency dispatch takes (DeepEP's arguments).
+#[derive(Debug, Clone, Copy)]
+pub struct LlDispatchInputs {
+    /// [N, H] bf16, N <= num_max_dispatch_tokens_per_rank.
+    pub x: View,
+    /// [N, K] i64: global expert ids or -1.
+    pub topk_idx: View,
+    /// [L] i32, added to: tokens each local expert received.
+    pub cumulative_local_expert_recv_stats: Option<View>,
+    /// [R] i64, added to: SM cycles spent waiting for each source rank.
+    pub dispatch_wait_recv_cost_stats: Option<View>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LlDispatchOptions {
+    pub num_max_dispatch_tokens_per_rank: usize,
+    pub num_experts: usize,
+    pub use_fp8: bool,
+    pub round_scale: bool,
+    pub use_ue8m0: bool,
+}
+
+/// What a low-latency dispatch fills. The 3-D tensors come flattened to 2-D:
+/// `recv_x` [L x R x T, H] (fp8 with use_fp8, else bf16); `recv_x_scales` (fp8 only) the
+/// storage of DeepEP's column-major scales, f32 [L x H/128, R x T], or with use_ue8m0 i32
+/// [L x H/512, R x T] (four exponents per int); `recv_src_info` [L, R x T] i32;
+/// `recv_layout_range` [L, R] i64 ((begin << 32) | count); `recv_count` [L] i32.
+#[derive(Debug, Clone, Copy)]
+pub struct LlDispatchOutputs {
+    pub recv_x: View,
+    pub recv_x_scales: Option<View>,
+    pub recv_src_info: View,
+    pub recv_layout_range: View,
+    pub recv_count: View,
+}
+
+/// DeepEP's low-latency handle: (src_info, layout_range, T, hidden, num_experts).
+#[derive(Debug, Clone, Copy)]
+pub struct LlHandle {
+    pub src_info: View,
+    pub layout_range: View,
+    pub num_max_dispatch_tokens_per_rank: usize,
+    pub hidden: usize,
+    pub num_experts: usize,
+}
+
+/// What a low-latency combine takes: `x` [L x R x T, H] bf16 (ignored with zero_copy, which
+/// reads the staging region instead), `topk_idx` [N, K] i64, `topk_weights` [N, K] f32.
+#[derive(Debug, Clone, Copy)]
+pub struct LlCombineInputs {
+    pub x: Option<View>,
+    pub topk_idx: View,
+    pub topk_weights: View,
+    pub combine_wait_recv_cost_stats: Option<View>,
+}
+
+/// `LlRegion` of low_latency.cu.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct LlRegion {
+    data: [u64; 2],
+    counts: [u64; 2],
+    flags: [u64; 2],
+}
+
+/// `LlDispatchArgs` of low_latency.cu, field for field.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct LlDispatchArgs {
+    x: u64,
+    topk_idx: u64,
+    recv_x: u64,
+    recv_scales: u64,
+    recv_src_info: u64,
+    recv_layout_range: u64,
+    recv_count: u64,
+    cumulative_recv_stats: u64,
+    wait_recv_cost: u64,
+    region: LlRegion,
+    state: u64,
+    bad_input: [u64; 2],
+    num_tokens: i32,
+    hidden: i32,
+    num_topk: i32,
+    num_experts: i32,
+    max_tokens: i32,
+    use_fp8: i32,
+    round_scale: i32,
+    use_ue8m0: i32,
+}
+
+/// `LlCombineArgs` of low_latency.cu, field for field.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct LlCombineArgs {
+    x: u64,
+    src_info: u64,
+    layout_range: u64,
+    topk_idx: u64,
+    topk_weights: u64,
+    out: u64,
+    wait_recv_cost: u64,
+    region: LlRegion,
+    state: u64,
+    bad_input: [u64; 2],
+    num_tokens: i32,
+    hidden: i32,
+    num_topk: i32,
+    num_experts: i32,
+    max_tokens: i32,
+}
+
+// SAFETY: plain old data laid out as the kernel parameters.
+unsafe impl DeviceRepr for LlDispatchArgs {}
+unsafe impl DeviceRepr for LlCombineArgs {}
+
+fn invalid(what: &'static str, message: String) -> BufferError {
+    BufferError::invalid(what, message)
+}
+
+/// The shape checks every low-latency call shares: DeepEP's, plus our limits.
+fn check_shape(
+    what: &'static str,
+    layout: &LlLayout,
+    num_topk: usize,
+    num_rdma_bytes: usize,
+) -> Result<(), BufferError> {
+    let LlLayout {
+        max_tokens,
+        hidden,
+        num_ranks,
+        num_experts,
+    } = *layout;
+    if max_tokens == 0 {
+        return Err(invalid(
+            what,
+            "num_max_dispatch_tokens_per_rank must be positive".into(),
+        ));
+    }
+    if num_experts == 0 || !num_experts.is_multiple_of(num_ranks) || num_experts > MAX_EXPERTS {
+        return Err(invalid(
+            what,
+            format!(
+                "num_experts = {num_experts} must be a positive multiple of the {num_ranks} \
+                 ranks and at most {MAX_EXPERTS}"
+            ),
+        ));
+    }
+    if hidden == 0 || !hidden.is_multiple_of(128) {
+        return Err(invalid(
+            what,
+            format!(
+                "hidden = {hidden} is not supported: the kernels take any multiple of 128 (one \
+                 fp8 scale per 128 channels), e.g. 2048, 2560, 4096, 5120, 6144, 7168, 8192"
+            ),
+        ));
+    }
+    if num_topk > MAX_TOPK {
+        return Err(invalid(
+            what,
+            format!("top-k = {num_topk}: at most {MAX_TOPK} experts per token"),
+        ));
+    }
+    let needed = get_low_latency_rdma_size_hint(max_tokens, hidden, num_ranks, num_experts);
+    if num_rdma_bytes < needed {
+        return Err(invalid(
+            what,
+            format!(
+                "the buffer's num_rdma_bytes = {num_rdma_bytes} is smaller than the {needed} this \
+                 shape needs (T = {max_tokens}, hidden = {hidden}, {num_ranks} ranks, \
+                 {num_experts} experts): create the buffer with num_rdma_bytes = \
+                 Buffer.get_low_latency_rdma_size_hint({max_tokens}, {hidden}, {num_ranks}, \
+                 {num_experts})"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn optional_vector(
+    what: &'static str,
+    name: &str,
+    view: &Option<View>,
+    elem: ElemType,
+    len: usize,
+) -> Result<u64, BufferError> {
+    match view {
+        Some(v) => {
+            v.expect(what, name, elem, &[Some(len)])?;
+            Ok(v.ptr)
+        }
+        None => Ok(0),
+    }
+}
+
+impl<W: Deref<Target = World>> NvshmemBuffer<W> {
+    fn ll_layout(&self, max_tokens: usize, hidden: usize, num_experts: usize) -> LlLayout {
+        LlLayout {
+            max_tokens,
+            hidden,
+            num_ranks: self.world().n_pes(),
+            num_experts,
+        }
+    }
+
+    fn require_low_latency(&self, what: &'static str) -> Result<(), BufferError> {
+        if !self.options.low_latency_mode {
+            return Err(invalid(
+                what,
+                "this buffer was made without low_latency_mode: create it with \
+                 low_latency_mode=True and num_rdma_bytes = get_low_latency_rdma_size_hint(...)"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn ll_region(&self, layout: &LlLayout) -> LlRegion {
+        let (base, _) = self.local_region(true);
+        let at = |offset: usize| base + offset as u64;
+        LlRegion {
+            data: [at(layout.half(0)), at(layout.half(1))],
+            counts: [at(LlLayout::counts(0)), at(LlLayout::counts(1))],
+            flags: [at(LlLayout::flags(0)), at(LlLayout::flags(1))],
+        }
+    }
+
+    fn ll_state(&self) -> u64 {
+        let (ptr, _) = self.ll_state.device_ptr(self.world().stream());
+        ptr
+    }
+
+    fn ll_launch<A>(
+        &self,
+        kernel: &'static str,
+        args: &A,
+        phases: Phases,
+        stream: sys::CUstream,
+    ) -> Result<(), BufferError> {
+        let kernel = kernels::kernel_symbol(MODULE, kernel).map_err(CollError::from)?;
+        let spec = LaunchSpec {
+            kernel,
+            num_blocks: self.kernels.num_sms(),
+            threads_per_block: THREADS_PER_BLOCK,
+            shared_mem_bytes: 0,
+        };
+        let ws = self.workspace();
+        let phases = phases as i32;
+        self.launch(spec, stream, &mut [arg(&ws), arg(args), arg(&phases)])
+    }
+
+    // ANCHOR: ll_dispatch
+    /// DeepEP's `low_latency_dispatch`: every token to the slots of its top-k experts, then
+    /// (with `Phases::SendAndReceive`, or in a later `Phases::Receive` launch) packed per
+    /// local expert into `outputs`. Capturable in a CUDA graph.
+    ///
+    /// # Safety
+    /// Every [`View`] must describe live memory of its shape and type on this PE's GPU.
+    pub unsafe fn low_latency_dispatch(
+        &self,
+        inputs: &LlDispatchInputs,
+        outputs: &LlDispatchOutputs,
+        options: &LlDispatchOptions,
+        phases: Phases,
+        stream: sys::CUstream,
+    ) -> Result<(), BufferError> {
+        const WHAT: &str = "low_latency_dispatch";
+        self.require_low_latency(WHAT)?;
+        self.check()?;
+        let LlDispatchOptions {
+            num_max_dispatch_tokens_per_rank: t,
+            num_experts,
+            use_fp8,
+            round_scale,
+            use_ue8m0,
+        } = *options;
+        let x = &inputs.x;
+        x.expect(WHAT, "x", ElemType::Bf16, &[None, None])?;
+        let (num_tokens, hidden) = (x.rows(), x.cols());
+        inputs
+            .topk_idx
+            .expect(WHAT, "topk_idx", ElemType::I64, &[Some(num_tokens), None])?;
+        let num_topk = inputs.topk_idx.cols();
+        let layout = self.ll_layout(t, hidden, num_experts);
+        check_shape(WHAT, &layout, num_topk, self.options.num_rdma_bytes)?;
+        if num_tokens > t {
+            return Err(invalid(
+                WHAT,
+                format!(
+                    "x has {num_tokens} tokens, more than num_max_dispatch_tokens_per_rank = {t} \
+                     (every rank's slots hold {t} tokens per expert)"
+                ),
+            ));
+        }
+        if use_ue8m0 && !(use_fp8 && round_scale) {
+            return Err(invalid(
+                WHAT,
+                "use_ue8m0 needs use_fp8=True and round_scale=True (UE8M0 scales are powers of two)"
+                    .into(),
+            ));
+        }
+        if use_ue8m0 && !hidden.is_multiple_of(512) {
+            return Err(invalid(
+                WHAT,
+                format!("use_ue8m0 packs 4 scales per int: hidden = {hidden} must be a multiple of 512"),
+            ));
+        }
+        let (n, l) = (layout.num_ranks, layout.num_local_experts());
+        let rows = l * n * t;
+        let recv_elem = if use_fp8 {
+            ElemType::Fp8E4m3
+        } else {
+            ElemType::Bf16
+        };
+        outputs
+            .recv_x
+            .expect(WHAT, "recv_x", recv_elem, &[Some(rows), Some(hidden)])?;
+        let recv_scales = match (&outputs.recv_x_scales, use_fp8) {
+            (Some(s), true) => {
+                let (elem, groups) = if use_ue8m0 {
+                    (ElemType::I32, hidden / 512)
+                } else {
+                    (ElemType::F32, hidden / 128)
+                };
+                s.expect(WHAT, "recv_x_scales", elem, &[Some(l * groups), Some(n * t)])?;
+                s.ptr
+            }
+            (None, false) => 0,
+            (None, true) => return Err(invalid(WHAT, "use_fp8 needs recv_x_scales".into())),
+            (Some(_), false) => {
+                return Err(invalid(WHAT, "recv_x_scales is only for use_fp8".into()));
+            }
+        };
+        outputs
+            .recv_src_info
+            .expect(WHAT, "recv_src_info", ElemType::I32, &[Some(l), Some(n * t)])?;
+        outputs
+            .recv_layout_range
+            .expect(WHAT, "recv_layout_range", ElemType::I64, &[Some(l), Some(n)])?;
+        outputs
+            .recv_count
+            .expect(WHAT, "recv_count", ElemType::I32, &[Some(l)])?;
+        let cumulative = optional_vector(
+            WHAT,
+            "cumulative_local_expert_recv_stats",
+            &inputs.cumulative_local_expert_recv_stats,
+            ElemType::I32,
+            l,
+        )?;
+        let wait_cost = optional_vector(
+            WHAT,
+            "dispatch_wait_recv_cost_stats",
+            &inputs.dispatch_wait_recv_cost_stats,
+            ElemType::I64,
+            n,
+        )?;
+        let [claim, words] = self.input_error_args();
+        let args = LlDispatchArgs {
+            x: x.ptr,
+            topk_idx: inputs.topk_idx.ptr,
+            recv_x: outputs.recv_x.ptr,
+            recv_scales,
+            recv_src_info: outputs.recv_src_info.ptr,
+            recv_layout_range: outputs.recv_layout_range.ptr,
+            recv_count: outputs.recv_count.ptr,
+            cumulative_recv_stats: cumulative,
+            wait_recv_cost: wait_cost,
+            region: self.ll_region(&layout),
+            state: self.ll_state(),
+            bad_input: [claim, words],
+            num_tokens: num_tokens as i32,
+            hidden: hidden as i32,
+            num_topk: num_topk as i32,
+            num_experts: num_experts as i32,
+            max_tokens: t as i32,
+            use_fp8: use_fp8 as i32,
+            round_scale: round_scale as i32,
+            use_ue8m0: use_ue8m0 as i32,
+        };
+        self.ll_launch("nvshmem_tutorial::dispatch", &args, phases, stream)
+    }
+    // ANCHOR_END: ll_dispatch
+
+    // ANCHOR: ll_combine
+    /// DeepEP's `low_latency_combine`: every expert result back to its token's rank, summed
+    /// there with the top-k weights into `out` [N, H] bf16.
+    ///
+    /// # Safety
+    /// Every [`View`] must describe live memory of its shape and type on this PE's GPU.
+    pub unsafe fn low_latency_combine(
+        &self,
+        inputs: &LlCombineInputs,
+        handle: &LlHandle,
+        out: &View,
+        phases: Phases,
+        stream: sys::CUstream,
+    ) -> Result<(), BufferError> {
+        const WHAT: &str = "low_latency_combine";
+        self.require_low_latency(WHAT)?;
+        self.check()?;
+        let (t, hidden, num_experts) = (
+            handle.num_max_dispatch_tokens_per_rank,
+            handle.hidden,
+            handle.num_experts,
+        );
+        let topk_idx = &inputs.topk_idx;
+        topk_idx.expect(WHAT, "topk_idx", ElemType::I64, &[None, None])?;
+        let (num_tokens, num_topk) = (topk_idx.rows(), topk_idx.cols());
+        let layout = self.ll_layout(t, hidden, num_experts);
+        check_shape(WHAT, &layout, num_topk, self.options.num_rdma_bytes)?;
+        let (n, l) = (layout.num_ranks, layout.num_local_experts());
+        if num_tokens > t {
+            return Err(invalid(
+                WHAT,
+                format!(
+                    "topk_idx has {num_tokens} tokens, more than the handle's \
+                     num_max_dispatch_tokens_per_rank = {t}"
+                ),
+            ));
+        }
+        inputs.topk_weights.expect(
+            WHAT,
+            "topk_weights",
+            ElemType::F32,
+            &[Some(num_tokens), Some(num_topk)],
+        )?;
+        // A handle of another call shape shows in its tensors' shapes.
+        let from_handle = |name: &str, v: &View, elem, shape: &[Option<usize>]| {
+            v.expect(WHAT, name, elem, shape).map_err(|e| {
+                invalid(
+                    WHAT,
+                    format!(
+                        "{e}: the handle does not match its own shape (T = {t}, hidden = {hidden}, \
+                         {num_experts} experts over {n} ranks); pass the handle of the dispatch \
+                         whose results x holds"
+                    ),
+                )
+            })
+        };
+        from_handle(
+            "handle[0] (src_info)",
+            &handle.src_info,
+            ElemType::I32,
+            &[Some(l), Some(n * t)],
+        )?;
+        from_handle(
+            "handle[1] (layout_range)",
+            &handle.layout_range,
+            ElemType::I64,
+            &[Some(l), Some(n)],
+        )?;
+        let x = match &inputs.x {
+            Some(x) => {
+                x.expect(WHAT, "x", ElemType::Bf16, &[Some(l * n * t), Some(hidden)])
+                    .map_err(|e| {
+                        invalid(
+                            WHAT,
+                            format!(
+                                "{e}: x must be [num_local_experts, num_ranks x T, hidden] = \
+                                 [{l}, {}, {hidden}] for this handle",
+                                n * t
+                            ),
+                        )
+                    })?;
+                x.ptr
+            }
+            None => self.local_region(true).0 + layout.staging() as u64,
+        };
+        out.expect(
+            WHAT,
+            "out",
+            ElemType::Bf16,
+            &[Some(num_tokens), Some(hidden)],
+        )?;
+        let wait_cost = optional_vector(
+            WHAT,
+            "combine_wait_recv_cost_stats",
+            &inputs.combine_wait_recv_cost_stats,
+            ElemType::I64,
+            n,
+        )?;
+        let [claim, words] = self.input_error_args();
+        let args = LlCombineArgs {
+            x,
+            src_info: handle.src_info.ptr,
+            layout_range: handle.layout_range.ptr,
+            topk_idx: topk_idx.ptr,
+            topk_weights: inputs.topk_weights.ptr,
+            out: out.ptr,
+            wait_recv_cost: wait_cost,
+            region: self.ll_region(&layout),
+            state: self.ll_state(),
+            bad_input: [claim, words],
+            num_tokens: num_tokens as i32,
+            hidden: hidden as i32,
+            num_topk: num_topk as i32,
+            num_experts: num_experts as i32,
+            max_tokens: t as i32,
+        };
+        self.ll_launch("nvshmem_tutorial::combine", &args, phases, stream)
+    }
+    // ANCHOR_END: ll_combine
+
+    /// DeepEP's `get_next_low_latency_combine_buffer`: the staging rows a zero-copy combine
+    /// reads, [L x R x T, H] bf16 (a view of this rank's region; fill it, then combine with
+    /// `x: None`).
+    pub fn next_low_latency_combine_buffer(
+        &self,
+        num_max_dispatch_tokens_per_rank: usize,
+        hidden: usize,
+        num_experts: usize,
+    ) -> Result<View, BufferError> {
+        const WHAT: &str = "get_next_low_latency_combine_buffer";
+        self.require_low_latency(WHAT)?;
+        let layout = self.ll_layout(num_max_dispatch_tokens_per_rank, hidden, num_experts);
+        check_shape(WHAT, &layout, 0, self.options.num_rdma_bytes)?;
+        let rows = num_experts * num_max_dispatch_tokens_per_rank;
+        Ok(View::matrix(
+            self.local_region(true).0 + layout.staging() as u64,
+            rows,
+            hidden,
+            ElemType::Bf16,
+        ))
+    }
+
+    /// DeepEP's `clean_low_latency_buffer` (collective): zeroes the control words and the
+    /// call count on every rank, between two barriers. The protocol never needs it (flags
+    /// only grow); it is the way back to a known state after a failed call on some rank.
+    pub fn clean_low_latency_buffer(
+        &self,
+        num_max_dispatch_tokens_per_rank: usize,
+        hidden: usize,
+        num_experts: usize,
+        stream: sys::CUstream,
+    ) -> Result<(), BufferError> {
+        const WHAT: &str = "clean_low_latency_buffer";
+        self.require_low_latency(WHAT)?;
+        let layout = self.ll_layout(num_max_dispatch_tokens_per_rank, hidden, num_experts);
+        check_shape(WHAT, &layout, 0, self.options.num_rdma_bytes)?;
+        self.comm.sync_all_raw(stream)?;
+        let cuda = |e| {
+            BufferError::from(CollError::Cuda {
+                what: "zeroing the low-latency control words",
+                source: e,
+            })
+        };
+        // SAFETY: the control words of this rank's region and its state, both device memory
+        // of this context; the stream orders the memsets between the two barriers.
+        unsafe {
+            cudarc::driver::result::memset_d8_async(
+                self.local_region(true).0,
+                0,
+                CONTROL_BYTES,
+                stream,
+            )
+            .map_err(cuda)?;
+            cudarc::driver::result::memset_d8_async(self.ll_state(), 0, STATE_WORDS * 8, stream)
+                .map_err(cuda)?;
+        }
+        self.comm.sync_all_raw(stream)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn args_match_the_kernel_structs() {
+        assert_eq!(std::mem::size_of::<LlDispatchArgs>(), 9 * 8 + 6 * 8 + 8 + 16 + 8 * 4);
+        assert_eq!(std::mem::size_of::<LlCombineArgs>(), 7 * 8 + 6 * 8 + 8 + 16 + 24);
+    }
+
+    #[test]
+    fn layout_parts_are_ordered_aligned_and_large_enough() {
+        let layout = LlLayout {
+            max_tokens: 128,
+            hidden: 7168,
+            num_ranks: 2,
+            num_experts: 288,
+        };
+        assert_eq!(layout.dispatch_msg_bytes(false), 16 + 14336);
+        assert_eq!(layout.dispatch_msg_bytes(true), 16 + 7168 + 56 * 4);
+        // A half holds every bf16 message and every combine row.
+        assert!(layout.half_bytes() >= 288 * 128 * (16 + 14336));
+        assert!(layout.half_bytes() >= 288 * 128 * 14336);
+        for offset in [layout.half(0), layout.half(1), layout.staging()] {
+            assert_eq!(offset % 256, 0);
+        }
+        assert!(LlLayout::counts(1) + MAX_EXPERTS * 4 <= CONTROL_BYTES);
+        assert_eq!(
+            get_low_latency_rdma_size_hint(128, 7168, 2, 288),
+            layout.total_bytes().next_multiple_of(128)
+        );
+    }
+
+    #[test]
+    fn state_words_cover_the_kernel_state() {
+        // calls (8) + arrived (4) + finish (4 x MAX_PES) + slots (4 x MAX_EXPERTS)
+        assert!(STATE_WORDS * 8 >= 12 + 4 * MAX_PES + 4 * MAX_EXPERTS);
+    }
+}
