@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# Chapter 7's benchmark on N GPUs of this machine, in one run: DeepEP v1 built here from a
-# checkout (never committed), its own tests/test_intranode.py for DeepEP and for
-# nvshmem_tutorial (through benchmarks/deepep_shim), then benchmarks/buffer_bench.py for
-# both (num_sms swept, DeepEP's timing), merged into buffer_<gpu>_ep<N>.csv and plotted.
+# Chapters 7 and 8's benchmarks on N GPUs of this machine, in one run: DeepEP v1 built here
+# from a checkout (never committed), then per mode DeepEP's own test for DeepEP and for
+# nvshmem_tutorial (through benchmarks/deepep_shim) and our benchmark for both:
+#   normal: tests/test_intranode.py, benchmarks/buffer_bench.py (num_sms swept, DeepEP's
+#           timing) -> buffer_<gpu>_ep<N>.csv and .png
+#   ll:     tests/test_low_latency.py, benchmarks/buffer_ll_bench.py (profiler kernel times
+#           and CUDA-graph replay) -> buffer_ll_<gpu>_ep<N>.csv and .png
 #
 # Usage: benchmarks/run_buffer.sh DEEPEP_DIR [N]       (default N: 2)
-# Environment: BUFFER_OUT (default benchmarks/results), BUFFER_LOGS (default: a temp dir).
+# Environment: BUFFER_OUT (default benchmarks/results), BUFFER_LOGS (default: a temp dir),
+#   BUFFER_MODES (default "normal ll").
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 deepep=$(cd "${1:?usage: benchmarks/run_buffer.sh DEEPEP_DIR [N]}" && pwd)
@@ -22,16 +26,37 @@ echo "run_buffer: building DeepEP in $deepep"
 (cd "$deepep" && CPATH=/usr/local/cuda/include/cccl MAX_JOBS=$(nproc) TORCH_CUDA_ARCH_LIST=9.0 \
   python3 setup.py build_ext --inplace >"$logs/deepep_build.log" 2>&1) || { tail -20 "$logs/deepep_build.log"; exit 1; }
 
-echo "run_buffer: DeepEP's test_intranode.py, DeepEP"
-(cd "$deepep/tests" && PYTHONPATH="$deepep${PYTHONPATH:+:$PYTHONPATH}" timeout 300 python3 test_intranode.py \
-  --num-processes "$n" >"$logs/test_intranode_deepep_ep$n.log" 2>&1)
-echo "run_buffer: DeepEP's test_intranode.py, ours"
-COMPAT_TIMEOUT_S=300 bash benchmarks/deepep_compat.sh "$deepep" "$n" >"$logs/test_intranode_ours_ep$n.log" 2>&1
-echo "run_buffer: compat exit $?"
+modes=${BUFFER_MODES:-normal ll}
+if [[ " $modes " == *" normal "* ]]; then
+  echo "run_buffer: DeepEP's test_intranode.py, DeepEP"
+  (cd "$deepep/tests" && PYTHONPATH="$deepep${PYTHONPATH:+:$PYTHONPATH}" timeout 300 python3 test_intranode.py \
+    --num-processes "$n" >"$logs/test_intranode_deepep_ep$n.log" 2>&1)
+  echo "run_buffer: DeepEP's test_intranode.py, ours"
+  COMPAT_TIMEOUT_S=300 bash benchmarks/deepep_compat.sh "$deepep" "$n" >"$logs/test_intranode_ours_ep$n.log" 2>&1
+  echo "run_buffer: compat exit $?"
 
-sweep=(--num-sms 8 12 16 20 24 --chunks 8 --combine-chunks 4)
-(cd /tmp && PYTHONPATH="$deepep${PYTHONPATH:+:$PYTHONPATH}" timeout 300 python3 "$OLDPWD/benchmarks/buffer_bench.py" \
-  --method deepep "$logs/deepep.csv" "${sweep[@]}" --num-processes "$n" >"$logs/bench_deepep.log" 2>&1)
-(cd /tmp && PYTHONPATH="$shim${PYTHONPATH:+:$PYTHONPATH}" timeout 300 python3 "$OLDPWD/benchmarks/buffer_bench.py" \
-  --method ours "$logs/ours.csv" "${sweep[@]}" --num-processes "$n" >"$logs/bench_ours.log" 2>&1)
-python3 benchmarks/plot_buffer.py "$out/buffer_${gpu}_ep$n.csv" "$logs/ours.csv" "$logs/deepep.csv"
+  sweep=(--num-sms 8 12 16 20 24 --chunks 8 --combine-chunks 4)
+  (cd /tmp && PYTHONPATH="$deepep${PYTHONPATH:+:$PYTHONPATH}" timeout 300 python3 "$OLDPWD/benchmarks/buffer_bench.py" \
+    --method deepep "$logs/deepep.csv" "${sweep[@]}" --num-processes "$n" >"$logs/bench_deepep.log" 2>&1)
+  (cd /tmp && PYTHONPATH="$shim${PYTHONPATH:+:$PYTHONPATH}" timeout 300 python3 "$OLDPWD/benchmarks/buffer_bench.py" \
+    --method ours "$logs/ours.csv" "${sweep[@]}" --num-processes "$n" >"$logs/bench_ours.log" 2>&1)
+  python3 benchmarks/plot_buffer.py "$out/buffer_${gpu}_ep$n.csv" "$logs/ours.csv" "$logs/deepep.csv"
+fi
+
+if [[ " $modes " == *" ll "* ]]; then
+  echo "run_buffer: DeepEP's test_low_latency.py, DeepEP"
+  (cd "$deepep/tests" && PYTHONPATH="$deepep${PYTHONPATH:+:$PYTHONPATH}" timeout 400 python3 test_low_latency.py \
+    --num-processes "$n" >"$logs/test_low_latency_deepep_ep$n.log" 2>&1)
+  echo "run_buffer: DeepEP exit $?"
+  echo "run_buffer: DeepEP's test_low_latency.py, ours"
+  COMPAT_TIMEOUT_S=400 bash benchmarks/deepep_compat.sh "$deepep" "$n" test_low_latency.py >"$logs/test_low_latency_ours_ep$n.log" 2>&1
+  echo "run_buffer: compat exit $?"
+  for method in deepep ours; do
+    path=$deepep
+    [[ $method == ours ]] && path=$shim
+    (cd /tmp && PYTHONPATH="$path${PYTHONPATH:+:$PYTHONPATH}" timeout 300 python3 "$OLDPWD/benchmarks/buffer_ll_bench.py" \
+      --method "$method" "$logs/ll_$method.csv" --num-processes "$n" >"$logs/bench_ll_$method.log" 2>&1)
+    echo "run_buffer: ll bench $method exit $?"
+  done
+  python3 benchmarks/plot_buffer_ll.py "$out/buffer_ll_${gpu}_ep$n.csv" "$logs/ll_ours.csv" "$logs/ll_deepep.csv"
+fi

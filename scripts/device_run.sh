@@ -5,7 +5,7 @@
 #
 # Usage: scripts/device_run.sh [gpu_test.sh arguments...]
 # Environment: OUT (where results go; required), GPU_TEST_NPROCS, GPU_TEST_PYTHON (as for
-#   gpu_test.sh), DEVICE_BENCH (space-separated: coll buffer deepep), CARRY (default .carry:
+#   gpu_test.sh), DEVICE_BENCH (space-separated: coll buffer; buffer runs the modes in BUFFER_MODES), CARRY (default .carry:
 #   bin/ with the release binaries, wheels/ with the nvshmem_tutorial wheel).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
@@ -25,6 +25,7 @@ BIN_DIR="$carry/bin" LOG_DIR="$logs" bash scripts/gpu_test.sh "$@" 2>&1 | tee "$
 for bench in ${DEVICE_BENCH:-}; do
   case "$bench" in
     coll) BIN_DIR="$carry/bin" COLL_OUT="$logs" bash benchmarks/run_coll.sh "${GPU_TEST_NPROCS:-2}" >"$logs/run_coll.log" 2>&1 ;;
+    buffer) BUFFER_OUT="$OUT" BUFFER_LOGS="$logs" bash benchmarks/run_buffer.sh "$carry/deepep" "${GPU_TEST_NPROCS:-2}" >"$logs/run_buffer.log" 2>&1 ;;
     *) echo "device_run: unknown benchmark '$bench'" ;;
   esac
   echo "device_run: $bench exit $?"

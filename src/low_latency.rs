@@ -427,7 +427,9 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         if use_ue8m0 && !hidden.is_multiple_of(512) {
             return Err(invalid(
                 WHAT,
-                format!("use_ue8m0 packs 4 scales per int: hidden = {hidden} must be a multiple of 512"),
+                format!(
+                    "use_ue8m0 packs 4 scales per int: hidden = {hidden} must be a multiple of 512"
+                ),
             ));
         }
         let (n, l) = (layout.num_ranks, layout.num_local_experts());
@@ -447,7 +449,12 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
                 } else {
                     (ElemType::F32, hidden / 128)
                 };
-                s.expect(WHAT, "recv_x_scales", elem, &[Some(l * groups), Some(n * t)])?;
+                s.expect(
+                    WHAT,
+                    "recv_x_scales",
+                    elem,
+                    &[Some(l * groups), Some(n * t)],
+                )?;
                 s.ptr
             }
             (None, false) => 0,
@@ -456,12 +463,18 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
                 return Err(invalid(WHAT, "recv_x_scales is only for use_fp8".into()));
             }
         };
-        outputs
-            .recv_src_info
-            .expect(WHAT, "recv_src_info", ElemType::I32, &[Some(l), Some(n * t)])?;
-        outputs
-            .recv_layout_range
-            .expect(WHAT, "recv_layout_range", ElemType::I64, &[Some(l), Some(n)])?;
+        outputs.recv_src_info.expect(
+            WHAT,
+            "recv_src_info",
+            ElemType::I32,
+            &[Some(l), Some(n * t)],
+        )?;
+        outputs.recv_layout_range.expect(
+            WHAT,
+            "recv_layout_range",
+            ElemType::I64,
+            &[Some(l), Some(n)],
+        )?;
         outputs
             .recv_count
             .expect(WHAT, "recv_count", ElemType::I32, &[Some(l)])?;
@@ -693,8 +706,14 @@ mod tests {
 
     #[test]
     fn args_match_the_kernel_structs() {
-        assert_eq!(std::mem::size_of::<LlDispatchArgs>(), 9 * 8 + 6 * 8 + 8 + 16 + 8 * 4);
-        assert_eq!(std::mem::size_of::<LlCombineArgs>(), 7 * 8 + 6 * 8 + 8 + 16 + 24);
+        assert_eq!(
+            std::mem::size_of::<LlDispatchArgs>(),
+            9 * 8 + 6 * 8 + 8 + 16 + 8 * 4
+        );
+        assert_eq!(
+            std::mem::size_of::<LlCombineArgs>(),
+            7 * 8 + 6 * 8 + 8 + 16 + 24
+        );
     }
 
     #[test]

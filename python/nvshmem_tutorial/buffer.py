@@ -1,4 +1,5 @@
-"""Chapter 7 from PyTorch: ``Buffer``, DeepEP's intranode ``Buffer`` on this tutorial's kernels.
+"""Chapters 7 and 8 from PyTorch: ``Buffer``, DeepEP's ``Buffer`` (intranode normal mode and
+low-latency mode) on this tutorial's kernels.
 
 Names, arguments, defaults, return tuples and handle contents follow DeepEP v1 (commit
 567632d), so code written against DeepEP switches with an import (``benchmarks/deepep_shim``
@@ -64,7 +65,9 @@ def _maybe(tensor: Optional[Any]) -> Optional[tuple]:
 
 
 class Buffer:
-    """DeepEP's ``Buffer`` for one node: normal-mode dispatch and combine through NVLink.
+    """DeepEP's ``Buffer`` for one node: normal-mode dispatch and combine through NVLink, and
+    with ``low_latency_mode=True`` the low-latency calls (chapter 8) in ``num_rdma_bytes``.
+    ``num_qps_per_rank`` is accepted and unused (there are no queue pairs on NVLink).
 
     The constructor initialises NVSHMEM over ``group`` if nothing has yet (sizing the
     symmetric heap for this buffer unless ``NVSHMEM_SYMMETRIC_SIZE`` is set), then makes one
@@ -96,7 +99,10 @@ class Buffer:
                 ("allow_mnnvl", allow_mnnvl),
                 ("use_fabric", use_fabric),
                 ("enable_shrink", enable_shrink),
-                ("low_latency_mode (chapter 8, not built yet)", low_latency_mode),
+                (
+                    "allow_nvlink_for_low_latency_mode=False (this buffer reaches its peers only through NVLink)",
+                    low_latency_mode and not allow_nvlink_for_low_latency_mode,
+                ),
                 ("num_rdma_bytes > 0 (inter-node normal mode)", num_rdma_bytes > 0 and not low_latency_mode),
             )
             if value
@@ -151,6 +157,11 @@ class Buffer:
         return EventOverlap(event)
 
     @staticmethod
+    def get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int, num_experts: int) -> int:
+        """Bytes of ``num_rdma_bytes`` low-latency calls of this shape need (bf16, the largest)."""
+        return _native.low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank, hidden, num_ranks, num_experts)
+
+    @staticmethod
     def get_dispatch_config(num_ranks: int) -> Config:
         return _native.dispatch_config(num_ranks, Buffer.num_sms)
 
@@ -164,11 +175,7 @@ class Buffer:
     def get_local_buffer_tensor(self, dtype: Any, size: Optional[Any] = None, offset: int = 0, use_rdma_buffer: bool = False) -> Any:
         """A tensor over this rank's region of the buffer (raw bytes from ``offset``)."""
         address, length = self.runtime.local_region(use_rdma_buffer)
-
-        class _Region:  # __cuda_array_interface__ is how torch adopts memory it did not allocate
-            __cuda_array_interface__ = {"shape": (length,), "typestr": "|u1", "data": (address, False), "version": 3}
-
-        region = torch.as_tensor(_Region(), device=f"cuda:{torch.cuda.current_device()}")
+        region = _device_bytes(address, length)
         region = region[offset:].view(dtype) if offset or dtype != torch.uint8 else region
         if size is None:
             return region
@@ -332,14 +339,153 @@ class Buffer:
         (combined, combined_w), event = self._run(previous_event, async_finish, allocate_on_comm_stream, work)
         return combined, combined_w, event
 
+    # ---- low-latency mode (chapter 8) -------------------------------------------------------------
+
+    def _ll_streams(self, async_finish: bool, return_recv_hook: bool) -> Tuple[Any, Any]:
+        """(compute stream, launch stream), as DeepEP: with the hook everything runs on the
+        current stream; otherwise on the comm stream, after the current one."""
+        if async_finish and return_recv_hook:
+            raise ValueError("async_finish and return_recv_hook cannot both be set (as in DeepEP)")
+        compute = torch.cuda.current_stream()
+        if return_recv_hook:
+            return compute, compute
+        self._comm_stream.wait_stream(compute)
+        return compute, self._comm_stream
+
+    def _ll_finish(self, compute: Any, launch: Any, async_finish: bool, return_recv_hook: bool, tensors: tuple) -> EventOverlap:
+        if async_finish:
+            event = torch.cuda.Event()
+            event.record(launch)
+            for tensor in tensors:
+                if tensor is not None:
+                    tensor.record_stream(launch)
+            return EventOverlap(event, tensors)
+        if not return_recv_hook:
+            compute.wait_stream(launch)
+        return EventOverlap(None)
+
+    def _ll_local_experts(self, num_experts: int) -> int:
+        if num_experts <= 0 or num_experts % self.group_size:
+            raise ValueError(f"num_experts = {num_experts} must be a positive multiple of the {self.group_size} ranks")
+        return num_experts // self.group_size
+
+    def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int, hidden: int, num_experts: int) -> None:
+        """Collective: zeroes the low-latency control words and call count on every rank. Our
+        protocol never needs it (its flags only grow); it resets a buffer after a failed call."""
+        self.runtime.clean_low_latency_buffer(num_max_dispatch_tokens_per_rank, hidden, num_experts, torch.cuda.current_stream().cuda_stream)
+
+    def low_latency_dispatch(
+        self,
+        x: Any,
+        topk_idx: Any,
+        num_max_dispatch_tokens_per_rank: int,
+        num_experts: int,
+        cumulative_local_expert_recv_stats: Optional[Any] = None,
+        dispatch_wait_recv_cost_stats: Optional[Any] = None,
+        use_fp8: bool = True,
+        round_scale: bool = False,
+        use_ue8m0: bool = False,
+        async_finish: bool = False,
+        return_recv_hook: bool = False,
+    ) -> Tuple[Union[Tuple[Any, Any], Any], Any, Tuple, EventOverlap, Optional[Callable[[], None]]]:
+        """DeepEP's low-latency dispatch: ``(recv_x or (recv_x fp8, scales), recv_count, handle,
+        event, hook)``. ``recv_x`` is ``[num_local_experts, num_ranks * T, hidden]``; expert e's
+        valid rows are the first ``recv_count[e]``. fp8 scales are f32 ``[E_local, R * T,
+        hidden / 128]`` (or with ``use_ue8m0`` int32 ``[..., hidden / 512]``), column-major in
+        the last two dimensions as DeepEP's. With ``return_recv_hook`` the call only sends;
+        ``hook()`` receives. Capturable in a CUDA graph."""
+        if x.dim() != 2:
+            raise ValueError(f"x must be [num_tokens, hidden], got shape {list(x.shape)}")
+        num_local = self._ll_local_experts(num_experts)
+        num_ranks, slots, hidden = self.group_size, num_max_dispatch_tokens_per_rank, x.shape[1]
+        compute, launch = self._ll_streams(async_finish, return_recv_hook)
+        device = x.device
+        recv_x = torch.empty((num_local, num_ranks * slots, hidden), dtype=torch.float8_e4m3fn if use_fp8 else torch.bfloat16, device=device)
+        recv_src_info = torch.empty((num_local, num_ranks * slots), dtype=torch.int32, device=device)
+        recv_layout_range = torch.empty((num_local, num_ranks), dtype=torch.int64, device=device)
+        recv_count = torch.empty((num_local,), dtype=torch.int32, device=device)
+        scales_storage = None
+        if use_fp8:
+            groups, dtype = (hidden // 512, torch.int32) if use_ue8m0 else (hidden // 128, torch.float32)
+            scales_storage = torch.empty((num_local, groups, num_ranks * slots), dtype=dtype, device=device)
+
+        def run(phases: str) -> None:
+            self.runtime.low_latency_dispatch(
+                _view(x), _view(topk_idx), _maybe(cumulative_local_expert_recv_stats), _maybe(dispatch_wait_recv_cost_stats),
+                slots, num_experts, use_fp8, round_scale, use_ue8m0,
+                _view(recv_x.view(-1, hidden)), None if scales_storage is None else _view(scales_storage.view(-1, num_ranks * slots)),
+                _view(recv_src_info), _view(recv_layout_range), _view(recv_count), phases, launch.cuda_stream,
+            )
+
+        run("send" if return_recv_hook else "both")
+        tensors = (x, topk_idx, recv_x, scales_storage, recv_count, recv_src_info, recv_layout_range, cumulative_local_expert_recv_stats)
+        event = self._ll_finish(compute, launch, async_finish, return_recv_hook, tensors)
+        hook = (lambda: run("recv")) if return_recv_hook else None
+        handle = (recv_src_info, recv_layout_range, slots, hidden, num_experts)
+        recv = (recv_x, scales_storage.transpose(1, 2)) if use_fp8 else recv_x
+        return recv, recv_count, handle, event, hook
+
+    def low_latency_combine(
+        self,
+        x: Any,
+        topk_idx: Any,
+        topk_weights: Any,
+        handle: Tuple,
+        use_logfmt: bool = False,
+        zero_copy: bool = False,
+        async_finish: bool = False,
+        return_recv_hook: bool = False,
+        out: Optional[Any] = None,
+        combine_wait_recv_cost_stats: Optional[Any] = None,
+    ) -> Tuple[Any, EventOverlap, Optional[Callable[[], None]]]:
+        """DeepEP's low-latency combine: ``(combined_x [num_tokens, hidden] bf16, event, hook)``,
+        each token's expert results weighted by ``topk_weights`` and summed in fp32. With
+        ``zero_copy`` the results are read from ``get_next_low_latency_combine_buffer``."""
+        if use_logfmt:
+            raise ValueError("low_latency_combine: use_logfmt (DeepEP's LogFMT compression) is not supported by nvshmem_tutorial")
+        src_info, layout_range, slots, hidden, num_experts = handle
+        if not zero_copy and x.dim() != 3:
+            raise ValueError(f"x must be [num_local_experts, num_ranks * T, hidden], got shape {list(x.shape)}")
+        compute, launch = self._ll_streams(async_finish, return_recv_hook)
+        combined = out if out is not None else torch.empty((topk_idx.shape[0], hidden), dtype=torch.bfloat16, device=topk_idx.device)
+
+        def run(phases: str) -> None:
+            self.runtime.low_latency_combine(
+                None if zero_copy else _view(x.view(-1, x.shape[-1]) if x.is_contiguous() else x.flatten(0, 1)),
+                _view(topk_idx), _view(topk_weights), _view(src_info), _view(layout_range), slots, hidden, num_experts,
+                _maybe(combine_wait_recv_cost_stats), _view(combined), phases, launch.cuda_stream,
+            )
+
+        run("send" if return_recv_hook else "both")
+        event = self._ll_finish(compute, launch, async_finish, return_recv_hook, (x, topk_idx, topk_weights, src_info, layout_range, combined))
+        hook = (lambda: run("recv")) if return_recv_hook else None
+        return combined, event, hook
+
+    def get_next_low_latency_combine_buffer(self, handle: object) -> Any:
+        """The rows a ``zero_copy`` combine reads: bf16 ``[num_local_experts, num_ranks * T,
+        hidden]`` in this rank's region. Write the expert outputs there, then combine with
+        ``zero_copy=True``."""
+        _, _, slots, hidden, num_experts = handle
+        address, rows, cols = self.runtime.next_low_latency_combine_buffer(slots, hidden, num_experts)
+        num_local = self._ll_local_experts(num_experts)
+        staging = _device_bytes(address, rows * cols * 2).view(torch.bfloat16)
+        return staging.view(num_local, self.group_size * slots, hidden)
+
     def __getattr__(self, name: str) -> Any:
-        if name in {
-            "internode_dispatch", "internode_combine", "low_latency_dispatch", "low_latency_combine",
-            "get_next_low_latency_combine_buffer", "clean_low_latency_buffer",
-            "low_latency_update_mask_buffer", "low_latency_query_mask_buffer", "low_latency_clean_mask_buffer",
-        }:
-            raise ValueError(f"Buffer.{name}: not supported by nvshmem_tutorial (intranode normal mode only so far)")
+        if name in {"internode_dispatch", "internode_combine"}:
+            raise ValueError(f"Buffer.{name}: inter-node normal mode is not supported by nvshmem_tutorial (one node)")
+        if name in {"low_latency_update_mask_buffer", "low_latency_query_mask_buffer", "low_latency_clean_mask_buffer"}:
+            raise ValueError(f"Buffer.{name}: shrink mode (masking failed ranks) is not supported by nvshmem_tutorial")
         raise AttributeError(name)
+
+
+def _device_bytes(address: int, length: int) -> Any:
+    """A uint8 tensor over device memory torch did not allocate (the buffer's regions)."""
+
+    class _Region:  # __cuda_array_interface__ is how torch adopts memory it did not allocate
+        __cuda_array_interface__ = {"shape": (length,), "typestr": "|u1", "data": (address, False), "version": 3}
+
+    return torch.as_tensor(_Region(), device=f"cuda:{torch.cuda.current_device()}")
 
 
 def _tensors_in(value: Any) -> List[Any]:

@@ -49,7 +49,10 @@ mod _native {
         topology, unique_id,
     };
     #[pymodule_export]
-    use crate::buffer::{BufferCore, PyConfig, buffer_heap_bytes, combine_config, dispatch_config};
+    use crate::buffer::{
+        BufferCore, PyConfig, buffer_heap_bytes, combine_config, dispatch_config,
+        low_latency_rdma_size_hint,
+    };
     #[pymodule_export]
     use crate::collectives::{
         all_gather, all_reduce, all_to_all, all_to_all_v, broadcast, check_collectives,

@@ -1,0 +1,161 @@
+"""Low-latency dispatch/combine benchmark (chapter 8), for whichever `deep_ep` is first on
+PYTHONPATH: DeepEP itself, or nvshmem_tutorial through benchmarks/deepep_shim. The same data
+and timing for both:
+
+- data as DeepEP's tests/test_low_latency.py: 128 tokens x 7168 per rank (randn x 0.1), top-8
+  of 288 experts from random scores, 10 entries masked to -1, fp8 dispatch, bf16 combine;
+  bytes as that test counts them (per selected expert: hidden + hidden/128 x 4 + 16 for fp8
+  dispatch, hidden x 2 for combine);
+- `kernel`: the kernels' own durations from the torch profiler, as the test's bench_kineto
+  (after a large matmul and an all-reduce that line the ranks up): dispatch and combine in one
+  launch each, and with the receive hook the send and receive launches separately (a 100 us
+  GPU sleep between them, so the receive finds its data arrived, as the test's CPU GEMM does);
+- `graph`: one dispatch + combine captured in a CUDA graph, replayed 200 times between CUDA
+  events after 20 warm-ups: mean time per pair, launches included.
+
+    python3 benchmarks/buffer_ll_bench.py --method ours|deepep [--num-processes 2] OUT.csv
+"""
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+HEADER = "method,op,ep,timing,us,gb_per_s"
+TOKENS, HIDDEN, TOPK, EXPERTS = 128, 7168, 8, 288
+
+
+def kernel_times(fn, names, per_period, iterations=30):
+    """Mean duration (us) of the profiled kernels whose name contains '::<name>', per launch
+    position within a period of `per_period` launches (send, recv)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        lhs = torch.randn((8192, 8192), device="cuda")
+        lhs @ lhs
+        dist.all_reduce(torch.ones(1, device="cuda"))
+        for _ in range(iterations):
+            fn()
+        torch.cuda.synchronize()
+    with tempfile.NamedTemporaryFile(suffix=".json") as trace:
+        prof.export_chrome_trace(trace.name)
+        events = json.load(open(trace.name))["traceEvents"]
+    out = {}
+    for name in names:
+        durations = [e["dur"] for e in sorted((e for e in events if f"::{name}" in e.get("name", "") and e.get("cat") == "kernel"), key=lambda e: e["ts"])]
+        assert durations and len(durations) % per_period == 0, f"{name}: {len(durations)} kernels"
+        out[name] = [sum(durations[j::per_period]) / (len(durations) // per_period) for j in range(per_period)]
+    return out
+
+
+def graph_time(fn, replays=200):
+    """Mean us per replay of `fn` captured once (None if capture fails)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+            fn()
+    except Exception as error:  # noqa: BLE001 - reported, the other rows still count
+        print(f"graph capture failed: {error}", flush=True)
+        return None
+    torch.cuda.current_stream().wait_stream(stream)
+    for _ in range(20):
+        graph.replay()
+    torch.cuda.synchronize()
+    dist.barrier()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / replays
+
+
+def run(local_rank, num_ranks, args):
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "8373")
+    torch.cuda.set_device(local_rank)
+    dist.init_process_group("nccl", rank=local_rank, world_size=num_ranks, device_id=torch.device("cuda", local_rank))
+    group = dist.new_group(list(range(num_ranks)))
+    import deep_ep
+
+    rank = dist.get_rank()
+    num_bytes = deep_ep.Buffer.get_low_latency_rdma_size_hint(TOKENS, HIDDEN, num_ranks, EXPERTS)
+    buffer = deep_ep.Buffer(group, num_rdma_bytes=num_bytes, low_latency_mode=True, num_qps_per_rank=EXPERTS // num_ranks, explicitly_destroy=True)
+    torch.manual_seed(rank)
+    x = torch.randn((TOKENS, HIDDEN), dtype=torch.bfloat16, device="cuda") * 0.1
+    scores = torch.randn((TOKENS, EXPERTS), dtype=torch.float32, device="cuda").abs() + 1
+    topk_idx = torch.topk(scores, TOPK, dim=-1, largest=True, sorted=True)[1].to(deep_ep.topk_idx_t)
+    g = torch.Generator().manual_seed(rank)
+    for _ in range(10):
+        topk_idx[int(torch.randint(TOKENS, (1,), generator=g)), int(torch.randint(TOPK, (1,), generator=g))] = -1
+    topk_weights = torch.randn((TOKENS, TOPK), dtype=torch.float32, device="cuda").abs()
+    selections = int((topk_idx != -1).sum())
+    dispatch_bytes = selections * (HIDDEN + HIDDEN / 128 * 4 + 16)
+    combine_bytes = selections * HIDDEN * 2
+
+    recv, _, handle, _, _ = buffer.low_latency_dispatch(x, topk_idx, TOKENS, EXPERTS, use_fp8=True)
+    y = (recv[0].float().view(*recv[0].shape[:2], -1, 128) * recv[1].unsqueeze(3)).view(recv[0].shape).to(torch.bfloat16)
+    buffer.low_latency_combine(y, topk_idx, topk_weights, handle)
+
+    def pair(hook):
+        _, _, h, _, recv_hook = buffer.low_latency_dispatch(x, topk_idx, TOKENS, EXPERTS, use_fp8=True, return_recv_hook=hook)
+        if hook:
+            torch.cuda._sleep(200_000)
+            recv_hook()
+        _, _, recv_hook = buffer.low_latency_combine(y, topk_idx, topk_weights, h, return_recv_hook=hook)
+        if hook:
+            torch.cuda._sleep(200_000)
+            recv_hook()
+
+    rows = []
+    dist.barrier()
+    one = kernel_times(lambda: pair(False), ("dispatch", "combine"), 1)
+    rows.append(("dispatch", "kernel", one["dispatch"][0], dispatch_bytes))
+    rows.append(("combine", "kernel", one["combine"][0], combine_bytes))
+    dist.barrier()
+    split = kernel_times(lambda: pair(True), ("dispatch", "combine"), 2)
+    rows.append(("dispatch_send", "kernel", split["dispatch"][0], dispatch_bytes))
+    rows.append(("dispatch_recv", "kernel", split["dispatch"][1], dispatch_bytes))
+    rows.append(("combine_send", "kernel", split["combine"][0], combine_bytes))
+    rows.append(("combine_recv", "kernel", split["combine"][1], combine_bytes))
+    dist.barrier()
+    t = graph_time(lambda: pair(False))
+    if t is not None:
+        rows.append(("dispatch_combine", "graph", t, dispatch_bytes + combine_bytes))
+
+    gathered = [None] * num_ranks
+    dist.all_gather_object(gathered, rows)
+    if rank == 0:
+        with open(args.out, "w") as f:
+            f.write(f"# gpu: {torch.cuda.get_device_name()} x {num_ranks}; torch {torch.__version__}; {TOKENS} tokens x {HIDDEN}, top-{TOPK} of {EXPERTS} experts, fp8 dispatch, bf16 combine\n")
+            f.write("# timing: kernel = profiler kernel durations (mean of 30, as DeepEP's bench_kineto); graph = CUDA graph replay of dispatch+combine (mean of 200); us = mean over ranks; gb_per_s = DeepEP's test's bytes / us\n")
+            f.write(HEADER + "\n")
+            for i, (op, timing, _, nbytes) in enumerate(rows):
+                us = sum(r[i][2] for r in gathered) / num_ranks
+                f.write(f"{args.method},{op},{num_ranks},{timing},{us:.2f},{nbytes / 1e3 / us:.2f}\n")
+                print(args.method, op, timing, f"{us:.2f} us", " ".join(f"{r[i][2]:.2f}" for r in gathered), flush=True)
+    buffer.destroy()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--method", choices=["ours", "deepep"], required=True)
+    parser.add_argument("--num-processes", type=int, default=2)
+    parser.add_argument("out")
+    args = parser.parse_args()
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        os.environ.pop(name, None)
+    mp.spawn(run, args=(args.num_processes, args), nprocs=args.num_processes)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

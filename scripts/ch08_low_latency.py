@@ -1,0 +1,257 @@
+"""Chapter 8 from PyTorch: low-latency dispatch and combine with nvshmem_tutorial.Buffer.
+
+    torchrun --standalone --nproc_per_node=N scripts/ch08_low_latency.py
+
+Through DeepEP's low-latency API, against a reference built with plain torch from every rank's
+inputs (all_gather): random top-k routing with -1 entries, bf16 and fp8 dispatch (plain,
+power-of-two and UE8M0 scales), the receive hook, async_finish, zero-copy combine, a rank that
+sends nothing, a dispatch and a combine captured once in a CUDA graph and replayed with new
+data, 200 pairs in a row without cleaning, clean_low_latency_buffer, and bad input. Rank 0
+prints every rank's lines (`pe <i>: ...`) and `N passed, M failed` last.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ch00_common import Tally, main, nv, print_by_pe, start
+from nvshmem_tutorial.buffer import Buffer
+
+MAX_TOKENS = 128  # num_max_dispatch_tokens_per_rank
+EXPERTS_PER_RANK = 16
+NUM_TOPK = 8
+
+
+def gather(t: torch.Tensor) -> list:
+    """Every rank's tensor (rows may differ in number)."""
+    sizes = [torch.zeros(1, dtype=torch.int64, device="cuda") for _ in range(dist.get_world_size())]
+    dist.all_gather(sizes, torch.tensor([t.shape[0]], device="cuda"))
+    rows = max(1, max(int(s) for s in sizes))
+    padded = torch.zeros((rows, *t.shape[1:]), dtype=t.dtype, device="cuda")
+    padded[: t.shape[0]] = t
+    out = [torch.empty_like(padded) for _ in sizes]
+    dist.all_gather(out, padded)
+    return [o[: int(s)] for o, s in zip(out, sizes)]
+
+
+def inputs(num_tokens: int, hidden: int, seed: int) -> tuple:
+    """This rank's tokens (bf16, values exact in bf16), routing (distinct experts, ~10% -1) and
+    weights."""
+    n, me = dist.get_world_size(), dist.get_rank()
+    g = torch.Generator(device="cuda").manual_seed(seed * 1009 + me)
+    x = (torch.randint(-256, 256, (num_tokens, hidden), generator=g, device="cuda") / 64).to(torch.bfloat16)
+    scores = torch.rand((num_tokens, EXPERTS_PER_RANK * n), generator=g, device="cuda")
+    idx = scores.topk(NUM_TOPK, dim=1).indices
+    idx = torch.where(torch.rand(idx.shape, generator=g, device="cuda") < 0.1, torch.full_like(idx, -1), idx)
+    weights = torch.rand((num_tokens, NUM_TOPK), generator=g, device="cuda")
+    return x, idx, weights
+
+
+def expected_scales(rows: torch.Tensor, round_scale: bool) -> torch.Tensor:
+    """DeepEP's fp8 scales of bf16 rows [M, H]: f32 [M, H / 128]."""
+    amax = rows.float().view(rows.shape[0], -1, 128).abs().amax(2).clamp(min=1e-4)
+    scale = amax / 448.0
+    if round_scale:
+        scale = torch.exp2(torch.ceil(torch.log2(scale)))
+    return scale
+
+
+# ANCHOR: check_dispatch
+def check_dispatch(recv, recv_count, handle, x, idx, hidden: int, *, use_fp8: bool, round_scale: bool = False, use_ue8m0: bool = False) -> str:
+    """'' if the packed receive matches torch's reference, else what differs."""
+    n, me = dist.get_world_size(), dist.get_rank()
+    src_info, layout_range, slots, _, num_experts = handle
+    xs, idxs = gather(x), gather(idx)
+    recv_x = recv[0] if use_fp8 else recv
+    for e in range(EXPERTS_PER_RANK):
+        expert = me * EXPERTS_PER_RANK + e
+        want = sorted((s, t) for s in range(n) for t, k in (idxs[s] == expert).nonzero().tolist())
+        count = int(recv_count[e])
+        if count != len(want):
+            return f"expert {e}: recv_count {count}, expected {len(want)}"
+        begins, counts = (layout_range[e] >> 32).tolist(), (layout_range[e] & 0xFFFFFFFF).tolist()
+        if begins != [sum(counts[:s]) for s in range(n)] or sum(counts) != count:
+            return f"expert {e}: layout_range begins {begins} counts {counts} do not tile {count} rows"
+        source = torch.repeat_interleave(torch.arange(n, device="cuda"), torch.tensor(counts, device="cuda"))
+        tokens = src_info[e, :count].long()
+        got = sorted(zip(source.tolist(), tokens.tolist()))
+        if got != want:
+            return f"expert {e}: received (rank, token) pairs differ from the routing"
+        if count == 0:
+            continue
+        original = torch.stack([xs[s][t] for s, t in zip(source.tolist(), tokens.tolist())])
+        if not use_fp8:
+            if not torch.equal(recv_x[e, :count], original):
+                return f"expert {e}: a bf16 row differs"
+            continue
+        scales = recv[1][e, :count]
+        want_scales = expected_scales(original, round_scale)
+        if use_ue8m0:
+            got_bytes = scales.contiguous().view(torch.uint8).view(count, -1)
+            want_bytes = (want_scales.view(torch.int32) >> 23).to(torch.uint8)
+            if not torch.equal(got_bytes, want_bytes):
+                return f"expert {e}: a UE8M0 scale byte differs"
+            scales = (got_bytes.int() << 23).view(torch.float32)
+        elif not torch.equal(scales, want_scales):
+            return f"expert {e}: an fp8 scale differs (max {float((scales - want_scales).abs().max())})"
+        values = (recv_x[e, :count].float().view(count, -1, 128) * scales.unsqueeze(2)).view(count, hidden)
+        error = (values - original.float()).abs().view(count, -1, 128).amax(2)
+        if bool((error > want_scales * 448 * 0.07).any()):
+            return f"expert {e}: an fp8 row is off by more than fp8 rounding"
+    return ""
+# ANCHOR_END: check_dispatch
+
+
+def dequantize(recv, use_fp8: bool, use_ue8m0: bool) -> torch.Tensor:
+    """The received rows as f32 [L, R * T, hidden]."""
+    if not use_fp8:
+        return recv.float()
+    values, scales = recv
+    if use_ue8m0:  # 4 exponent bytes per int32 -> f32 powers of two
+        scales = (scales.contiguous().view(torch.uint8).int() << 23).view(torch.float32)
+    return (values.float().view(*values.shape[:2], -1, 128) * scales.unsqueeze(3)).view(values.shape)
+
+
+def expert_outputs(recv, use_fp8: bool, use_ue8m0: bool = False) -> torch.Tensor:
+    """What each rank's experts 'compute': the received rows as bf16, times (rank + 1)."""
+    return (dequantize(recv, use_fp8, use_ue8m0) * (dist.get_rank() + 1)).to(torch.bfloat16)
+
+
+def expected_combine(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """sum_k w_k * bf16(x * (owner(k) + 1)) in fp32, k in order, rounded once."""
+    total = torch.zeros(x.shape, dtype=torch.float32, device="cuda")
+    for k in range(idx.shape[1]):
+        owner = (idx[:, k] // EXPERTS_PER_RANK).clamp(min=0)
+        scaled = (x.float() * (owner + 1).unsqueeze(1)).to(torch.bfloat16).float()
+        total += torch.where((idx[:, k] >= 0).unsqueeze(1), weights[:, k].unsqueeze(1) * scaled, 0.0)
+    return total.to(torch.bfloat16)
+
+
+def combine_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """Relative error as DeepEP's calc_diff (0 for equal tensors)."""
+    g, w = got.double() + 1, want.double() + 1
+    return float(1 - 2 * (g * w).sum() / (g * g + w * w).sum())
+
+
+# ANCHOR: pair
+def pair(buffer: Buffer, tally: Tally, num_tokens: int, hidden: int, seed: int, *, use_fp8: bool = False, round_scale: bool = False,
+         use_ue8m0: bool = False, hook: bool = False, async_finish: bool = False, zero_copy: bool = False, what: str = "") -> bool:
+    """One dispatch and one combine, both checked against torch."""
+    num_experts = EXPERTS_PER_RANK * dist.get_world_size()
+    x, idx, weights = inputs(num_tokens, hidden, seed)
+    stats = torch.zeros(EXPERTS_PER_RANK, dtype=torch.int32, device="cuda")
+    recv, recv_count, handle, event, recv_hook = buffer.low_latency_dispatch(
+        x, idx, MAX_TOKENS, num_experts, cumulative_local_expert_recv_stats=stats, use_fp8=use_fp8, round_scale=round_scale,
+        use_ue8m0=use_ue8m0, async_finish=async_finish, return_recv_hook=hook)
+    recv_hook() if hook else (event.current_stream_wait() if async_finish else None)
+    problem = check_dispatch(recv, recv_count, handle, x, idx, hidden, use_fp8=use_fp8, round_scale=round_scale, use_ue8m0=use_ue8m0)
+    if not problem and not torch.equal(stats, recv_count):
+        problem = "cumulative_local_expert_recv_stats differs from recv_count"
+    y = expert_outputs(recv, use_fp8, use_ue8m0)
+    if zero_copy:
+        buffer.get_next_low_latency_combine_buffer(handle)[:, :, :] = y
+    out = torch.empty((num_tokens, hidden), dtype=torch.bfloat16, device="cuda")
+    combined, event, recv_hook = buffer.low_latency_combine(y, idx, weights, handle, zero_copy=zero_copy, async_finish=async_finish,
+                                                            return_recv_hook=hook, out=out)
+    recv_hook() if hook else (event.current_stream_wait() if async_finish else None)
+    want = expected_combine(x, idx, weights)
+    if not problem and combined.data_ptr() != out.data_ptr():
+        problem = "combine did not write into out"
+    limit = 1e-3 if use_fp8 else 1e-5
+    if not problem and (combine_error(combined, want) > limit or bool(combined.isnan().any())):
+        problem = f"combine differs from torch (diff {combine_error(combined, want):.2e})"
+    mode = "fp8" + (" ue8m0" if use_ue8m0 else " pow2" if round_scale else "") if use_fp8 else "bf16"
+    return tally.check(not problem, f"{what}: {num_tokens} tokens x {hidden} {mode}{' hook' if hook else ''}: {problem}")
+# ANCHOR_END: pair
+
+
+# ANCHOR: graph
+def graph_replays(buffer: Buffer, tally: Tally, hidden: int, replays: int) -> None:
+    """Capture one dispatch + combine, replay it with new tokens and routing copied into the
+    captured inputs: every replay is checked."""
+    num_experts = EXPERTS_PER_RANK * dist.get_world_size()
+    x, idx, weights = inputs(MAX_TOKENS, hidden, 7000)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        with torch.cuda.graph(graph, stream=stream):
+            recv, recv_count, handle, _, _ = buffer.low_latency_dispatch(x, idx, MAX_TOKENS, num_experts, use_fp8=False)
+            y = (recv.float() * (dist.get_rank() + 1)).to(torch.bfloat16)
+            combined, _, _ = buffer.low_latency_combine(y, idx, weights, handle)
+    torch.cuda.current_stream().wait_stream(stream)
+    bad = 0
+    for r in range(replays):
+        new_x, new_idx, new_w = inputs(MAX_TOKENS, hidden, 7001 + r)
+        x.copy_(new_x), idx.copy_(new_idx), weights.copy_(new_w)
+        graph.replay()
+        torch.cuda.synchronize()
+        problem = check_dispatch(recv, recv_count, handle, x, idx, hidden, use_fp8=False)
+        if problem or combine_error(combined, expected_combine(x, idx, weights)) > 1e-5:
+            bad += 1
+    tally.check(bad == 0, f"CUDA graph: {bad} of {replays} replays differ from torch")
+    del graph
+# ANCHOR_END: graph
+
+
+def bad_input(buffer: Buffer, tally: Tally) -> None:
+    """Every rank makes the same bad calls: each is refused before anything is launched."""
+    n = dist.get_world_size()
+    num_experts = EXPERTS_PER_RANK * n
+    x, idx, _ = inputs(MAX_TOKENS, 2048, 1)
+    Invalid = nv.InvalidArgumentError
+    too_many = torch.cat([x, x[:1]])
+    tally.expect_error(lambda: buffer.low_latency_dispatch(too_many, torch.cat([idx, idx[:1]]), MAX_TOKENS, num_experts), Invalid, "more than num_max_dispatch_tokens_per_rank")
+    tally.expect_error(lambda: buffer.low_latency_dispatch(x[:, :100].contiguous(), idx, MAX_TOKENS, num_experts), Invalid, "multiple of 128")
+    tally.expect_error(lambda: buffer.low_latency_dispatch(x, idx, MAX_TOKENS, num_experts, use_fp8=True, use_ue8m0=True), Invalid, "round_scale")
+    tally.expect_error(lambda: buffer.low_latency_dispatch(x, idx, 4 * MAX_TOKENS, num_experts), Invalid, "get_low_latency_rdma_size_hint")
+    tally.expect_error(lambda: buffer.low_latency_dispatch(x, idx.int(), MAX_TOKENS, num_experts), Invalid, "int64")
+    tally.expect_error(lambda: buffer.low_latency_dispatch(x, idx, MAX_TOKENS, num_experts + 1), ValueError, "multiple")
+    recv, _, handle, _, _ = buffer.low_latency_dispatch(x, idx, MAX_TOKENS, num_experts, use_fp8=False)
+    weights = torch.ones(idx.shape, device="cuda")
+    tally.expect_error(lambda: buffer.low_latency_combine(recv[:, :-1], idx, weights, handle), Invalid, "x must be")
+    tally.expect_error(lambda: buffer.low_latency_combine(recv, idx, weights, handle, use_logfmt=True), ValueError, "use_logfmt")
+    tally.expect_error(lambda: buffer.low_latency_update_mask_buffer(0, True), ValueError, "shrink")
+    buffer.low_latency_combine(recv, idx, weights, handle)
+    # An expert id out of range only the GPU sees: skipped, recorded, raised by the next call.
+    idx[0, 0] = num_experts + 5
+    buffer.low_latency_dispatch(x, idx, MAX_TOKENS, num_experts, use_fp8=False)
+    torch.cuda.synchronize()
+    tally.expect_error(lambda: buffer.low_latency_dispatch(x, idx, MAX_TOKENS, num_experts), Invalid, "outside -1..")
+
+
+def run() -> bool:
+    start()
+    me, n = dist.get_rank(), dist.get_world_size()
+    tally = Tally()
+    num_experts = EXPERTS_PER_RANK * n
+    size = Buffer.get_low_latency_rdma_size_hint(MAX_TOKENS, 7168, n, num_experts)
+    buffer = Buffer(dist.group.WORLD, num_rdma_bytes=size, low_latency_mode=True, num_qps_per_rank=EXPERTS_PER_RANK, explicitly_destroy=True)
+    for hidden in (2048, 7168):
+        pair(buffer, tally, MAX_TOKENS, hidden, hidden, what="random routing")
+        pair(buffer, tally, MAX_TOKENS, hidden, hidden + 1, use_fp8=True, what="random routing")
+        pair(buffer, tally, MAX_TOKENS, hidden, hidden + 2, use_fp8=True, round_scale=True, what="random routing")
+        pair(buffer, tally, MAX_TOKENS, hidden, hidden + 3, use_fp8=True, round_scale=True, use_ue8m0=True, what="random routing")
+        pair(buffer, tally, MAX_TOKENS, hidden, hidden + 4, use_fp8=True, hook=True, what="receive hook")
+        pair(buffer, tally, MAX_TOKENS, hidden, hidden + 5, hook=True, zero_copy=True, what="hook, zero copy")
+        pair(buffer, tally, 77, hidden, hidden + 6, async_finish=True, what="async_finish")
+    pair(buffer, tally, 0 if me == n - 1 else 50, 2048, 9, what="a rank that sends nothing")
+    graph_replays(buffer, tally, 7168, 20)
+    ok = all(pair(buffer, Tally(), 1 + (i * 37) % MAX_TOKENS, 2048, 100 + i, use_fp8=i % 2 == 1, what="pair") for i in range(200))
+    tally.check(ok, "200 dispatch/combine pairs in a row: a result differed")
+    buffer.clean_low_latency_buffer(MAX_TOKENS, 7168, num_experts)
+    pair(buffer, tally, MAX_TOKENS, 7168, 11, use_fp8=True, what="after clean_low_latency_buffer")
+    print_by_pe(f"{tally.passed} checks passed")
+    bad_input(buffer, tally)
+    pair(buffer, tally, MAX_TOKENS, 2048, 12, what="after bad input")
+    normal = Buffer(dist.group.WORLD, 1 << 22, explicitly_destroy=True)
+    x, idx, _ = inputs(8, 2048, 3)
+    tally.expect_error(lambda: normal.low_latency_dispatch(x, idx, MAX_TOKENS, num_experts), nv.InvalidArgumentError, "low_latency_mode")
+    normal.destroy()
+    buffer.destroy()
+    return tally.finish()
+
+
+if __name__ == "__main__":
+    main("ch08_low_latency.py", run)
