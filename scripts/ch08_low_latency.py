@@ -214,6 +214,11 @@ def bad_input(buffer: Buffer, tally: Tally) -> None:
     tally.expect_error(lambda: buffer.low_latency_combine(recv, idx, weights, handle, use_logfmt=True), ValueError, "use_logfmt")
     tally.expect_error(lambda: buffer.low_latency_update_mask_buffer(0, True), ValueError, "shrink")
     buffer.low_latency_combine(recv, idx, weights, handle)
+    # One call in flight: a send's receive hook must run before the next call, and only once.
+    _, _, _, _, hook = buffer.low_latency_dispatch(x, idx, MAX_TOKENS, num_experts, use_fp8=False, return_recv_hook=True)
+    tally.expect_error(lambda: buffer.low_latency_dispatch(x, idx, MAX_TOKENS, num_experts), Invalid, "receive hook")
+    hook()
+    tally.expect_error(hook, Invalid, "once")
     # An expert id out of range only the GPU sees: skipped, recorded, raised by the next call.
     idx[0, 0] = num_experts + 5
     buffer.low_latency_dispatch(x, idx, MAX_TOKENS, num_experts, use_fp8=False)

@@ -24,6 +24,8 @@ const MODULES: [&str; 4] = [
 ];
 /// moe.cuh's BAD_HANDLE: a low-latency handle's row named no source rank or a token >= T.
 const BAD_HANDLE: u64 = 12;
+/// moe.cuh's SLOTS_FULL: a low-latency expert got more than T tokens from one rank.
+const SLOTS_FULL: u64 = 13;
 /// Words of the notify step's host-mapped counts: [0] tokens to receive (i32), then one i32
 /// per local expert.
 const COUNT_WORDS: usize = 1 + crate::config::MAX_EXPERTS / 2;
@@ -113,6 +115,8 @@ pub struct NvshmemBuffer<W: Deref<Target = World>> {
     /// Low-latency mode's per-rank state (call count, finish counters, slot counters; see
     /// `LlState` in kernels/cuda/buffer/low_latency.cu).
     pub(crate) ll_state: CudaSlice<u64>,
+    /// A low-latency send phase whose receive (the hook) has not run yet: one call in flight.
+    pub(crate) ll_receive_pending: std::sync::atomic::AtomicBool,
 }
 // ANCHOR_END: buffer
 
@@ -155,6 +159,7 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
             input_error: HostMapped::new(4)?,
             input_claim,
             ll_state,
+            ll_receive_pending: Default::default(),
         })
     }
 
@@ -203,6 +208,12 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
             BufferError::BadHandle {
                 row: token,
                 token: value as i32 as i64,
+                max_tokens: limit,
+            }
+        } else if kind == SLOTS_FULL {
+            BufferError::SlotsFull {
+                token,
+                expert: value,
                 max_tokens: limit,
             }
         } else {

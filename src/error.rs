@@ -39,6 +39,17 @@ pub enum BufferError {
         token: i64,
         max_tokens: u64,
     },
+    /// More tokens for one expert than its run of T slots holds (found on the GPU).
+    #[error(
+        "low_latency_dispatch: token {token} was the {max_tokens}+1-th for expert {expert} from \
+         this rank: a run holds num_max_dispatch_tokens_per_rank = {max_tokens} slots, so a \
+         token's top-k must not name one expert twice (the extra copies were dropped)"
+    )]
+    SlotsFull {
+        token: u64,
+        expert: u64,
+        max_tokens: u64,
+    },
     #[error(
         "rank {me}: timed out after {timeout_ms} ms waiting for the notify step's counts (the \
          peers' rows of tokens per rank and expert). Did every rank call dispatch with the \

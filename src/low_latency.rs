@@ -19,6 +19,7 @@
 //! Each part starts at a multiple of 256 bytes.
 
 use std::ops::Deref;
+use std::sync::atomic::Ordering;
 
 use ch01_bootstrap::World;
 use cudarc::driver::{DevicePtr, DeviceRepr, sys};
@@ -355,6 +356,26 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         ptr
     }
 
+    /// One call in flight: a send phase's receive must run before the next call starts, and
+    /// a receive needs a send before it (the kernels number calls on the device, so a second
+    /// send would reuse the first one's call number and slots).
+    fn check_phases(&self, what: &'static str, phases: Phases) -> Result<(), BufferError> {
+        let pending = self.ll_receive_pending.load(Ordering::Acquire);
+        match (phases, pending) {
+            (Phases::Receive, false) => Err(invalid(
+                what,
+                "no send phase is waiting for this receive: call each receive hook once".into(),
+            )),
+            (Phases::Send | Phases::SendAndReceive, true) => Err(invalid(
+                what,
+                "the previous low-latency call's receive hook has not been called: call it \
+                 first (one low-latency call in flight per buffer)"
+                    .into(),
+            )),
+            _ => Ok(()),
+        }
+    }
+
     fn ll_launch<A>(
         &self,
         kernel: &'static str,
@@ -370,8 +391,11 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
             shared_mem_bytes: 0,
         };
         let ws = self.workspace();
-        let phases = phases as i32;
-        self.launch(spec, stream, &mut [arg(&ws), arg(args), arg(&phases)])
+        let code = phases as i32;
+        self.launch(spec, stream, &mut [arg(&ws), arg(args), arg(&code)])?;
+        self.ll_receive_pending
+            .store(phases == Phases::Send, Ordering::Release);
+        Ok(())
     }
 
     // ANCHOR: ll_dispatch
@@ -391,7 +415,11 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
     ) -> Result<(), BufferError> {
         const WHAT: &str = "low_latency_dispatch";
         self.require_low_latency(WHAT)?;
-        self.check()?;
+        self.check_phases(WHAT, phases)?;
+        if phases != Phases::Receive {
+            // Not before a receive: its send is out, so the call must complete on this rank.
+            self.check()?;
+        }
         let LlDispatchOptions {
             num_max_dispatch_tokens_per_rank: t,
             num_experts,
@@ -535,7 +563,11 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
     ) -> Result<(), BufferError> {
         const WHAT: &str = "low_latency_combine";
         self.require_low_latency(WHAT)?;
-        self.check()?;
+        self.check_phases(WHAT, phases)?;
+        if phases != Phases::Receive {
+            // Not before a receive: its send is out, so the call must complete on this rank.
+            self.check()?;
+        }
         let (t, hidden, num_experts) = (
             handle.num_max_dispatch_tokens_per_rank,
             handle.hidden,
@@ -663,7 +695,9 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
 
     /// DeepEP's `clean_low_latency_buffer` (collective): zeroes the control words and the
     /// call count on every rank, between two barriers. The protocol never needs it (flags
-    /// only grow); it is the way back to a known state after a failed call on some rank.
+    /// only grow, nothing is left to clean between calls); it exists for DeepEP's API and
+    /// as a known starting point. It does not revive a buffer whose kernel timed out (that
+    /// failure is the communicator's, and final): destroy such a buffer.
     pub fn clean_low_latency_buffer(
         &self,
         num_max_dispatch_tokens_per_rank: usize,
@@ -696,6 +730,7 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
                 .map_err(cuda)?;
         }
         self.comm.sync_all_raw(stream)?;
+        self.ll_receive_pending.store(false, Ordering::Release);
         Ok(())
     }
 }

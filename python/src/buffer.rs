@@ -24,7 +24,8 @@ impl From<BufferError> for Error {
             BufferError::Invalid { .. }
             | BufferError::BufferTooSmall { .. }
             | BufferError::BadExpert { .. }
-            | BufferError::BadHandle { .. } => Error::Invalid(e.to_string()),
+            | BufferError::BadHandle { .. }
+            | BufferError::SlotsFull { .. } => Error::Invalid(e.to_string()),
             BufferError::Coll(e) => e.into(),
             other => Error::Failed(other.to_string()),
         }

@@ -285,7 +285,6 @@ __device__ __forceinline__ void load_bf16x16(const uint8_t* p, float (&v)[16]) {
 __device__ __forceinline__ void dispatch_send(const Workspace& ws, const LlDispatchArgs& a, int h, uint64_t k) {
     __shared__ int total[MAX_PES], mine[MAX_PES];
     __shared__ uint8_t* msg[MAX_TOPK];
-    __shared__ int msg_pe[MAX_TOPK];
     const int n = ws.n_pes, me = ws.my_pe;
     const int L = a.num_experts / n, K = a.num_topk, T = a.max_tokens;
     const int msg_bytes = dispatch_msg_bytes(a.hidden, a.use_fp8);
@@ -304,20 +303,38 @@ __device__ __forceinline__ void dispatch_send(const Workspace& ws, const LlDispa
         if (threadIdx.x < K) {
             const int64_t e = __ldg(a.topk_idx + t * K + threadIdx.x);
             uint8_t* slot = nullptr;
-            int pe = -1;
             if (e >= 0 && e < a.num_experts) {
                 const int i = atomicAdd(a.state->slots + e, 1);
-                pe = static_cast<int>(e / L);
+                const int pe = static_cast<int>(e / L);
                 const int local = static_cast<int>(e % L);
-                slot = peer(ws, a.region.data[h] + ((static_cast<int64_t>(local) * n + me) * T + i) * msg_bytes, pe);
-                *reinterpret_cast<int4*>(slot) = make_int4(t, 0, 0, 0);
+                if (i < T) {
+                    slot = peer(ws, a.region.data[h] + ((static_cast<int64_t>(local) * n + me) * T + i) * msg_bytes, pe);
+                    *reinterpret_cast<int4*>(slot) = make_int4(t, 0, 0, 0);
+                } else {
+                    // Only a token naming one expert twice can get here (N <= T): the run of
+                    // T slots is full. Counted as sent, so the call completes; raised later.
+                    a.bad_input.record(moe::SLOTS_FULL, t, static_cast<uint64_t>(e), T);
+                }
                 atomicAdd(mine + pe, 1);
             }
             msg[threadIdx.x] = slot;
-            msg_pe[threadIdx.x] = pe;
         }
         __syncthreads();
         const uint8_t* row = a.x + static_cast<int64_t>(t) * a.hidden * 2;
+        if (!a.use_fp8) {  // bf16: straight copies, 32 bytes per thread per destination
+            for (int u = threadIdx.x; u < units; u += blockDim.x) {
+                const uint4* src = reinterpret_cast<const uint4*>(row + u * 32);
+                const uint4 lo = __ldg(src), hi = __ldg(src + 1);
+                for (int i = 0; i < K; ++i) {
+                    if (msg[i] == nullptr) continue;
+                    uint4* dst = reinterpret_cast<uint4*>(msg[i] + 16 + u * 32);
+                    dst[0] = lo;
+                    dst[1] = hi;
+                }
+            }
+            continue;
+        }
+        // fp8: the whole warp runs every iteration (the cast shuffles across 8 lanes).
         for (int base = threadIdx.x - lane; base < units; base += blockDim.x) {
             const int u = base + lane;
             float v[16];
@@ -327,26 +344,14 @@ __device__ __forceinline__ void dispatch_send(const Workspace& ws, const LlDispa
 #pragma unroll
                 for (int j = 0; j < 16; ++j) v[j] = 0.0f;
             }
-            if (a.use_fp8) {
-                float scale_inv;
-                const uint4 packed = cast_fp8(v, a.round_scale, &scale_inv);
-                if (u >= units) continue;
-                for (int i = 0; i < K; ++i) {
-                    uint8_t* slot = msg[i];
-                    if (slot == nullptr) continue;
-                    *reinterpret_cast<uint4*>(slot + 16 + u * 16) = packed;
-                    if (lane % 8 == 0) reinterpret_cast<float*>(slot + 16 + a.hidden)[u / 8] = scale_inv;
-                }
-            } else {
-                if (u >= units) continue;
-                const uint4* src = reinterpret_cast<const uint4*>(row + u * 32);
-                const uint4 lo = __ldg(src), hi = __ldg(src + 1);
-                for (int i = 0; i < K; ++i) {
-                    uint8_t* slot = msg[i];
-                    if (slot == nullptr) continue;
-                    reinterpret_cast<uint4*>(slot + 16 + u * 32)[0] = lo;
-                    reinterpret_cast<uint4*>(slot + 16 + u * 32)[1] = hi;
-                }
+            float scale_inv;
+            const uint4 packed = cast_fp8(v, a.round_scale, &scale_inv);
+            if (u >= units) continue;
+            for (int i = 0; i < K; ++i) {
+                uint8_t* slot = msg[i];
+                if (slot == nullptr) continue;
+                *reinterpret_cast<uint4*>(slot + 16 + u * 16) = packed;
+                if (lane % 8 == 0) reinterpret_cast<float*>(slot + 16 + a.hidden)[u / 8] = scale_inv;
             }
         }
     }
@@ -354,7 +359,7 @@ __device__ __forceinline__ void dispatch_send(const Workspace& ws, const LlDispa
     finish_sends(ws, a.state, a.region, h, k, mine, total, [&](int pe) {
         // The count row of PE pe's experts, read and reset in one step.
         int* row = peer(ws, a.region.counts[h] + me * L, pe);
-        for (int e = threadIdx.x; e < L; e += blockDim.x) row[e] = atomicExch(a.state->slots + pe * L + e, 0);
+        for (int e = threadIdx.x; e < L; e += blockDim.x) row[e] = min(atomicExch(a.state->slots + pe * L + e, 0), T);
     });
 }
 // ANCHOR_END: dispatch_send
@@ -483,7 +488,10 @@ __device__ __forceinline__ void combine_send(const Workspace& ws, const LlCombin
         const int64_t packed = static_cast<int64_t>(e) * n * T + i;
         const int t = __ldg(a.src_info + packed);
         if (s < 0 || t < 0 || t >= T) {
-            if (lane == 0) a.bad_input.record(moe::BAD_HANDLE, packed, static_cast<uint64_t>(t), T);
+            if (lane == 0) {
+                a.bad_input.record(moe::BAD_HANDLE, packed, static_cast<uint64_t>(t), T);
+                if (s >= 0) atomicAdd(mine + s, 1);  // counted, so that s's flag still rises
+            }
             continue;
         }
         uint8_t* slot = peer(ws, a.region.data[h] + (static_cast<int64_t>(me * L + e) * T + t) * row_bytes, s);

@@ -44,6 +44,7 @@ constexpr uint64_t WAIT_RING_SPACE = 7;  // a sender waited for the receiver to 
 constexpr uint64_t WAIT_RING_DATA = 8;   // a receiver waited for tokens that did not come
 constexpr uint64_t BAD_EXPERT = 9;       // topk_idx held a value outside [-1, num_experts)
 constexpr uint64_t BAD_HANDLE = 12;      // a low-latency handle's row named no source or a token >= T
+constexpr uint64_t SLOTS_FULL = 13;      // a low-latency expert got more than T tokens from one rank
 
 // Bad input found on the device (a value only the GPU holds), kept apart from the
 // communicator's failure record: the buffer stays usable, the host raises it once and clears
