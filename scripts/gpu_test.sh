@@ -25,6 +25,7 @@ CHAPTER_BINS=(
   ch03-put-get
   ch04-collectives
   ch07-buffer
+  ch08-low-latency
 )
 
 step() { printf '\n== gpu_test: %s\n' "$*"; }
@@ -118,7 +119,8 @@ if [[ "${GPU_TEST_PYTHON:-1}" == 1 ]]; then
       "ch02_symmetric_memory.py:python3 scripts/ch02_symmetric_memory.py"
       "ch03_put_get.py:python3 scripts/ch03_put_get.py"
       "ch04_collectives.py:python3 scripts/ch04_collectives.py"
-      "ch07_buffer.py:python3 scripts/ch07_buffer.py")
+      "ch07_buffer.py:python3 scripts/ch07_buffer.py"
+      "ch08_low_latency.py:python3 scripts/ch08_low_latency.py")
     for n in "${nprocs[@]}"; do
       ((n >= 2)) || continue # the suite and the scripts exchange data between PEs
       for entry in "${py_runs[@]}"; do

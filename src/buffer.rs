@@ -116,7 +116,7 @@ pub struct NvshmemBuffer<W: Deref<Target = World>> {
     /// `LlState` in kernels/cuda/buffer/low_latency.cu).
     pub(crate) ll_state: CudaSlice<u64>,
     /// A low-latency send phase whose receive (the hook) has not run yet: one call in flight.
-    pub(crate) ll_receive_pending: std::sync::atomic::AtomicBool,
+    pub(crate) ll_receive_pending: std::sync::Mutex<Option<crate::low_latency::PendingReceive>>,
 }
 // ANCHOR_END: buffer
 

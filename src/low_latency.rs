@@ -5,21 +5,25 @@
 //!
 //! # The low-latency region (num_rdma_bytes), as size formulas
 //!
-//! With T = num_max_dispatch_tokens_per_rank, H = hidden, R = ranks, E = experts, L = E / R:
+//! With T = num_max_dispatch_tokens_per_rank, H = hidden, R = ranks, E = experts, L = E / R,
+//! and P = the region's bytes after the control words, split in three 256-byte aligned parts:
 //!
 //! ```text
-//! control   CONTROL_BYTES, at fixed offsets whatever the shape:
+//! control   CONTROL_BYTES:
 //!             flags  [2][MAX_PES] u64        the last call each source finished, per half
 //!             counts [2][MAX_EXPERTS] i32    counts[h][s * L + e]: tokens from s for expert e
-//! half 0    E x T x (16 + 2H)                dispatch slots (a bf16 message is the largest),
-//! half 1    E x T x (16 + 2H)                or combine rows of 2H: call k uses half k & 1
-//! staging   L x (R x T) x 2H                 the zero-copy combine input
+//! half 0    P / 3 >= E x T x (16 + 2H)       dispatch slots (a bf16 message is the largest),
+//! half 1    P / 3                            or combine rows of 2H: call k uses half k & 1
+//! staging   P / 3 >= L x (R x T) x 2H        the zero-copy combine input
 //! ```
 //!
-//! Each part starts at a multiple of 256 bytes.
+//! The parts sit where the region's size puts them, not where a call's shape would: calls of
+//! different shapes then use the same halves, so one that follows another of a different
+//! shape cannot write over rows a peer is still reading (the NOTES' reuse argument holds for
+//! any sequence of shapes). A shape fits when E x T x (16 + 2H) <= P / 3, which is what
+//! `get_low_latency_rdma_size_hint` asks for.
 
 use std::ops::Deref;
-use std::sync::atomic::Ordering;
 
 use ch01_bootstrap::World;
 use cudarc::driver::{DevicePtr, DeviceRepr, sys};
@@ -49,7 +53,7 @@ fn align256(bytes: usize) -> usize {
 }
 
 // ANCHOR: layout
-/// Where a low-latency call of one shape puts things (see the module docs).
+/// The shape of a low-latency call and what it needs (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LlLayout {
     pub max_tokens: usize,
@@ -70,29 +74,40 @@ impl LlLayout {
             self.hidden * 2
         }
     }
-    /// One half: every (expert, source, slot) message at its largest (bf16); also holds the
-    /// combine rows (E x T x 2H).
+    /// What a half must hold: every (expert, source, slot) message at its largest (bf16);
+    /// that also covers the combine rows (E x T x 2H) and the staging (L x R x T x 2H).
     pub fn half_bytes(&self) -> usize {
         align256(self.num_experts * self.max_tokens * self.dispatch_msg_bytes(false))
     }
-    pub fn half(&self, h: usize) -> usize {
-        CONTROL_BYTES + h * self.half_bytes()
-    }
-    pub fn staging(&self) -> usize {
-        self.half(2)
-    }
-    pub fn staging_bytes(&self) -> usize {
-        align256(self.num_experts * self.max_tokens * self.hidden * 2)
-    }
     /// Bytes of num_rdma_bytes the shape needs: `get_low_latency_rdma_size_hint`.
     pub fn total_bytes(&self) -> usize {
-        self.staging() + self.staging_bytes()
+        CONTROL_BYTES + 3 * self.half_bytes()
+    }
+}
+
+/// The parts of a region of `num_rdma_bytes`: the same for every call of a buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LlParts {
+    pub part_bytes: usize,
+}
+
+impl LlParts {
+    pub fn new(num_rdma_bytes: usize) -> Self {
+        Self {
+            part_bytes: (num_rdma_bytes.saturating_sub(CONTROL_BYTES) / 3) & !255,
+        }
     }
     pub fn flags(h: usize) -> usize {
         h * MAX_PES * 8
     }
     pub fn counts(h: usize) -> usize {
         2 * MAX_PES * 8 + h * MAX_EXPERTS * 4
+    }
+    pub fn half(&self, h: usize) -> usize {
+        CONTROL_BYTES + h * self.part_bytes
+    }
+    pub fn staging(&self) -> usize {
+        self.half(2)
     }
 }
 // ANCHOR_END: layout
@@ -113,6 +128,13 @@ pub fn get_low_latency_rdma_size_hint(
     }
     .total_bytes()
     .next_multiple_of(128)
+}
+
+/// A send phase waiting for its receive: which call, of which shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PendingReceive {
+    pub op: &'static str,
+    pub shape: LlLayout,
 }
 
 /// Which halves of a call a launch runs: both (the call returns with the data received),
@@ -341,13 +363,18 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         Ok(())
     }
 
-    fn ll_region(&self, layout: &LlLayout) -> LlRegion {
+    fn ll_parts(&self) -> LlParts {
+        LlParts::new(self.options.num_rdma_bytes)
+    }
+
+    fn ll_region(&self) -> LlRegion {
         let (base, _) = self.local_region(true);
+        let parts = self.ll_parts();
         let at = |offset: usize| base + offset as u64;
         LlRegion {
-            data: [at(layout.half(0)), at(layout.half(1))],
-            counts: [at(LlLayout::counts(0)), at(LlLayout::counts(1))],
-            flags: [at(LlLayout::flags(0)), at(LlLayout::flags(1))],
+            data: [at(parts.half(0)), at(parts.half(1))],
+            counts: [at(LlParts::counts(0)), at(LlParts::counts(1))],
+            flags: [at(LlParts::flags(0)), at(LlParts::flags(1))],
         }
     }
 
@@ -356,21 +383,43 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         ptr
     }
 
-    /// One call in flight: a send phase's receive must run before the next call starts, and
-    /// a receive needs a send before it (the kernels number calls on the device, so a second
-    /// send would reuse the first one's call number and slots).
-    fn check_phases(&self, what: &'static str, phases: Phases) -> Result<(), BufferError> {
-        let pending = self.ll_receive_pending.load(Ordering::Acquire);
+    /// One call in flight: a send phase's receive must run before the next call starts, be of
+    /// the same operation and shape, and follow a send (the kernels number calls on the
+    /// device, so a second send would reuse the first one's call number and slots).
+    fn check_phases(
+        &self,
+        what: &'static str,
+        phases: Phases,
+        shape: &LlLayout,
+    ) -> Result<(), BufferError> {
+        let pending = *self
+            .ll_receive_pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let this = PendingReceive {
+            op: what,
+            shape: *shape,
+        };
         match (phases, pending) {
-            (Phases::Receive, false) => Err(invalid(
+            (Phases::Receive, None) => Err(invalid(
                 what,
                 "no send phase is waiting for this receive: call each receive hook once".into(),
             )),
-            (Phases::Send | Phases::SendAndReceive, true) => Err(invalid(
+            (Phases::Receive, Some(sent)) if sent != this => Err(invalid(
                 what,
-                "the previous low-latency call's receive hook has not been called: call it \
-                 first (one low-latency call in flight per buffer)"
-                    .into(),
+                format!(
+                    "this receive does not match the pending send ({} of {:?}): call the hook \
+                     that call returned",
+                    sent.op, sent.shape
+                ),
+            )),
+            (Phases::Send | Phases::SendAndReceive, Some(sent)) => Err(invalid(
+                what,
+                format!(
+                    "the receive hook of the previous {} has not been called: call it first \
+                     (one low-latency call in flight per buffer)",
+                    sent.op
+                ),
             )),
             _ => Ok(()),
         }
@@ -381,6 +430,7 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         kernel: &'static str,
         args: &A,
         phases: Phases,
+        pending: PendingReceive,
         stream: sys::CUstream,
     ) -> Result<(), BufferError> {
         let kernel = kernels::kernel_symbol(MODULE, kernel).map_err(CollError::from)?;
@@ -393,8 +443,10 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         let ws = self.workspace();
         let code = phases as i32;
         self.launch(spec, stream, &mut [arg(&ws), arg(args), arg(&code)])?;
-        self.ll_receive_pending
-            .store(phases == Phases::Send, Ordering::Release);
+        *self
+            .ll_receive_pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = (phases == Phases::Send).then_some(pending);
         Ok(())
     }
 
@@ -415,7 +467,6 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
     ) -> Result<(), BufferError> {
         const WHAT: &str = "low_latency_dispatch";
         self.require_low_latency(WHAT)?;
-        self.check_phases(WHAT, phases)?;
         if phases != Phases::Receive {
             // Not before a receive: its send is out, so the call must complete on this rank.
             self.check()?;
@@ -436,6 +487,7 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         let num_topk = inputs.topk_idx.cols();
         let layout = self.ll_layout(t, hidden, num_experts);
         check_shape(WHAT, &layout, num_topk, self.options.num_rdma_bytes)?;
+        self.check_phases(WHAT, phases, &layout)?;
         if num_tokens > t {
             return Err(invalid(
                 WHAT,
@@ -531,7 +583,7 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
             recv_count: outputs.recv_count.ptr,
             cumulative_recv_stats: cumulative,
             wait_recv_cost: wait_cost,
-            region: self.ll_region(&layout),
+            region: self.ll_region(),
             state: self.ll_state(),
             bad_input: [claim, words],
             num_tokens: num_tokens as i32,
@@ -543,7 +595,11 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
             round_scale: round_scale as i32,
             use_ue8m0: use_ue8m0 as i32,
         };
-        self.ll_launch("nvshmem_tutorial::dispatch", &args, phases, stream)
+        let pending = PendingReceive {
+            op: WHAT,
+            shape: layout,
+        };
+        self.ll_launch("nvshmem_tutorial::dispatch", &args, phases, pending, stream)
     }
     // ANCHOR_END: ll_dispatch
 
@@ -563,7 +619,6 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
     ) -> Result<(), BufferError> {
         const WHAT: &str = "low_latency_combine";
         self.require_low_latency(WHAT)?;
-        self.check_phases(WHAT, phases)?;
         if phases != Phases::Receive {
             // Not before a receive: its send is out, so the call must complete on this rank.
             self.check()?;
@@ -578,6 +633,7 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         let (num_tokens, num_topk) = (topk_idx.rows(), topk_idx.cols());
         let layout = self.ll_layout(t, hidden, num_experts);
         check_shape(WHAT, &layout, num_topk, self.options.num_rdma_bytes)?;
+        self.check_phases(WHAT, phases, &layout)?;
         let (n, l) = (layout.num_ranks, layout.num_local_experts());
         if num_tokens > t {
             return Err(invalid(
@@ -634,7 +690,7 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
                     })?;
                 x.ptr
             }
-            None => self.local_region(true).0 + layout.staging() as u64,
+            None => self.local_region(true).0 + self.ll_parts().staging() as u64,
         };
         out.expect(
             WHAT,
@@ -658,7 +714,7 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
             topk_weights: inputs.topk_weights.ptr,
             out: out.ptr,
             wait_recv_cost: wait_cost,
-            region: self.ll_region(&layout),
+            region: self.ll_region(),
             state: self.ll_state(),
             bad_input: [claim, words],
             num_tokens: num_tokens as i32,
@@ -667,7 +723,11 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
             num_experts: num_experts as i32,
             max_tokens: t as i32,
         };
-        self.ll_launch("nvshmem_tutorial::combine", &args, phases, stream)
+        let pending = PendingReceive {
+            op: WHAT,
+            shape: layout,
+        };
+        self.ll_launch("nvshmem_tutorial::combine", &args, phases, pending, stream)
     }
     // ANCHOR_END: ll_combine
 
@@ -686,7 +746,7 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         check_shape(WHAT, &layout, 0, self.options.num_rdma_bytes)?;
         let rows = num_experts * num_max_dispatch_tokens_per_rank;
         Ok(View::matrix(
-            self.local_region(true).0 + layout.staging() as u64,
+            self.local_region(true).0 + self.ll_parts().staging() as u64,
             rows,
             hidden,
             ElemType::Bf16,
@@ -698,7 +758,10 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
     /// only grow, nothing is left to clean between calls); it exists for DeepEP's API and
     /// as a known starting point. It does not revive a buffer whose kernel timed out (that
     /// failure is the communicator's, and final): destroy such a buffer.
-    pub fn clean_low_latency_buffer(
+    ///
+    /// # Safety
+    /// `stream` must be a live stream of this buffer's CUDA context.
+    pub unsafe fn clean_low_latency_buffer(
         &self,
         num_max_dispatch_tokens_per_rank: usize,
         hidden: usize,
@@ -730,7 +793,10 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
                 .map_err(cuda)?;
         }
         self.comm.sync_all_raw(stream)?;
-        self.ll_receive_pending.store(false, Ordering::Release);
+        *self
+            .ll_receive_pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = None;
         Ok(())
     }
 }
@@ -763,20 +829,27 @@ mod tests {
         assert_eq!(layout.dispatch_msg_bytes(true), 16 + 7168 + 56 * 4);
         // A half holds every bf16 message and every combine row.
         assert!(layout.half_bytes() >= 288 * 128 * (16 + 14336));
-        assert!(layout.half_bytes() >= 288 * 128 * 14336);
-        for offset in [layout.half(0), layout.half(1), layout.staging()] {
+        let hint = get_low_latency_rdma_size_hint(128, 7168, 2, 288);
+        assert_eq!(hint, layout.total_bytes().next_multiple_of(128));
+        // In a region of the hint's size, every part holds what the shape needs.
+        let parts = LlParts::new(hint);
+        assert!(parts.part_bytes >= layout.half_bytes());
+        assert!(parts.staging() + parts.part_bytes <= hint);
+        for offset in [parts.half(0), parts.half(1), parts.staging()] {
             assert_eq!(offset % 256, 0);
         }
-        assert!(LlLayout::counts(1) + MAX_EXPERTS * 4 <= CONTROL_BYTES);
-        assert_eq!(
-            get_low_latency_rdma_size_hint(128, 7168, 2, 288),
-            layout.total_bytes().next_multiple_of(128)
-        );
+        assert!(LlParts::counts(1) + MAX_EXPERTS * 4 <= CONTROL_BYTES);
+        // A smaller shape in the same region uses the same parts.
+        let small = LlLayout {
+            hidden: 2048,
+            ..layout
+        };
+        assert!(small.half_bytes() <= parts.part_bytes);
     }
 
     #[test]
     fn state_words_cover_the_kernel_state() {
         // calls (8) + arrived (4) + finish (4 x MAX_PES) + slots (4 x MAX_EXPERTS)
-        assert!(STATE_WORDS * 8 >= 12 + 4 * MAX_PES + 4 * MAX_EXPERTS);
+        const { assert!(STATE_WORDS * 8 >= 12 + 4 * MAX_PES + 4 * MAX_EXPERTS) };
     }
 }

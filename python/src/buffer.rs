@@ -530,13 +530,16 @@ impl BufferCore {
         num_experts: usize,
         stream: u64,
     ) -> PyResult<()> {
+        // SAFETY: buffer.py passes the current torch stream of this GPU.
         self.with(py, move |b| {
-            Ok(b.clean_low_latency_buffer(
-                num_max_dispatch_tokens_per_rank,
-                hidden,
-                num_experts,
-                stream_handle(stream) as _,
-            )?)
+            Ok(unsafe {
+                b.clean_low_latency_buffer(
+                    num_max_dispatch_tokens_per_rank,
+                    hidden,
+                    num_experts,
+                    stream_handle(stream) as _,
+                )
+            }?)
         })
     }
 }

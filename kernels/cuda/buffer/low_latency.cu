@@ -15,11 +15,13 @@
 //     flags[2][MAX_PES]    u64   flags[h][s]: the last LL call whose data PE s finished
 //                                 writing into half h of our region
 //     counts[2][MAX_EXPERTS]  i32   counts[h][s * L + e]: tokens PE s sent our local expert e
-//   half[2]   E x T x msg_bytes each (E = num_experts, L = E / n_pes local experts)
+//   half[2]   a third each of the rest of the region, at offsets fixed by the region's size
+//             (so calls of different shapes share them), each >= E x T x (16 + 2 x hidden)
+//             (E = num_experts, L = E / n_pes local experts, msg_bytes the call's message)
 //     dispatch: slot (e, s, i) at ((e * n_pes + s) * T + i) * msg_bytes:
 //                 [src token: i32, pad x 3][row: hidden bf16 or fp8][scales: f32 x hidden/128]
 //     combine:  row (global expert g, token t) at (g * T + t) * 2 * hidden: the bf16 result
-//   staging   L x (n_pes x T) x hidden bf16: get_next_low_latency_combine_buffer (zero copy)
+//   staging   the last third: L x (n_pes x T) x hidden bf16, get_next_low_latency_combine_buffer
 //
 // ANCHOR: ll_notes
 // NOTES on the protocol (the subtle part):
