@@ -913,7 +913,7 @@ impl Checks {
 /// round_scale (so the scale is exact in UE8M0, a bare exponent).
 fn expected_scale(group: &[bf16], round_scale: bool) -> f32 {
     let amax = group.iter().fold(1e-4f32, |m, v| m.max(v.to_f32().abs()));
-    let scale = amax / 448.0;
+    let scale = amax * (1.0f32 / 448.0); // DeepEP's arithmetic: amax x f32(1/448)
     if !round_scale {
         return scale;
     }

@@ -161,6 +161,31 @@ __device__ __forceinline__ int find_run(const int* prefix, int n, int value) {
     return lo;
 }
 
+// Copies `num_bytes` (a multiple of 16) with the 32 lanes of a warp, 8 loads in flight per
+// lane before the first store: a decode-sized row is a few such rounds, so the copy costs a
+// few memory latencies rather than one per 512 bytes. `kCoherent` reads through L2 only
+// (data a peer wrote during this kernel); otherwise through the read-only path (inputs).
+template <bool kCoherent>
+__device__ __forceinline__ void warp_copy_deep(uint8_t* dst, const uint8_t* src, int num_bytes, int lane) {
+    constexpr int kDepth = 8;
+    const uint4* s = reinterpret_cast<const uint4*>(src);
+    uint4* d = reinterpret_cast<uint4*>(dst);
+    const int n = num_bytes / 16;
+    for (int base = 0; base < n; base += 32 * kDepth) {
+        uint4 v[kDepth];
+#pragma unroll
+        for (int j = 0; j < kDepth; ++j) {
+            const int i = base + j * 32 + lane;
+            if (i < n) v[j] = kCoherent ? __ldcg(s + i) : __ldg(s + i);
+        }
+#pragma unroll
+        for (int j = 0; j < kDepth; ++j) {
+            const int i = base + j * 32 + lane;
+            if (i < n) d[i] = v[j];
+        }
+    }
+}
+
 // Thread s < n_pes waits for PE s's flag of call k in half h; adds the cycles it waited to
 // `cost[s]` (block 0 only). The block learns whether every flag came.
 __device__ __forceinline__ bool wait_all_sources(const Workspace& ws, const LlRegion& region, int h, uint64_t k, uint64_t what,
@@ -245,16 +270,18 @@ __device__ __forceinline__ uint4 cast_fp8(const float (&v)[16], bool round_scale
     for (int j = 0; j < 16; ++j) amax = fmaxf(amax, fabsf(v[j]));
 #pragma unroll
     for (int d = 1; d < 8; d *= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, d));
+    // DeepEP's arithmetic, to the bit: amax x (1 / 448) for the stored scale, 448 / amax to cast.
+    constexpr float kInv448 = 1.0f / 448.0f;
     float scale;
     if (round_scale) {
-        const float x = amax / 448.0f;
+        const float x = amax * kInv448;
         const uint32_t bits = __float_as_uint(x);
         const int exponent = static_cast<int>((bits >> 23) & 0xff) - 127 + ((bits & 0x7fffff) != 0);
         scale = __uint_as_float(static_cast<uint32_t>(127 - exponent) << 23);
         *scale_inv = __uint_as_float(static_cast<uint32_t>(127 + exponent) << 23);
     } else {
         scale = 448.0f / amax;
-        *scale_inv = amax / 448.0f;
+        *scale_inv = amax * kInv448;
     }
     uint4 out;
     auto* pairs = reinterpret_cast<__nv_fp8x2_storage_t*>(&out);
@@ -294,14 +321,62 @@ __device__ __forceinline__ void dispatch_send(const Workspace& ws, const LlDispa
     __syncthreads();
     // Every block counts the messages to each PE: whichever block completes a PE's count must
     // know the total.
-    for (int j = threadIdx.x; j < a.num_tokens * K; j += blockDim.x) {
-        const int64_t e = __ldg(a.topk_idx + j);
-        if (valid_expert(a.bad_input, e, a.num_experts, j / K)) atomicAdd(total + e / L, 1);
+    const int lane = threadIdx.x % 32;
+    for (int base = threadIdx.x - lane; base < a.num_tokens * K; base += blockDim.x) {
+        const int j = base + lane;
+        int pe = -1;
+        if (j < a.num_tokens * K) {
+            const int64_t e = __ldg(a.topk_idx + j);
+            if (valid_expert(a.bad_input, e, a.num_experts, j / K)) pe = static_cast<int>(e / L);
+        }
+        for (int d = 0; d < n; ++d) {  // one shared atomic per warp and PE, not per entry
+            const unsigned int lanes = __ballot_sync(0xffffffffu, pe == d);
+            if (lane == 0 && lanes != 0) atomicAdd(total + d, __popc(lanes));
+        }
     }
     const int units = a.hidden / 16;  // 16 channels each: 32 bytes in, 16 (fp8) or 32 out
-    const int lane = threadIdx.x % 32;
+    // One 16-channel unit of the row to every destination slot: 16 fp8 bytes (+ the group's
+    // scale from one lane in 8) or 32 bf16 bytes.
+    auto store_fp8 = [&](int u, const uint4& packed, float scale_inv) {
+        for (int i = 0; i < K; ++i) {
+            uint8_t* slot = msg[i];
+            if (slot == nullptr) continue;
+            *reinterpret_cast<uint4*>(slot + 16 + u * 16) = packed;
+            if (lane % 8 == 0) reinterpret_cast<float*>(slot + 16 + a.hidden)[u / 8] = scale_inv;
+        }
+    };
+    auto store_bf16 = [&](int u, const uint4& lo, const uint4& hi) {
+        for (int i = 0; i < K; ++i) {
+            if (msg[i] == nullptr) continue;
+            uint4* dst = reinterpret_cast<uint4*>(msg[i] + 16 + u * 32);
+            dst[0] = lo;
+            dst[1] = hi;
+        }
+    };
+    auto cast_unit = [&](const uint8_t* row, int u, float* scale_inv) {
+        float v[16];
+        if (u < units) {
+            load_bf16x16(row + u * 32, v);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 16; ++j) v[j] = 0.0f;
+        }
+        return cast_fp8(v, a.round_scale, scale_inv);  // every lane: 8-lane shuffles
+    };
     for (int t = blockIdx.x; t < a.num_tokens; t += gridDim.x) {
-        __syncthreads();
+        __syncthreads();  // the previous token's slots are no longer read
+        const uint8_t* row = a.x + static_cast<int64_t>(t) * a.hidden * 2;
+        // Each thread's first unit is loaded (and cast) while threads < K take slots: the
+        // two memory round trips overlap instead of following each other.
+        const int u0 = threadIdx.x;
+        uint4 first_lo = make_uint4(0, 0, 0, 0), first_hi = first_lo;
+        float first_scale = 0.0f;
+        if (a.use_fp8) {
+            first_lo = cast_unit(row, u0, &first_scale);
+        } else if (u0 < units) {
+            first_lo = __ldg(reinterpret_cast<const uint4*>(row + u0 * 32));
+            first_hi = __ldg(reinterpret_cast<const uint4*>(row + u0 * 32) + 1);
+        }
         if (threadIdx.x < K) {
             const int64_t e = __ldg(a.topk_idx + t * K + threadIdx.x);
             uint8_t* slot = nullptr;
@@ -322,38 +397,19 @@ __device__ __forceinline__ void dispatch_send(const Workspace& ws, const LlDispa
             msg[threadIdx.x] = slot;
         }
         __syncthreads();
-        const uint8_t* row = a.x + static_cast<int64_t>(t) * a.hidden * 2;
-        if (!a.use_fp8) {  // bf16: straight copies, 32 bytes per thread per destination
-            for (int u = threadIdx.x; u < units; u += blockDim.x) {
+        if (a.use_fp8) {
+            if (u0 < units) store_fp8(u0, first_lo, first_scale);
+            // The rest of a long row; the whole warp runs every iteration (shuffles).
+            for (int base = threadIdx.x - lane + blockDim.x; base < units; base += blockDim.x) {
+                float scale_inv;
+                const uint4 packed = cast_unit(row, base + lane, &scale_inv);
+                if (base + lane < units) store_fp8(base + lane, packed, scale_inv);
+            }
+        } else {
+            if (u0 < units) store_bf16(u0, first_lo, first_hi);
+            for (int u = u0 + blockDim.x; u < units; u += blockDim.x) {
                 const uint4* src = reinterpret_cast<const uint4*>(row + u * 32);
-                const uint4 lo = __ldg(src), hi = __ldg(src + 1);
-                for (int i = 0; i < K; ++i) {
-                    if (msg[i] == nullptr) continue;
-                    uint4* dst = reinterpret_cast<uint4*>(msg[i] + 16 + u * 32);
-                    dst[0] = lo;
-                    dst[1] = hi;
-                }
-            }
-            continue;
-        }
-        // fp8: the whole warp runs every iteration (the cast shuffles across 8 lanes).
-        for (int base = threadIdx.x - lane; base < units; base += blockDim.x) {
-            const int u = base + lane;
-            float v[16];
-            if (u < units) {
-                load_bf16x16(row + u * 32, v);
-            } else {
-#pragma unroll
-                for (int j = 0; j < 16; ++j) v[j] = 0.0f;
-            }
-            float scale_inv;
-            const uint4 packed = cast_fp8(v, a.round_scale, &scale_inv);
-            if (u >= units) continue;
-            for (int i = 0; i < K; ++i) {
-                uint8_t* slot = msg[i];
-                if (slot == nullptr) continue;
-                *reinterpret_cast<uint4*>(slot + 16 + u * 16) = packed;
-                if (lane % 8 == 0) reinterpret_cast<float*>(slot + 16 + a.hidden)[u / 8] = scale_inv;
+                store_bf16(u, __ldg(src), __ldg(src + 1));
             }
         }
     }
@@ -413,9 +469,7 @@ __device__ __forceinline__ void dispatch_recv(const Workspace& ws, const LlDispa
         const uint8_t* m = a.region.data[h] + ((static_cast<int64_t>(e) * n + s) * T + slot) * msg_bytes;
         const int64_t packed = static_cast<int64_t>(e) * rows_per_expert + i;
         if (lane == 0) a.recv_src_info[packed] = __ldcg(reinterpret_cast<const int*>(m));
-        const uint4* src = reinterpret_cast<const uint4*>(m + 16);
-        uint4* dst = reinterpret_cast<uint4*>(a.recv_x + packed * row_bytes);
-        for (int v = lane; v < row_bytes / 16; v += 32) dst[v] = __ldcg(src + v);
+        warp_copy_deep<true>(a.recv_x + packed * row_bytes, m + 16, row_bytes, lane);
         const float* scales = reinterpret_cast<const float*>(m + 16 + row_bytes);
         for (int c = lane; c < num_scales; c += 32) {
             const float scale = __ldcg(scales + c);
@@ -497,7 +551,7 @@ __device__ __forceinline__ void combine_send(const Workspace& ws, const LlCombin
             continue;
         }
         uint8_t* slot = peer(ws, a.region.data[h] + (static_cast<int64_t>(me * L + e) * T + t) * row_bytes, s);
-        moe::warp_copy(slot, a.x + packed * row_bytes, row_bytes, lane);
+        warp_copy_deep<false>(slot, a.x + packed * row_bytes, row_bytes, lane);
         if (lane == 0) atomicAdd(mine + s, 1);
     }
     __syncthreads();
@@ -525,17 +579,29 @@ __device__ __forceinline__ void combine_recv(const Workspace& ws, const LlCombin
         __syncthreads();
         for (int v = threadIdx.x; v < vectors; v += blockDim.x) {
             float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            for (int i = 0; i < K; ++i) {
-                if (expert[i] < 0) continue;
-                const uint4* src = reinterpret_cast<const uint4*>(a.region.data[h] +
-                                                                  (static_cast<int64_t>(expert[i]) * T + t) * a.hidden * 2);
-                const uint4 raw = __ldcg(src + v);
-                const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+            // Up to 8 experts' rows loaded before any is summed: one memory latency per 8.
+            for (int first = 0; first < K; first += 8) {
+                uint4 raw[8];
 #pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    const float2 f = __bfloat1622float2(pairs[j]);
-                    acc[2 * j] += weight[i] * f.x;
-                    acc[2 * j + 1] += weight[i] * f.y;
+                for (int j = 0; j < 8; ++j) {
+                    const int i = first + j;
+                    if (i < K && expert[i] >= 0) {
+                        const uint4* src = reinterpret_cast<const uint4*>(
+                            a.region.data[h] + (static_cast<int64_t>(expert[i]) * T + t) * a.hidden * 2);
+                        raw[j] = __ldcg(src + v);
+                    }
+                }
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    const int i = first + j;
+                    if (i >= K || expert[i] < 0) continue;
+                    const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw[j]);
+#pragma unroll
+                    for (int c = 0; c < 4; ++c) {
+                        const float2 f = __bfloat1622float2(pairs[c]);
+                        acc[2 * c] += weight[i] * f.x;
+                        acc[2 * c + 1] += weight[i] * f.y;
+                    }
                 }
             }
             uint4 out;
