@@ -1085,12 +1085,12 @@ fn check_mistakes(buffer: &NvshmemBuffer<&World>, tally: &mut Tally) -> Result<(
     expect(
         "a dispatch while a receive hook is pending",
         dispatch(inputs(0, hidden), options, one_launch),
-        "receive hook has not been called",
+        "has not been called: call it first",
     );
     expect(
         "a combine while a receive hook is pending",
         combine(0, &handle, Phases::Send),
-        "receive hook has not been called",
+        "has not been called: call it first",
     );
     dispatch(inputs(0, hidden), options, Phases::Receive)?;
     stream.synchronize()?;
