@@ -297,3 +297,18 @@ def test_buffer_module_imports_without_torch_and_refuses_what_it_lacks():
         deep_ep.Buffer(object(), 1 << 20, num_rdma_bytes=1 << 20)
     with pytest.raises(ValueError, match="'group' or 'comm'"):
         deep_ep.Buffer(None, 1 << 20)
+
+
+def test_low_latency_size_hint_and_refusals():
+    # DeepEP's test shape: control words + 3 parts of E x T x (16 + 2H), rounded to 128 bytes.
+    part = -(-288 * 128 * (16 + 2 * 7168) // 256) * 256
+    hint = _native.low_latency_rdma_size_hint(128, 7168, 2, 288)
+    assert 3 * part < hint < 3 * part + 64 * 1024
+    assert hint % 128 == 0
+    import nvshmem_tutorial.buffer as deep_ep
+
+    assert deep_ep.Buffer.get_low_latency_rdma_size_hint(128, 7168, 2, 288) == hint
+    with pytest.raises(ValueError, match="allow_nvlink_for_low_latency_mode"):
+        deep_ep.Buffer(object(), 0, hint, low_latency_mode=True, allow_nvlink_for_low_latency_mode=False)
+    with pytest.raises(ValueError, match="enable_shrink"):
+        deep_ep.Buffer(object(), 0, hint, low_latency_mode=True, enable_shrink=True)
