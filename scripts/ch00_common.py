@@ -65,6 +65,19 @@ def pattern_words(source_pe: int, num_words: int, seed: int) -> torch.Tensor:
     return torch.where(x >= 1 << 31, x - (1 << 32), x).to(torch.int32)
 
 
+def gather_rows(t: torch.Tensor) -> list:
+    """Collective: every rank's tensor (their rows may differ in number, also be 0), in rank
+    order: what the buffer scripts build their torch references from."""
+    sizes = [torch.zeros(1, dtype=torch.int64, device="cuda") for _ in range(dist.get_world_size())]
+    dist.all_gather(sizes, torch.tensor([t.shape[0]], device="cuda"))
+    rows = max(1, max(int(s) for s in sizes))
+    padded = torch.zeros((rows, *t.shape[1:]), dtype=t.dtype, device="cuda")
+    padded[: t.shape[0]] = t
+    out = [torch.empty_like(padded) for _ in sizes]
+    dist.all_gather(out, padded)
+    return [o[: int(s)] for o, s in zip(out, sizes)]
+
+
 def _prefixed(pe: int, lines: Sequence[str]) -> str:
     return "".join(f"pe {pe}: {line}\n" for text in lines for line in text.splitlines())
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ch00_common import Tally, main, nv, print_by_pe, start
+from ch00_common import Tally, gather_rows, main, nv, print_by_pe, start
 from nvshmem_tutorial.buffer import Buffer, Config
 
 EXPERTS_PER_RANK = 8
@@ -32,18 +32,6 @@ def routing(num_tokens: int, n: int, seed: int, skew: bool = False) -> torch.Ten
     idx = scores.topk(NUM_TOPK, dim=1).indices
     drop = torch.rand(idx.shape, generator=g, device="cuda") < 0.1
     return torch.where(drop, torch.full_like(idx, -1), idx)
-
-
-def gather(t: torch.Tensor) -> list:
-    """Every rank's tensor (rows may differ in number)."""
-    sizes = [torch.zeros(1, dtype=torch.int64, device="cuda") for _ in range(dist.get_world_size())]
-    dist.all_gather(sizes, torch.tensor([t.shape[0]], device="cuda"))
-    rows = max(int(s) for s in sizes)
-    padded = torch.zeros((rows, *t.shape[1:]), dtype=t.dtype, device="cuda")
-    padded[: t.shape[0]] = t
-    out = [torch.empty_like(padded) for _ in sizes]
-    dist.all_gather(out, padded)
-    return [o[: int(s)] for o, s in zip(out, sizes)]
 
 
 # ANCHOR: round_trip
@@ -69,7 +57,7 @@ def round_trip(buffer: Buffer, tally: Tally, num_tokens: int, hidden: int, seed:
         topk_idx=topk_idx, topk_weights=topk_weights, config=config,
     )
     # The reference: every rank's tokens that have an expert here, by (rank, token).
-    xs, idxs, ws = gather(x), gather(topk_idx), gather(topk_weights)
+    xs, idxs, ws = gather_rows(x), gather_rows(topk_idx), gather_rows(topk_weights)
     rows, exp_idx, exp_w = [], [], []
     for s in range(n):
         mine = ((idxs[s] >= 0) & (idxs[s] // EXPERTS_PER_RANK == me)).any(1)

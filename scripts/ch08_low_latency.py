@@ -15,24 +15,12 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ch00_common import Tally, main, nv, print_by_pe, start
+from ch00_common import Tally, gather_rows, main, nv, print_by_pe, start
 from nvshmem_tutorial.buffer import Buffer
 
 MAX_TOKENS = 128  # num_max_dispatch_tokens_per_rank
 EXPERTS_PER_RANK = 16
 NUM_TOPK = 8
-
-
-def gather(t: torch.Tensor) -> list:
-    """Every rank's tensor (rows may differ in number)."""
-    sizes = [torch.zeros(1, dtype=torch.int64, device="cuda") for _ in range(dist.get_world_size())]
-    dist.all_gather(sizes, torch.tensor([t.shape[0]], device="cuda"))
-    rows = max(1, max(int(s) for s in sizes))
-    padded = torch.zeros((rows, *t.shape[1:]), dtype=t.dtype, device="cuda")
-    padded[: t.shape[0]] = t
-    out = [torch.empty_like(padded) for _ in sizes]
-    dist.all_gather(out, padded)
-    return [o[: int(s)] for o, s in zip(out, sizes)]
 
 
 def inputs(num_tokens: int, hidden: int, seed: int) -> tuple:
@@ -62,7 +50,7 @@ def check_dispatch(recv, recv_count, handle, x, idx, hidden: int, *, use_fp8: bo
     """'' if the packed receive matches torch's reference, else what differs."""
     n, me = dist.get_world_size(), dist.get_rank()
     src_info, layout_range, slots, _, num_experts = handle
-    xs, idxs = gather(x), gather(idx)
+    xs, idxs = gather_rows(x), gather_rows(idx)
     recv_x = recv[0] if use_fp8 else recv
     for e in range(EXPERTS_PER_RANK):
         expert = me * EXPERTS_PER_RANK + e

@@ -16,11 +16,12 @@ use crate::error::{BufferError, describe};
 use crate::layout::Regions;
 use ch04_collectives::config::MAX_PES;
 
-const MODULES: [&str; 4] = [
+const MODULES: [&str; 5] = [
     "buffer/layout",
     "buffer/notify",
     "buffer/intranode",
-    "buffer/low_latency",
+    "buffer/ll_dispatch",
+    "buffer/ll_combine",
 ];
 /// moe.cuh's BAD_HANDLE: a low-latency handle's row named no source rank or a token >= T.
 const BAD_HANDLE: u64 = 12;
@@ -113,7 +114,7 @@ pub struct NvshmemBuffer<W: Deref<Target = World>> {
     pub(crate) input_error: HostMapped,
     input_claim: CudaSlice<u64>,
     /// Low-latency mode's per-rank state (call count, finish counters, slot counters; see
-    /// `LlState` in kernels/cuda/buffer/low_latency.cu).
+    /// `LlState` in kernels/cuda/buffer/low_latency.cuh).
     pub(crate) ll_state: CudaSlice<u64>,
     /// A low-latency send phase whose receive (the hook) has not run yet: one call in flight.
     pub(crate) ll_receive_pending: std::sync::Mutex<Option<crate::low_latency::PendingReceive>>,

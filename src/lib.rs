@@ -24,10 +24,11 @@
 //!   notify.rs                       get_dispatch_layout; the notify step (chapter 4's all-gather)
 //!   dispatch.rs, combine.rs         the two halves of MoE communication
 //!   handle.rs, view.rs, error.rs    what they take and return
-//!   low_latency.rs                  chapter 8: low-latency dispatch/combine (fixed slots)
+//!   low_latency/                    chapter 8: low-latency dispatch/combine (fixed slots)
 //!   bin/                            ch07-buffer (self-checking)
 //! kernels/cuda/buffer/            moe.cuh (ring protocol NOTES), layout.cu, notify.cu,
-//!                                 intranode.cu (moe_scatter, moe_gather), low_latency.cu
+//!                                 intranode.cu (moe_scatter, moe_gather), low_latency.cuh,
+//!                                 ll_dispatch.cu, ll_combine.cu
 //! ```
 //!
 //! Each chapter crate depends only on earlier chapters, `nvshmem-sys` and `kernels`; this

@@ -200,11 +200,7 @@ class Buffer:
         with torch.cuda.stream(comm if allocate_on_comm_stream else compute):
             result = work(comm.cuda_stream)
         if async_finish:
-            event = torch.cuda.Event()
-            event.record(comm)
-            for tensor in _tensors_in(result):
-                tensor.record_stream(comm)
-            return result, EventOverlap(event, tuple(_tensors_in(result)))
+            return result, _event_after(comm, result)
         compute.wait_stream(comm)
         return result, EventOverlap(None)
 
@@ -354,12 +350,7 @@ class Buffer:
 
     def _ll_finish(self, compute: Any, launch: Any, async_finish: bool, return_recv_hook: bool, tensors: tuple) -> EventOverlap:
         if async_finish:
-            event = torch.cuda.Event()
-            event.record(launch)
-            for tensor in tensors:
-                if tensor is not None:
-                    tensor.record_stream(launch)
-            return EventOverlap(event, tensors)
+            return _event_after(launch, tensors)
         if not return_recv_hook:
             compute.wait_stream(launch)
         return EventOverlap(None)
@@ -371,8 +362,9 @@ class Buffer:
 
     def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int, hidden: int, num_experts: int) -> None:
         """Collective: zeroes the low-latency control words and call count on every rank. Our
-        protocol never needs it (its flags only grow); it resets a buffer after a failed call."""
-        self.runtime.clean_low_latency_buffer(num_max_dispatch_tokens_per_rank, hidden, num_experts, torch.cuda.current_stream().cuda_stream)
+        protocol never needs it (its flags only grow); it is DeepEP's API and a known starting
+        point. It does not revive a buffer whose call timed out: destroy that one."""
+        _native.clean_low_latency_buffer(self.runtime, num_max_dispatch_tokens_per_rank, hidden, num_experts, torch.cuda.current_stream().cuda_stream)
 
     def low_latency_dispatch(
         self,
@@ -410,7 +402,8 @@ class Buffer:
             scales_storage = torch.empty((num_local, groups, num_ranks * slots), dtype=dtype, device=device)
 
         def run(phases: str) -> None:
-            self.runtime.low_latency_dispatch(
+            _native.low_latency_dispatch(
+                self.runtime,
                 _view(x), _view(topk_idx), _maybe(cumulative_local_expert_recv_stats), _maybe(dispatch_wait_recv_cost_stats),
                 slots, num_experts, use_fp8, round_scale, use_ue8m0,
                 _view(recv_x.view(-1, hidden)), None if scales_storage is None else _view(scales_storage.view(-1, num_ranks * slots)),
@@ -450,7 +443,8 @@ class Buffer:
         combined = out if out is not None else torch.empty((topk_idx.shape[0], hidden), dtype=torch.bfloat16, device=topk_idx.device)
 
         def run(phases: str) -> None:
-            self.runtime.low_latency_combine(
+            _native.low_latency_combine(
+                self.runtime,
                 None if zero_copy else _view(x.view(-1, x.shape[-1]) if x.is_contiguous() else x.flatten(0, 1)),
                 _view(topk_idx), _view(topk_weights), _view(src_info), _view(layout_range), slots, hidden, num_experts,
                 _maybe(combine_wait_recv_cost_stats), _view(combined), phases, launch.cuda_stream,
@@ -466,7 +460,7 @@ class Buffer:
         hidden]`` in this rank's region. Write the expert outputs there, then combine with
         ``zero_copy=True``."""
         _, _, slots, hidden, num_experts = handle
-        address, rows, cols = self.runtime.next_low_latency_combine_buffer(slots, hidden, num_experts)
+        address, rows, cols = _native.next_low_latency_combine_buffer(self.runtime, slots, hidden, num_experts)
         num_local = self._ll_local_experts(num_experts)
         staging = _device_bytes(address, rows * cols * 2).view(torch.bfloat16)
         return staging.view(num_local, self.group_size * slots, hidden)
@@ -486,6 +480,17 @@ def _device_bytes(address: int, length: int) -> Any:
         __cuda_array_interface__ = {"shape": (length,), "typestr": "|u1", "data": (address, False), "version": 3}
 
     return torch.as_tensor(_Region(), device=f"cuda:{torch.cuda.current_device()}")
+
+
+def _event_after(stream: Any, work: Any) -> EventOverlap:
+    """DeepEP's async_finish: an event after what `stream` has queued, with every tensor in
+    `work` marked as used by `stream` and kept alive until the event completes."""
+    event = torch.cuda.Event()
+    event.record(stream)
+    tensors = tuple(_tensors_in(work))
+    for tensor in tensors:
+        tensor.record_stream(stream)
+    return EventOverlap(event, tensors)
 
 
 def _tensors_in(value: Any) -> List[Any]:

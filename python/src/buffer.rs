@@ -1,4 +1,4 @@
-//! Chapter 7 for Python: `BufferCore` (one `NvshmemBuffer` per DeepEP-style `Buffer`) and
+//! Chapter 7 for Python (chapter 8's calls are in low_latency.rs): `BufferCore` (one `NvshmemBuffer` per DeepEP-style `Buffer`) and
 //! `Config`. Tensors arrive as views, `(address, shape, strides, dtype name)`; every check,
 //! size formula and launch is the Rust crate's. nvshmem_tutorial/buffer.py adds the torch
 //! side: allocation of outputs, streams and events, DeepEP's tuples.
@@ -8,9 +8,8 @@ use std::sync::{Arc, Mutex};
 use ch01_bootstrap::World;
 use nvshmem_tutorial::{
     BufferError, BufferOptions, CombineInputs, CombineOutputs, Config, DispatchInputs,
-    DispatchOutputs, ElemType, Handle, LayoutOutputs, LlCombineInputs, LlDispatchInputs,
-    LlDispatchOptions, LlDispatchOutputs, LlHandle, NotifyInputs, NotifyOutputs, NvshmemBuffer,
-    Phases, View,
+    DispatchOutputs, ElemType, Handle, LayoutOutputs, NotifyInputs, NotifyOutputs, NvshmemBuffer,
+    View,
 };
 use pyo3::prelude::*;
 
@@ -33,9 +32,9 @@ impl From<BufferError> for Error {
 }
 
 /// A tensor as buffer.py passes it: (address, shape, strides in elements, torch dtype name).
-type PyView = (u64, Vec<usize>, Vec<usize>, String);
+pub(crate) type PyView = (u64, Vec<usize>, Vec<usize>, String);
 
-fn view(name: &str, (ptr, shape, strides, dtype): PyView) -> Result<View, Error> {
+pub(crate) fn view(name: &str, (ptr, shape, strides, dtype): PyView) -> Result<View, Error> {
     let elem = ElemType::from_name(&dtype).ok_or_else(|| {
         Error::Invalid(format!(
             "{name} is torch.{dtype}; the buffer takes bfloat16, float8_e4m3fn, float32, int32, \
@@ -58,7 +57,7 @@ fn view(name: &str, (ptr, shape, strides, dtype): PyView) -> Result<View, Error>
     })
 }
 
-fn optional(name: &str, v: Option<PyView>) -> Result<Option<View>, Error> {
+pub(crate) fn optional(name: &str, v: Option<PyView>) -> Result<Option<View>, Error> {
     v.map(|v| view(name, v)).transpose()
 }
 
@@ -135,34 +134,6 @@ pub fn buffer_heap_bytes(n_pes: usize, num_nvl_bytes: usize, num_rdma_bytes: usi
     nvshmem_tutorial::buffer::heap_bytes(n_pes, num_nvl_bytes, num_rdma_bytes)
 }
 
-/// DeepEP's `get_low_latency_rdma_size_hint`: num_rdma_bytes for a low-latency shape.
-#[pyfunction]
-pub fn low_latency_rdma_size_hint(
-    num_max_dispatch_tokens_per_rank: usize,
-    hidden: usize,
-    num_ranks: usize,
-    num_experts: usize,
-) -> usize {
-    nvshmem_tutorial::get_low_latency_rdma_size_hint(
-        num_max_dispatch_tokens_per_rank,
-        hidden,
-        num_ranks,
-        num_experts,
-    )
-}
-
-/// "both", "send" or "recv": which halves of a low-latency call a launch runs.
-fn parse_phases(name: &str) -> Result<Phases, Error> {
-    match name {
-        "both" => Ok(Phases::SendAndReceive),
-        "send" => Ok(Phases::Send),
-        "recv" => Ok(Phases::Receive),
-        other => Err(Error::Invalid(format!(
-            "phases must be 'both', 'send' or 'recv', got {other:?}"
-        ))),
-    }
-}
-
 /// The Rust buffer behind one Python `Buffer`. `None` once destroyed.
 #[pyclass(module = "nvshmem_tutorial._native")]
 pub struct BufferCore {
@@ -170,7 +141,7 @@ pub struct BufferCore {
 }
 
 impl BufferCore {
-    fn with<R: Send>(
+    pub(crate) fn with<R: Send>(
         &self,
         py: Python<'_>,
         f: impl FnOnce(&NvshmemBuffer<Arc<World>>) -> Result<R, Error> + Send,
@@ -387,156 +358,6 @@ impl BufferCore {
                     &handle,
                     &outputs,
                     &config,
-                    stream_handle(stream) as _,
-                )
-            }?)
-        })
-    }
-
-    /// Low-latency dispatch (chapter 8). The 3-D outputs come flattened (see the Rust
-    /// `LlDispatchOutputs`); `phases` is "both", "send" or "recv".
-    #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (x, topk_idx, cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats, num_max_dispatch_tokens_per_rank, num_experts, use_fp8, round_scale, use_ue8m0, recv_x, recv_x_scales, recv_src_info, recv_layout_range, recv_count, phases, stream))]
-    fn low_latency_dispatch(
-        &self,
-        py: Python<'_>,
-        x: PyView,
-        topk_idx: PyView,
-        cumulative_local_expert_recv_stats: Option<PyView>,
-        dispatch_wait_recv_cost_stats: Option<PyView>,
-        num_max_dispatch_tokens_per_rank: usize,
-        num_experts: usize,
-        use_fp8: bool,
-        round_scale: bool,
-        use_ue8m0: bool,
-        recv_x: PyView,
-        recv_x_scales: Option<PyView>,
-        recv_src_info: PyView,
-        recv_layout_range: PyView,
-        recv_count: PyView,
-        phases: &str,
-        stream: u64,
-    ) -> PyResult<()> {
-        let inputs = LlDispatchInputs {
-            x: view("x", x)?,
-            topk_idx: view("topk_idx", topk_idx)?,
-            cumulative_local_expert_recv_stats: optional(
-                "cumulative_local_expert_recv_stats",
-                cumulative_local_expert_recv_stats,
-            )?,
-            dispatch_wait_recv_cost_stats: optional(
-                "dispatch_wait_recv_cost_stats",
-                dispatch_wait_recv_cost_stats,
-            )?,
-        };
-        let outputs = LlDispatchOutputs {
-            recv_x: view("recv_x", recv_x)?,
-            recv_x_scales: optional("recv_x_scales", recv_x_scales)?,
-            recv_src_info: view("recv_src_info", recv_src_info)?,
-            recv_layout_range: view("recv_layout_range", recv_layout_range)?,
-            recv_count: view("recv_count", recv_count)?,
-        };
-        let options = LlDispatchOptions {
-            num_max_dispatch_tokens_per_rank,
-            num_experts,
-            use_fp8,
-            round_scale,
-            use_ue8m0,
-        };
-        let phases = parse_phases(phases)?;
-        // SAFETY: buffer.py passes views of live torch tensors on this GPU.
-        self.with(py, move |b| {
-            Ok(unsafe {
-                b.low_latency_dispatch(
-                    &inputs,
-                    &outputs,
-                    &options,
-                    phases,
-                    stream_handle(stream) as _,
-                )
-            }?)
-        })
-    }
-
-    /// Low-latency combine; `x` None reads the zero-copy staging rows.
-    #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (x, topk_idx, topk_weights, src_info, layout_range, num_max_dispatch_tokens_per_rank, hidden, num_experts, combine_wait_recv_cost_stats, out, phases, stream))]
-    fn low_latency_combine(
-        &self,
-        py: Python<'_>,
-        x: Option<PyView>,
-        topk_idx: PyView,
-        topk_weights: PyView,
-        src_info: PyView,
-        layout_range: PyView,
-        num_max_dispatch_tokens_per_rank: usize,
-        hidden: usize,
-        num_experts: usize,
-        combine_wait_recv_cost_stats: Option<PyView>,
-        out: PyView,
-        phases: &str,
-        stream: u64,
-    ) -> PyResult<()> {
-        let inputs = LlCombineInputs {
-            x: optional("x", x)?,
-            topk_idx: view("topk_idx", topk_idx)?,
-            topk_weights: view("topk_weights", topk_weights)?,
-            combine_wait_recv_cost_stats: optional(
-                "combine_wait_recv_cost_stats",
-                combine_wait_recv_cost_stats,
-            )?,
-        };
-        let handle = LlHandle {
-            src_info: view("handle[0]", src_info)?,
-            layout_range: view("handle[1]", layout_range)?,
-            num_max_dispatch_tokens_per_rank,
-            hidden,
-            num_experts,
-        };
-        let out = view("out", out)?;
-        let phases = parse_phases(phases)?;
-        // SAFETY: as in low_latency_dispatch.
-        self.with(py, move |b| {
-            Ok(unsafe {
-                b.low_latency_combine(&inputs, &handle, &out, phases, stream_handle(stream) as _)
-            }?)
-        })
-    }
-
-    /// (address, rows, hidden) of the zero-copy combine staging: bf16 [L x R x T, hidden].
-    fn next_low_latency_combine_buffer(
-        &self,
-        py: Python<'_>,
-        num_max_dispatch_tokens_per_rank: usize,
-        hidden: usize,
-        num_experts: usize,
-    ) -> PyResult<(u64, usize, usize)> {
-        self.with(py, move |b| {
-            let v = b.next_low_latency_combine_buffer(
-                num_max_dispatch_tokens_per_rank,
-                hidden,
-                num_experts,
-            )?;
-            Ok((v.ptr, v.rows(), v.cols()))
-        })
-    }
-
-    /// Collective: zeroes the low-latency control words and call count on every rank.
-    fn clean_low_latency_buffer(
-        &self,
-        py: Python<'_>,
-        num_max_dispatch_tokens_per_rank: usize,
-        hidden: usize,
-        num_experts: usize,
-        stream: u64,
-    ) -> PyResult<()> {
-        // SAFETY: buffer.py passes the current torch stream of this GPU.
-        self.with(py, move |b| {
-            Ok(unsafe {
-                b.clean_low_latency_buffer(
-                    num_max_dispatch_tokens_per_rank,
-                    hidden,
-                    num_experts,
                     stream_handle(stream) as _,
                 )
             }?)

@@ -28,6 +28,7 @@ mod buffer;
 mod collectives;
 mod dlpack;
 mod errors;
+mod low_latency;
 mod signals;
 mod state;
 mod transfers;
@@ -49,10 +50,7 @@ mod _native {
         topology, unique_id,
     };
     #[pymodule_export]
-    use crate::buffer::{
-        BufferCore, PyConfig, buffer_heap_bytes, combine_config, dispatch_config,
-        low_latency_rdma_size_hint,
-    };
+    use crate::buffer::{BufferCore, PyConfig, buffer_heap_bytes, combine_config, dispatch_config};
     #[pymodule_export]
     use crate::collectives::{
         all_gather, all_reduce, all_to_all, all_to_all_v, broadcast, check_collectives,
@@ -62,6 +60,11 @@ mod _native {
     use crate::errors::{
         InvalidArgumentError, LibraryError, NoDeviceError, NotInitializedError, NotSymmetricError,
         NvshmemError, OutOfBoundsError, PeOutOfRangeError,
+    };
+    #[pymodule_export]
+    use crate::low_latency::{
+        clean_low_latency_buffer, low_latency_combine, low_latency_dispatch,
+        low_latency_rdma_size_hint, next_low_latency_combine_buffer,
     };
     #[pymodule_export]
     use crate::signals::{put_signal, signal_cmp_code, signal_op, signal_op_code, wait_signal};

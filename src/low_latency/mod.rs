@@ -1,7 +1,8 @@
 //! Chapter 8: low-latency mode. Dispatch and combine for decoding: fixed slots instead of a
 //! count exchange, device-side call numbers instead of host state, so one dispatch and one
 //! combine can be captured in a CUDA graph and replayed with new data
-//! (kernels/cuda/buffer/low_latency.cu has the protocol and its NOTES).
+//! (kernels/cuda/buffer/low_latency.cuh has the protocol and its NOTES; ll_dispatch.cu and
+//! ll_combine.cu the kernels).
 //!
 //! # The low-latency region (num_rdma_bytes), as size formulas
 //!
@@ -23,10 +24,21 @@
 //! any sequence of shapes). A shape fits when E x T x (16 + 2H) <= P / 3, which is what
 //! `get_low_latency_rdma_size_hint` asks for.
 
+//!
+//! `dispatch.rs` and `combine.rs` hold the two calls; this module what they share: the
+//! layout, the checks, the one-call-in-flight rule and the launch.
+
+mod combine;
+mod dispatch;
+
+pub use combine::{LlCombineInputs, LlHandle};
+pub use dispatch::{LlDispatchInputs, LlDispatchOptions, LlDispatchOutputs};
+
 use std::ops::Deref;
+use std::sync::OnceLock;
 
 use ch01_bootstrap::World;
-use cudarc::driver::{DevicePtr, DeviceRepr, sys};
+use cudarc::driver::{DevicePtr, sys};
 
 use crate::buffer::{NvshmemBuffer, arg};
 use crate::error::BufferError;
@@ -34,7 +46,7 @@ use crate::view::{ElemType, View};
 use ch04_collectives::config::MAX_PES;
 use ch04_collectives::{CollError, LaunchSpec};
 
-/// Most experts (global) a low-latency call takes (`MAX_EXPERTS` in low_latency.cu).
+/// Most experts (global) a low-latency call takes (`MAX_EXPERTS` in low_latency.cuh).
 pub const MAX_EXPERTS: usize = 2048;
 /// Most experts per token.
 pub const MAX_TOPK: usize = 32;
@@ -42,11 +54,40 @@ pub const MAX_TOPK: usize = 32;
 pub const THREADS_PER_BLOCK: u32 = 512;
 /// Bytes of the control words at the start of the region.
 pub const CONTROL_BYTES: usize = (2 * MAX_PES * 8 + 2 * MAX_EXPERTS * 4).next_multiple_of(256);
-/// u64 words of the per-rank device state (`LlState` in low_latency.cu: calls, arrived,
+/// u64 words of the per-rank device state (`LlState` in low_latency.cuh: calls, arrived,
 /// finish[MAX_PES], slots[MAX_EXPERTS]).
 pub(crate) const STATE_WORDS: usize = (8 + 4 + 4 * MAX_PES + 4 * MAX_EXPERTS).div_ceil(8);
 
-const MODULE: &str = "buffer/low_latency";
+/// The two kernels, each one symbol launched with a phase argument; their mangled names are
+/// looked up once, not on every call.
+pub(crate) static DISPATCH_KERNEL: Kernel =
+    Kernel::new("buffer/ll_dispatch", "nvshmem_tutorial::dispatch");
+pub(crate) static COMBINE_KERNEL: Kernel =
+    Kernel::new("buffer/ll_combine", "nvshmem_tutorial::combine");
+
+/// A C++ kernel by module and `namespace::name`, its symbol found on first use.
+pub(crate) struct Kernel {
+    module: &'static str,
+    name: &'static str,
+    symbol: OnceLock<&'static str>,
+}
+
+impl Kernel {
+    const fn new(module: &'static str, name: &'static str) -> Self {
+        Self {
+            module,
+            name,
+            symbol: OnceLock::new(),
+        }
+    }
+    fn symbol(&self) -> Result<&'static str, BufferError> {
+        if let Some(symbol) = self.symbol.get() {
+            return Ok(symbol);
+        }
+        let symbol = kernels::kernel_symbol(self.module, self.name).map_err(CollError::from)?;
+        Ok(self.symbol.get_or_init(|| symbol))
+    }
+}
 
 fn align256(bytes: usize) -> usize {
     bytes.next_multiple_of(256)
@@ -146,63 +187,7 @@ pub enum Phases {
     Receive = 2,
 }
 
-/// What a low-latency dispatch takes (DeepEP's arguments).
-#[derive(Debug, Clone, Copy)]
-pub struct LlDispatchInputs {
-    /// [N, H] bf16, N <= num_max_dispatch_tokens_per_rank.
-    pub x: View,
-    /// [N, K] i64: global expert ids or -1.
-    pub topk_idx: View,
-    /// [L] i32, added to: tokens each local expert received.
-    pub cumulative_local_expert_recv_stats: Option<View>,
-    /// [R] i64, added to: SM cycles spent waiting for each source rank.
-    pub dispatch_wait_recv_cost_stats: Option<View>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LlDispatchOptions {
-    pub num_max_dispatch_tokens_per_rank: usize,
-    pub num_experts: usize,
-    pub use_fp8: bool,
-    pub round_scale: bool,
-    pub use_ue8m0: bool,
-}
-
-/// What a low-latency dispatch fills. The 3-D tensors come flattened to 2-D:
-/// `recv_x` [L x R x T, H] (fp8 with use_fp8, else bf16); `recv_x_scales` (fp8 only) the
-/// storage of DeepEP's column-major scales, f32 [L x H/128, R x T], or with use_ue8m0 i32
-/// [L x H/512, R x T] (four exponents per int); `recv_src_info` [L, R x T] i32;
-/// `recv_layout_range` [L, R] i64 ((begin << 32) | count); `recv_count` [L] i32.
-#[derive(Debug, Clone, Copy)]
-pub struct LlDispatchOutputs {
-    pub recv_x: View,
-    pub recv_x_scales: Option<View>,
-    pub recv_src_info: View,
-    pub recv_layout_range: View,
-    pub recv_count: View,
-}
-
-/// DeepEP's low-latency handle: (src_info, layout_range, T, hidden, num_experts).
-#[derive(Debug, Clone, Copy)]
-pub struct LlHandle {
-    pub src_info: View,
-    pub layout_range: View,
-    pub num_max_dispatch_tokens_per_rank: usize,
-    pub hidden: usize,
-    pub num_experts: usize,
-}
-
-/// What a low-latency combine takes: `x` [L x R x T, H] bf16 (ignored with zero_copy, which
-/// reads the staging region instead), `topk_idx` [N, K] i64, `topk_weights` [N, K] f32.
-#[derive(Debug, Clone, Copy)]
-pub struct LlCombineInputs {
-    pub x: Option<View>,
-    pub topk_idx: View,
-    pub topk_weights: View,
-    pub combine_wait_recv_cost_stats: Option<View>,
-}
-
-/// `LlRegion` of low_latency.cu.
+/// `LlRegion` of low_latency.cuh.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 struct LlRegion {
@@ -210,57 +195,6 @@ struct LlRegion {
     counts: [u64; 2],
     flags: [u64; 2],
 }
-
-/// `LlDispatchArgs` of low_latency.cu, field for field.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-struct LlDispatchArgs {
-    x: u64,
-    topk_idx: u64,
-    recv_x: u64,
-    recv_scales: u64,
-    recv_src_info: u64,
-    recv_layout_range: u64,
-    recv_count: u64,
-    cumulative_recv_stats: u64,
-    wait_recv_cost: u64,
-    region: LlRegion,
-    state: u64,
-    bad_input: [u64; 2],
-    num_tokens: i32,
-    hidden: i32,
-    num_topk: i32,
-    num_experts: i32,
-    max_tokens: i32,
-    use_fp8: i32,
-    round_scale: i32,
-    use_ue8m0: i32,
-}
-
-/// `LlCombineArgs` of low_latency.cu, field for field.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-struct LlCombineArgs {
-    x: u64,
-    src_info: u64,
-    layout_range: u64,
-    topk_idx: u64,
-    topk_weights: u64,
-    out: u64,
-    wait_recv_cost: u64,
-    region: LlRegion,
-    state: u64,
-    bad_input: [u64; 2],
-    num_tokens: i32,
-    hidden: i32,
-    num_topk: i32,
-    num_experts: i32,
-    max_tokens: i32,
-}
-
-// SAFETY: plain old data laid out as the kernel parameters.
-unsafe impl DeviceRepr for LlDispatchArgs {}
-unsafe impl DeviceRepr for LlCombineArgs {}
 
 fn invalid(what: &'static str, message: String) -> BufferError {
     BufferError::invalid(what, message)
@@ -351,6 +285,16 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         }
     }
 
+    /// What every low-latency call checks first: the mode, and (except before a receive,
+    /// whose send is out, so the call must complete on this rank) the buffer's error records.
+    fn begin_ll_call(&self, what: &'static str, phases: Phases) -> Result<(), BufferError> {
+        self.require_low_latency(what)?;
+        if phases != Phases::Receive {
+            self.check()?;
+        }
+        Ok(())
+    }
+
     fn require_low_latency(&self, what: &'static str) -> Result<(), BufferError> {
         if !self.options.low_latency_mode {
             return Err(invalid(
@@ -427,15 +371,14 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
 
     fn ll_launch<A>(
         &self,
-        kernel: &'static str,
+        kernel: &Kernel,
         args: &A,
         phases: Phases,
         pending: PendingReceive,
         stream: sys::CUstream,
     ) -> Result<(), BufferError> {
-        let kernel = kernels::kernel_symbol(MODULE, kernel).map_err(CollError::from)?;
         let spec = LaunchSpec {
-            kernel,
+            kernel: kernel.symbol()?,
             num_blocks: self.kernels.num_sms(),
             threads_per_block: THREADS_PER_BLOCK,
             shared_mem_bytes: 0,
@@ -449,287 +392,6 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
             .unwrap_or_else(|p| p.into_inner()) = (phases == Phases::Send).then_some(pending);
         Ok(())
     }
-
-    // ANCHOR: ll_dispatch
-    /// DeepEP's `low_latency_dispatch`: every token to the slots of its top-k experts, then
-    /// (with `Phases::SendAndReceive`, or in a later `Phases::Receive` launch) packed per
-    /// local expert into `outputs`. Capturable in a CUDA graph.
-    ///
-    /// # Safety
-    /// Every [`View`] must describe live memory of its shape and type on this PE's GPU.
-    pub unsafe fn low_latency_dispatch(
-        &self,
-        inputs: &LlDispatchInputs,
-        outputs: &LlDispatchOutputs,
-        options: &LlDispatchOptions,
-        phases: Phases,
-        stream: sys::CUstream,
-    ) -> Result<(), BufferError> {
-        const WHAT: &str = "low_latency_dispatch";
-        self.require_low_latency(WHAT)?;
-        if phases != Phases::Receive {
-            // Not before a receive: its send is out, so the call must complete on this rank.
-            self.check()?;
-        }
-        let LlDispatchOptions {
-            num_max_dispatch_tokens_per_rank: t,
-            num_experts,
-            use_fp8,
-            round_scale,
-            use_ue8m0,
-        } = *options;
-        let x = &inputs.x;
-        x.expect(WHAT, "x", ElemType::Bf16, &[None, None])?;
-        let (num_tokens, hidden) = (x.rows(), x.cols());
-        inputs
-            .topk_idx
-            .expect(WHAT, "topk_idx", ElemType::I64, &[Some(num_tokens), None])?;
-        let num_topk = inputs.topk_idx.cols();
-        let layout = self.ll_layout(t, hidden, num_experts);
-        check_shape(WHAT, &layout, num_topk, self.options.num_rdma_bytes)?;
-        self.check_phases(WHAT, phases, &layout)?;
-        if num_tokens > t {
-            return Err(invalid(
-                WHAT,
-                format!(
-                    "x has {num_tokens} tokens, more than num_max_dispatch_tokens_per_rank = {t} \
-                     (every rank's slots hold {t} tokens per expert)"
-                ),
-            ));
-        }
-        if use_ue8m0 && !(use_fp8 && round_scale) {
-            return Err(invalid(
-                WHAT,
-                "use_ue8m0 needs use_fp8=True and round_scale=True (UE8M0 scales are powers of two)"
-                    .into(),
-            ));
-        }
-        if use_ue8m0 && !hidden.is_multiple_of(512) {
-            return Err(invalid(
-                WHAT,
-                format!(
-                    "use_ue8m0 packs 4 scales per int: hidden = {hidden} must be a multiple of 512"
-                ),
-            ));
-        }
-        let (n, l) = (layout.num_ranks, layout.num_local_experts());
-        let rows = l * n * t;
-        let recv_elem = if use_fp8 {
-            ElemType::Fp8E4m3
-        } else {
-            ElemType::Bf16
-        };
-        outputs
-            .recv_x
-            .expect(WHAT, "recv_x", recv_elem, &[Some(rows), Some(hidden)])?;
-        let recv_scales = match (&outputs.recv_x_scales, use_fp8) {
-            (Some(s), true) => {
-                let (elem, groups) = if use_ue8m0 {
-                    (ElemType::I32, hidden / 512)
-                } else {
-                    (ElemType::F32, hidden / 128)
-                };
-                s.expect(
-                    WHAT,
-                    "recv_x_scales",
-                    elem,
-                    &[Some(l * groups), Some(n * t)],
-                )?;
-                s.ptr
-            }
-            (None, false) => 0,
-            (None, true) => return Err(invalid(WHAT, "use_fp8 needs recv_x_scales".into())),
-            (Some(_), false) => {
-                return Err(invalid(WHAT, "recv_x_scales is only for use_fp8".into()));
-            }
-        };
-        outputs.recv_src_info.expect(
-            WHAT,
-            "recv_src_info",
-            ElemType::I32,
-            &[Some(l), Some(n * t)],
-        )?;
-        outputs.recv_layout_range.expect(
-            WHAT,
-            "recv_layout_range",
-            ElemType::I64,
-            &[Some(l), Some(n)],
-        )?;
-        outputs
-            .recv_count
-            .expect(WHAT, "recv_count", ElemType::I32, &[Some(l)])?;
-        let cumulative = optional_vector(
-            WHAT,
-            "cumulative_local_expert_recv_stats",
-            &inputs.cumulative_local_expert_recv_stats,
-            ElemType::I32,
-            l,
-        )?;
-        let wait_cost = optional_vector(
-            WHAT,
-            "dispatch_wait_recv_cost_stats",
-            &inputs.dispatch_wait_recv_cost_stats,
-            ElemType::I64,
-            n,
-        )?;
-        let [claim, words] = self.input_error_args();
-        let args = LlDispatchArgs {
-            x: x.ptr,
-            topk_idx: inputs.topk_idx.ptr,
-            recv_x: outputs.recv_x.ptr,
-            recv_scales,
-            recv_src_info: outputs.recv_src_info.ptr,
-            recv_layout_range: outputs.recv_layout_range.ptr,
-            recv_count: outputs.recv_count.ptr,
-            cumulative_recv_stats: cumulative,
-            wait_recv_cost: wait_cost,
-            region: self.ll_region(),
-            state: self.ll_state(),
-            bad_input: [claim, words],
-            num_tokens: num_tokens as i32,
-            hidden: hidden as i32,
-            num_topk: num_topk as i32,
-            num_experts: num_experts as i32,
-            max_tokens: t as i32,
-            use_fp8: use_fp8 as i32,
-            round_scale: round_scale as i32,
-            use_ue8m0: use_ue8m0 as i32,
-        };
-        let pending = PendingReceive {
-            op: WHAT,
-            shape: layout,
-        };
-        self.ll_launch("nvshmem_tutorial::dispatch", &args, phases, pending, stream)
-    }
-    // ANCHOR_END: ll_dispatch
-
-    // ANCHOR: ll_combine
-    /// DeepEP's `low_latency_combine`: every expert result back to its token's rank, summed
-    /// there with the top-k weights into `out` [N, H] bf16.
-    ///
-    /// # Safety
-    /// Every [`View`] must describe live memory of its shape and type on this PE's GPU.
-    pub unsafe fn low_latency_combine(
-        &self,
-        inputs: &LlCombineInputs,
-        handle: &LlHandle,
-        out: &View,
-        phases: Phases,
-        stream: sys::CUstream,
-    ) -> Result<(), BufferError> {
-        const WHAT: &str = "low_latency_combine";
-        self.require_low_latency(WHAT)?;
-        if phases != Phases::Receive {
-            // Not before a receive: its send is out, so the call must complete on this rank.
-            self.check()?;
-        }
-        let (t, hidden, num_experts) = (
-            handle.num_max_dispatch_tokens_per_rank,
-            handle.hidden,
-            handle.num_experts,
-        );
-        let topk_idx = &inputs.topk_idx;
-        topk_idx.expect(WHAT, "topk_idx", ElemType::I64, &[None, None])?;
-        let (num_tokens, num_topk) = (topk_idx.rows(), topk_idx.cols());
-        let layout = self.ll_layout(t, hidden, num_experts);
-        check_shape(WHAT, &layout, num_topk, self.options.num_rdma_bytes)?;
-        self.check_phases(WHAT, phases, &layout)?;
-        let (n, l) = (layout.num_ranks, layout.num_local_experts());
-        if num_tokens > t {
-            return Err(invalid(
-                WHAT,
-                format!(
-                    "topk_idx has {num_tokens} tokens, more than the handle's \
-                     num_max_dispatch_tokens_per_rank = {t}"
-                ),
-            ));
-        }
-        inputs.topk_weights.expect(
-            WHAT,
-            "topk_weights",
-            ElemType::F32,
-            &[Some(num_tokens), Some(num_topk)],
-        )?;
-        // A handle of another call shape shows in its tensors' shapes.
-        let from_handle = |name: &str, v: &View, elem, shape: &[Option<usize>]| {
-            v.expect(WHAT, name, elem, shape).map_err(|e| {
-                invalid(
-                    WHAT,
-                    format!(
-                        "{e}: the handle does not match its own shape (T = {t}, hidden = {hidden}, \
-                         {num_experts} experts over {n} ranks); pass the handle of the dispatch \
-                         whose results x holds"
-                    ),
-                )
-            })
-        };
-        from_handle(
-            "handle[0] (src_info)",
-            &handle.src_info,
-            ElemType::I32,
-            &[Some(l), Some(n * t)],
-        )?;
-        from_handle(
-            "handle[1] (layout_range)",
-            &handle.layout_range,
-            ElemType::I64,
-            &[Some(l), Some(n)],
-        )?;
-        let x = match &inputs.x {
-            Some(x) => {
-                x.expect(WHAT, "x", ElemType::Bf16, &[Some(l * n * t), Some(hidden)])
-                    .map_err(|e| {
-                        invalid(
-                            WHAT,
-                            format!(
-                                "{e}: x must be [num_local_experts, num_ranks x T, hidden] = \
-                                 [{l}, {}, {hidden}] for this handle",
-                                n * t
-                            ),
-                        )
-                    })?;
-                x.ptr
-            }
-            None => self.local_region(true).0 + self.ll_parts().staging() as u64,
-        };
-        out.expect(
-            WHAT,
-            "out",
-            ElemType::Bf16,
-            &[Some(num_tokens), Some(hidden)],
-        )?;
-        let wait_cost = optional_vector(
-            WHAT,
-            "combine_wait_recv_cost_stats",
-            &inputs.combine_wait_recv_cost_stats,
-            ElemType::I64,
-            n,
-        )?;
-        let [claim, words] = self.input_error_args();
-        let args = LlCombineArgs {
-            x,
-            src_info: handle.src_info.ptr,
-            layout_range: handle.layout_range.ptr,
-            topk_idx: topk_idx.ptr,
-            topk_weights: inputs.topk_weights.ptr,
-            out: out.ptr,
-            wait_recv_cost: wait_cost,
-            region: self.ll_region(),
-            state: self.ll_state(),
-            bad_input: [claim, words],
-            num_tokens: num_tokens as i32,
-            hidden: hidden as i32,
-            num_topk: num_topk as i32,
-            num_experts: num_experts as i32,
-            max_tokens: t as i32,
-        };
-        let pending = PendingReceive {
-            op: WHAT,
-            shape: layout,
-        };
-        self.ll_launch("nvshmem_tutorial::combine", &args, phases, pending, stream)
-    }
-    // ANCHOR_END: ll_combine
 
     /// DeepEP's `get_next_low_latency_combine_buffer`: the staging rows a zero-copy combine
     /// reads, [L x R x T, H] bf16 (a view of this rank's region; fill it, then combine with
@@ -804,18 +466,6 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn args_match_the_kernel_structs() {
-        assert_eq!(
-            std::mem::size_of::<LlDispatchArgs>(),
-            9 * 8 + 6 * 8 + 8 + 16 + 8 * 4
-        );
-        assert_eq!(
-            std::mem::size_of::<LlCombineArgs>(),
-            7 * 8 + 6 * 8 + 8 + 16 + 24
-        );
-    }
 
     #[test]
     fn layout_parts_are_ordered_aligned_and_large_enough() {

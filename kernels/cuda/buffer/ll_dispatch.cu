@@ -1,0 +1,257 @@
+// Chapter 8: low-latency dispatch. The send phase casts each token once and stores it into the
+// slots of its top-k experts on their ranks; the receive phase packs every expert's rows (the
+// layout and the protocol's NOTES: low_latency.cuh).
+#include "low_latency.cuh"
+
+namespace nvshmem_tutorial {
+
+struct LlDispatchArgs {
+    const uint8_t* x;             // [N][hidden] bf16
+    const int64_t* topk_idx;      // [N][K] global expert ids or -1
+    uint8_t* recv_x;              // [L][n_pes * T][hidden] fp8 or bf16
+    void* recv_scales;            // fp8: f32 [L][hidden/128][n_pes * T]; ue8m0: u8 [L][hidden/512][n_pes * T][4]
+    int* recv_src_info;           // [L][n_pes * T]
+    int64_t* recv_layout_range;   // [L][n_pes]: (begin << 32) | count
+    int* recv_count;              // [L]
+    int* cumulative_recv_stats;   // [L] or null
+    int64_t* wait_recv_cost;      // [n_pes] or null: cycles spent waiting per source
+    LlRegion region;
+    LlState* state;
+    moe::InputError bad_input;
+    int num_tokens, hidden, num_topk, num_experts, max_tokens;
+    int use_fp8, round_scale, use_ue8m0;
+};
+
+__host__ __device__ constexpr int dispatch_msg_bytes(int hidden, bool fp8) {
+    return 16 + (fp8 ? hidden + hidden / 128 * 4 : hidden * 2);
+}
+
+// ---- dispatch -----------------------------------------------------------------------------
+
+// ANCHOR: cast
+// 16 channels of a bf16 row (32 bytes) to fp8 e4m3 with one scale per 128 channels, DeepEP's
+// recipe: amax over the 128 channels (8 lanes, at least 1e-4), scale = 448 / amax, rounded
+// to a power of two with round_scale. Returns the 16 fp8 bytes; *scale_inv is what the
+// receiver multiplies by. Every lane of the warp must call it (8-lane shuffles).
+__device__ __forceinline__ uint4 cast_fp8(const float (&v)[16], bool round_scale, float* scale_inv) {
+    float amax = 1e-4f;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) amax = fmaxf(amax, fabsf(v[j]));
+#pragma unroll
+    for (int d = 1; d < 8; d *= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, d));
+    // DeepEP's arithmetic, to the bit: amax x (1 / 448) for the stored scale, 448 / amax to cast.
+    constexpr float kInv448 = 1.0f / 448.0f;
+    float scale;
+    if (round_scale) {
+        const float x = amax * kInv448;
+        const uint32_t bits = __float_as_uint(x);
+        const int exponent = static_cast<int>((bits >> 23) & 0xff) - 127 + ((bits & 0x7fffff) != 0);
+        scale = __uint_as_float(static_cast<uint32_t>(127 - exponent) << 23);
+        *scale_inv = __uint_as_float(static_cast<uint32_t>(127 + exponent) << 23);
+    } else {
+        scale = 448.0f / amax;
+        *scale_inv = amax * kInv448;
+    }
+    uint4 out;
+    auto* pairs = reinterpret_cast<__nv_fp8x2_storage_t*>(&out);
+#pragma unroll
+    for (int j = 0; j < 16; j += 2) {
+        pairs[j / 2] = __nv_cvt_float2_to_fp8x2(make_float2(v[j] * scale, v[j + 1] * scale), __NV_SATFINITE, __NV_E4M3);
+    }
+    return out;
+}
+// ANCHOR_END: cast
+
+__device__ __forceinline__ void load_bf16x16(const uint8_t* p, float (&v)[16]) {
+    const uint4 a = __ldg(reinterpret_cast<const uint4*>(p));
+    const uint4 b = __ldg(reinterpret_cast<const uint4*>(p) + 1);
+    const auto* ha = reinterpret_cast<const __nv_bfloat162*>(&a);
+    const auto* hb = reinterpret_cast<const __nv_bfloat162*>(&b);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const float2 fa = __bfloat1622float2(ha[j]), fb = __bfloat1622float2(hb[j]);
+        v[2 * j] = fa.x;
+        v[2 * j + 1] = fa.y;
+        v[8 + 2 * j] = fb.x;
+        v[8 + 2 * j + 1] = fb.y;
+    }
+}
+
+// ANCHOR: dispatch_send
+// Send phase: block b takes tokens b, b + grid, ...; for each, its top-k destinations get a
+// slot each, and the block streams the token (cast once, from registers) into every slot.
+__device__ __forceinline__ void dispatch_send(const Workspace& ws, const LlDispatchArgs& a, int h, uint64_t k) {
+    __shared__ int total[MAX_PES], mine[MAX_PES];
+    __shared__ uint8_t* msg[MAX_TOPK];
+    const int n = ws.n_pes, me = ws.my_pe;
+    const int L = a.num_experts / n, K = a.num_topk, T = a.max_tokens;
+    const int msg_bytes = dispatch_msg_bytes(a.hidden, a.use_fp8);
+    if (threadIdx.x < n) total[threadIdx.x] = mine[threadIdx.x] = 0;
+    __syncthreads();
+    // Every block counts the messages to each PE: whichever block completes a PE's count must
+    // know the total.
+    const int lane = threadIdx.x % 32;
+    for (int base = threadIdx.x - lane; base < a.num_tokens * K; base += blockDim.x) {
+        const int j = base + lane;
+        int pe = -1;
+        if (j < a.num_tokens * K) {
+            const int64_t e = __ldg(a.topk_idx + j);
+            if (valid_expert(a.bad_input, e, a.num_experts, j / K)) pe = static_cast<int>(e / L);
+        }
+        for (int d = 0; d < n; ++d) {  // one shared atomic per warp and PE, not per entry
+            const unsigned int lanes = __ballot_sync(0xffffffffu, pe == d);
+            if (lane == 0 && lanes != 0) atomicAdd(total + d, __popc(lanes));
+        }
+    }
+    const int units = a.hidden / 16;  // 16 channels each: 32 bytes in, 16 (fp8) or 32 out
+    // One 16-channel unit of the row to every destination slot: 16 fp8 bytes (+ the group's
+    // scale from one lane in 8) or 32 bf16 bytes.
+    auto store_fp8 = [&](int u, const uint4& packed, float scale_inv) {
+        for (int i = 0; i < K; ++i) {
+            uint8_t* slot = msg[i];
+            if (slot == nullptr) continue;
+            *reinterpret_cast<uint4*>(slot + 16 + u * 16) = packed;
+            if (lane % 8 == 0) reinterpret_cast<float*>(slot + 16 + a.hidden)[u / 8] = scale_inv;
+        }
+    };
+    auto store_bf16 = [&](int u, const uint4& lo, const uint4& hi) {
+        for (int i = 0; i < K; ++i) {
+            if (msg[i] == nullptr) continue;
+            uint4* dst = reinterpret_cast<uint4*>(msg[i] + 16 + u * 32);
+            dst[0] = lo;
+            dst[1] = hi;
+        }
+    };
+    auto cast_unit = [&](const uint8_t* row, int u, float* scale_inv) {
+        float v[16];
+        if (u < units) {
+            load_bf16x16(row + u * 32, v);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 16; ++j) v[j] = 0.0f;
+        }
+        return cast_fp8(v, a.round_scale, scale_inv);  // every lane: 8-lane shuffles
+    };
+    for (int t = blockIdx.x; t < a.num_tokens; t += gridDim.x) {
+        __syncthreads();  // the previous token's slots are no longer read
+        const uint8_t* row = a.x + static_cast<int64_t>(t) * a.hidden * 2;
+        // Each thread's first unit is loaded (and cast) while threads < K take slots: the
+        // two memory round trips overlap instead of following each other.
+        const int u0 = threadIdx.x;
+        uint4 first_lo = make_uint4(0, 0, 0, 0), first_hi = first_lo;
+        float first_scale = 0.0f;
+        if (a.use_fp8) {
+            first_lo = cast_unit(row, u0, &first_scale);
+        } else if (u0 < units) {
+            first_lo = __ldg(reinterpret_cast<const uint4*>(row + u0 * 32));
+            first_hi = __ldg(reinterpret_cast<const uint4*>(row + u0 * 32) + 1);
+        }
+        if (threadIdx.x < K) {
+            const int64_t e = __ldg(a.topk_idx + t * K + threadIdx.x);
+            uint8_t* slot = nullptr;
+            if (e >= 0 && e < a.num_experts) {
+                const int i = atomicAdd(a.state->slots + e, 1);
+                const int pe = static_cast<int>(e / L);
+                const int local = static_cast<int>(e % L);
+                if (i < T) {
+                    slot = peer(ws, a.region.data[h] + ((static_cast<int64_t>(local) * n + me) * T + i) * msg_bytes, pe);
+                    *reinterpret_cast<int4*>(slot) = make_int4(t, 0, 0, 0);
+                } else {
+                    // Only a token naming one expert twice can get here (N <= T): the run of
+                    // T slots is full. Counted as sent, so the call completes; raised later.
+                    a.bad_input.record(moe::SLOTS_FULL, t, static_cast<uint64_t>(e), T);
+                }
+                atomicAdd(mine + pe, 1);
+            }
+            msg[threadIdx.x] = slot;
+        }
+        __syncthreads();
+        if (a.use_fp8) {
+            if (u0 < units) store_fp8(u0, first_lo, first_scale);
+            // The rest of a long row; the whole warp runs every iteration (shuffles).
+            for (int base = threadIdx.x - lane + blockDim.x; base < units; base += blockDim.x) {
+                float scale_inv;
+                const uint4 packed = cast_unit(row, base + lane, &scale_inv);
+                if (base + lane < units) store_fp8(base + lane, packed, scale_inv);
+            }
+        } else {
+            if (u0 < units) store_bf16(u0, first_lo, first_hi);
+            for (int u = u0 + blockDim.x; u < units; u += blockDim.x) {
+                const uint4* src = reinterpret_cast<const uint4*>(row + u * 32);
+                store_bf16(u, __ldg(src), __ldg(src + 1));
+            }
+        }
+    }
+    __syncthreads();
+    finish_sends(ws, a.state, a.region, h, k, mine, total, [&](int pe) {
+        // The count row of PE pe's experts, read and reset in one step.
+        int* row = peer(ws, a.region.counts[h] + me * L, pe);
+        for (int e = threadIdx.x; e < L; e += blockDim.x) row[e] = min(atomicExch(a.state->slots + pe * L + e, 0), T);
+    });
+}
+// ANCHOR_END: dispatch_send
+
+// ANCHOR: dispatch_recv
+// Receive phase: wait for every source's flag, then pack: local expert e's rows are source
+// 0's tokens, then source 1's, ...; every warp of the grid copies rows of the whole call.
+__device__ __forceinline__ void dispatch_recv(const Workspace& ws, const LlDispatchArgs& a, int h, uint64_t k) {
+    const int n = ws.n_pes, L = a.num_experts / n, T = a.max_tokens;
+    if (!wait_all_sources(ws, a.region, h, k, WAIT_LL_DISPATCH, a.wait_recv_cost)) return;
+    // Runs from the count rows: expert e's rows are source 0's tokens, then source 1's, ...
+    PackedRuns runs = PackedRuns::of_kernel(L, n);
+    const int* counts = a.region.counts[h];
+    for (int j = threadIdx.x; j < a.num_experts; j += blockDim.x) runs.count[j] = __ldcg(counts + j);
+    __syncthreads();
+    for (int e = threadIdx.x; e < L; e += blockDim.x) {
+        int run = 0;
+        for (int s = 0; s < n; ++s) {
+            runs.begin[s * L + e] = run;
+            run += runs.count[s * L + e];
+        }
+    }
+    __syncthreads();
+    const int total_rows = runs.index_experts();
+    const int rows_per_expert = n * T;
+    for (int e = blockIdx.x; e < L; e += gridDim.x) {
+        const int s = threadIdx.x;
+        if (s < n) a.recv_layout_range[e * n + s] = (static_cast<int64_t>(runs.begin[s * L + e]) << 32) | runs.count[s * L + e];
+        if (threadIdx.x == 0) {
+            const int got = runs.first_row[e + 1] - runs.first_row[e];
+            a.recv_count[e] = got;
+            if (a.cumulative_recv_stats != nullptr) a.cumulative_recv_stats[e] += got;
+        }
+    }
+    const int msg_bytes = dispatch_msg_bytes(a.hidden, a.use_fp8);
+    const int row_bytes = a.use_fp8 ? a.hidden : a.hidden * 2;
+    const int num_scales = a.use_fp8 ? a.hidden / 128 : 0;
+    const int lane = threadIdx.x % 32;
+    for (int g = global_warp(); g < total_rows; g += num_global_warps()) {
+        int e, i, s;  // expert, packed row within it, source (the runs come from the count rows: s >= 0)
+        runs.locate(g, &e, &i, &s);
+        const int slot = i - runs.begin[s * L + e];
+        const uint8_t* m = a.region.data[h] + ((static_cast<int64_t>(e) * n + s) * T + slot) * msg_bytes;
+        const int64_t packed = static_cast<int64_t>(e) * rows_per_expert + i;
+        if (lane == 0) a.recv_src_info[packed] = __ldcg(reinterpret_cast<const int*>(m));
+        warp_copy_deep<true>(a.recv_x + packed * row_bytes, m + 16, row_bytes, lane);
+        const float* scales = reinterpret_cast<const float*>(m + 16 + row_bytes);
+        for (int c = lane; c < num_scales; c += 32) {
+            const float scale = __ldcg(scales + c);
+            if (a.use_ue8m0) {
+                // Packed 4 per int32, column-major over tokens: DeepEP's TMA-friendly layout.
+                auto* out = static_cast<uint8_t*>(a.recv_scales);
+                out[((static_cast<int64_t>(e) * (num_scales / 4) + c / 4) * rows_per_expert + i) * 4 + c % 4] =
+                    static_cast<uint8_t>(__float_as_uint(scale) >> 23);
+            } else {
+                auto* out = static_cast<float*>(a.recv_scales);
+                out[(static_cast<int64_t>(e) * num_scales + c) * rows_per_expert + i] = scale;
+            }
+        }
+    }
+}
+// ANCHOR_END: dispatch_recv
+
+__global__ void __launch_bounds__(512) dispatch(Workspace ws, LlDispatchArgs args, int phases) {
+    run_call(ws, args, phases, dispatch_send, dispatch_recv);
+}
+
+}  // namespace nvshmem_tutorial

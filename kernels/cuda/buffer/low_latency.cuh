@@ -1,0 +1,284 @@
+// Chapter 8: what low-latency dispatch (ll_dispatch.cu) and combine (ll_combine.cu) share.
+//
+// A decoding step moves few tokens (tens to hundreds per rank), so its cost is latency: kernel
+// launches, round trips, fences. Normal mode (intranode.cu) first exchanges counts (the notify
+// step) so that every token lands in its final row; here nothing is exchanged before the data.
+// Every (local expert, source rank) pair owns a fixed run of num_max_dispatch_tokens_per_rank
+// (T) slots on the expert's rank, big enough for the worst case, so a sender can write a token
+// the moment it has cast it. Counts travel after the data, one row per (source, destination).
+// Shapes are fixed by (T, hidden, num_experts) alone, which is what lets a CUDA graph capture
+// a dispatch and a combine once and replay them with new data.
+//
+// Layout of the low-latency region (host mirror with the size formulas: src/low_latency/mod.rs):
+//
+//   control  (fixed offsets, whatever the call's shape)
+//     flags[2][MAX_PES]    u64   flags[h][s]: the last LL call whose data PE s finished
+//                                 writing into half h of our region
+//     counts[2][MAX_EXPERTS]  i32   counts[h][s * L + e]: tokens PE s sent our local expert e
+//   half[2]   a third each of the rest of the region, at offsets fixed by the region's size
+//             (so calls of different shapes share them), each >= E x T x (16 + 2 x hidden)
+//             (E = num_experts, L = E / n_pes local experts, msg_bytes the call's message)
+//     dispatch: slot (e, s, i) at ((e * n_pes + s) * T + i) * msg_bytes:
+//                 [src token: i32, pad x 3][row: hidden bf16 or fp8][scales: f32 x hidden/128]
+//     combine:  row (global expert g, token t) at (g * T + t) * 2 * hidden: the bf16 result
+//   staging   the last third: L x (n_pes x T) x hidden bf16, get_next_low_latency_combine_buffer
+//
+// ANCHOR: ll_notes
+// NOTES on the protocol (the subtle part):
+// - Calls are numbered on the device (LlState::calls, the last finished call), never from the
+//   host, so a graph replay is a new call. Dispatches and combines share one count: call k
+//   uses half k & 1 of every rank's region, dispatch or combine.
+// - Reuse of a half needs no cleaning: call k writes into a peer's half h only after its own
+//   call k - 1 received from every peer (stream order), and that peer sent call k - 1 only
+//   after it had finished reading call k - 2, the last user of half h. Every call is a full
+//   exchange (every rank signals every rank, zero tokens included), which is what makes this
+//   chain hold.
+// - Flags only grow (they hold the call number), so a stale flag never passes for a new one.
+// - Who signals: the data to one destination comes from many blocks. Each block fences its
+//   stores, then adds its message count to LlState::finish[d]; the block whose add completes
+//   the total (every block counts the total from topk_idx itself) writes the count row and
+//   raises the flag. The fence-then-atomic in the writers and atomic-then-fence in the last
+//   block carry the writers' stores to the flag's release (the pattern of threadFenceReduction
+//   and of DeepEP's per-expert finish counters).
+// - Slots are handed out by atomics on LlState::slots, in the order tokens reach them (as in
+//   DeepEP); the last block for a destination reads and zeroes its experts' counters in one
+//   atomicExch, which is also the reset for the next call.
+// ANCHOR_END: ll_notes
+#pragma once
+
+#include <cuda_fp8.h>
+
+#include "moe.cuh"
+
+namespace nvshmem_tutorial {
+
+using namespace coll;
+
+constexpr int PHASE_SEND = 1;
+constexpr int PHASE_RECV = 2;
+constexpr int MAX_EXPERTS = 2048;  // host mirror: low_latency::MAX_EXPERTS
+constexpr int MAX_TOPK = 32;
+// Failure kinds beyond chapter 7's (error record word 4). Host mirror: src/error.rs.
+constexpr uint64_t WAIT_LL_DISPATCH = 10;
+constexpr uint64_t WAIT_LL_COMBINE = 11;
+
+// Per-rank device state (local memory, zeroed at creation). Host mirror: LlState in
+// src/low_latency/mod.rs (its size).
+struct LlState {
+    unsigned long long calls;      // last finished LL call
+    unsigned int arrived;          // blocks of the current call past their receive phase
+    unsigned int finish[MAX_PES];  // messages written to each PE in the current call
+    int slots[MAX_EXPERTS];        // tokens sent to each global expert in the current dispatch
+};
+
+// One half of every rank's region and the control words, as this rank addresses its own copy.
+struct LlRegion {
+    uint8_t* data[2];
+    int* counts[2];
+    uint64_t* flags[2];
+};
+
+__device__ __forceinline__ int global_warp() { return blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; }
+__device__ __forceinline__ int num_global_warps() { return gridDim.x * (blockDim.x / 32); }
+
+// Exclusive prefix sum of `data[0..n)` in shared memory, in place; returns the total. Every
+// thread of the block calls it.
+__device__ inline int block_exclusive_scan(int* data, int n) {
+    __shared__ int warp_sums[32];
+    __shared__ int total;
+    const int per = (n + blockDim.x - 1) / blockDim.x;
+    const int begin = min(n, static_cast<int>(threadIdx.x) * per), end = min(n, begin + per);
+    int sum = 0;
+    for (int i = begin; i < end; ++i) sum += data[i];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int inclusive = sum;
+    for (int d = 1; d < 32; d *= 2) {
+        const int v = __shfl_up_sync(0xffffffffu, inclusive, d);
+        if (lane >= d) inclusive += v;
+    }
+    if (lane == 31) warp_sums[warp] = inclusive;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int run = 0;
+        for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) {
+            const int s = warp_sums[w];
+            warp_sums[w] = run;
+            run += s;
+        }
+        total = run;
+    }
+    __syncthreads();
+    int run = warp_sums[warp] + inclusive - sum;
+    for (int i = begin; i < end; ++i) {
+        const int v = data[i];
+        data[i] = run;
+        run += v;
+    }
+    __syncthreads();
+    return total;
+}
+
+// The largest i in [0, n) with prefix[i] <= value (prefix ascending, prefix[0] = 0).
+__device__ __forceinline__ int find_run(const int* prefix, int n, int value) {
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (prefix[mid] <= value) lo = mid; else hi = mid - 1;
+    }
+    return lo;
+}
+
+// Copies `num_bytes` (a multiple of 16) with the 32 lanes of a warp, 8 loads in flight per
+// lane before the first store: a decode-sized row is a few such rounds, so the copy costs a
+// few memory latencies rather than one per 512 bytes. `kCoherent` reads through L2 only
+// (data a peer wrote during this kernel); otherwise through the read-only path (inputs).
+template <bool kCoherent>
+__device__ __forceinline__ void warp_copy_deep(uint8_t* dst, const uint8_t* src, int num_bytes, int lane) {
+    constexpr int kDepth = 8;
+    const uint4* s = reinterpret_cast<const uint4*>(src);
+    uint4* d = reinterpret_cast<uint4*>(dst);
+    const int n = num_bytes / 16;
+    for (int base = 0; base < n; base += 32 * kDepth) {
+        uint4 v[kDepth];
+#pragma unroll
+        for (int j = 0; j < kDepth; ++j) {
+            const int i = base + j * 32 + lane;
+            if (i < n) v[j] = kCoherent ? __ldcg(s + i) : __ldg(s + i);
+        }
+#pragma unroll
+        for (int j = 0; j < kDepth; ++j) {
+            const int i = base + j * 32 + lane;
+            if (i < n) d[i] = v[j];
+        }
+    }
+}
+
+// Thread s < n_pes waits for PE s's flag of call k in half h; adds the cycles it waited to
+// `cost[s]` (block 0 only). The block learns whether every flag came.
+__device__ __forceinline__ bool wait_all_sources(const Workspace& ws, const LlRegion& region, int h, uint64_t k, uint64_t what,
+                                 int64_t* cost) {
+    __shared__ int all_came;
+    if (threadIdx.x == 0) all_came = 1;
+    __syncthreads();
+    const int s = threadIdx.x;
+    if (s < ws.n_pes) {
+        const long long start = clock64();
+        if (!wait_at_least(ws, region.flags[h] + s, k, static_cast<Wait>(what), s, k)) all_came = 0;
+        if (cost != nullptr && blockIdx.x == 0)
+            atomicAdd(reinterpret_cast<unsigned long long*>(cost + s), static_cast<unsigned long long>(clock64() - start));
+    }
+    __syncthreads();
+    return all_came;
+}
+
+// After this block wrote `mine[d]` messages to each PE d (of `total[d]` from every block):
+// the block that completes PE d's total publishes it. `publish(d)` runs on the whole block
+// (count rows); then thread 0 raises d's flag to k. A PE nobody writes to (total 0) is
+// published by block d % gridDim.x.
+template <typename Publish>
+__device__ __forceinline__ void finish_sends(const Workspace& ws, LlState* state, const LlRegion& region, int h, uint64_t k,
+                             const int* mine, const int* total, Publish publish) {
+    __shared__ int last[MAX_PES];
+    __threadfence_system();
+    __syncthreads();
+    const int d = threadIdx.x;
+    if (d < ws.n_pes) {
+        bool is_last = false;
+        if (mine[d] > 0) {
+            const unsigned int before = atomicAdd(state->finish + d, static_cast<unsigned int>(mine[d]));
+            is_last = before + mine[d] == static_cast<unsigned int>(total[d]);
+            if (is_last) {
+                state->finish[d] = 0;  // every add of this call is in: reset for the next
+                __threadfence();       // acquire what the other blocks fenced before their adds
+            }
+        } else {
+            is_last = total[d] == 0 && d % gridDim.x == blockIdx.x;
+        }
+        last[d] = is_last;
+    }
+    __syncthreads();
+    for (int p = 0; p < ws.n_pes; ++p) {
+        if (!last[p]) continue;
+        publish(p);
+        __threadfence_system();
+        __syncthreads();
+        if (threadIdx.x == 0) st_release_sys(peer(ws, region.flags[h] + ws.my_pe, p), k);
+    }
+}
+
+// The last block of a call to finish its receive phase closes the call.
+__device__ __forceinline__ void end_ll_call(LlState* state, uint64_t k) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        if (atomicAdd(&state->arrived, 1u) == gridDim.x - 1) {
+            state->arrived = 0;
+            *reinterpret_cast<volatile unsigned long long*>(&state->calls) = k;
+        }
+    }
+}
+
+// One launch of a call: its send phase, its receive phase, or both (`phases`, a mask of
+// PHASE_SEND and PHASE_RECV). Both phases of a call read the same call number; the receive
+// closes the call.
+template <typename Args, typename Phase>
+__device__ __forceinline__ void run_call(const Workspace& ws, const Args& args, int phases, Phase send, Phase recv) {
+    const uint64_t k = ld_volatile(reinterpret_cast<const uint64_t*>(&args.state->calls)) + 1;
+    const int h = static_cast<int>(k & 1);
+    if (phases & PHASE_SEND) send(ws, args, h, k);
+    if (phases & PHASE_RECV) {
+        recv(ws, args, h, k);
+        end_ll_call(args.state, k);
+    }
+}
+
+// Packed rows of a call as runs in shared memory: run (local expert e, source s) is rows
+// [begin, begin + count) of expert e, indexed [s * L + e]; the experts' rows follow each other
+// over the call, expert e's from first_row[e]. Both dispatch's receive (runs from the count
+// rows) and combine's send (runs from the handle) walk their rows this way.
+struct PackedRuns {
+    int* begin;
+    int* count;
+    int* first_row;  // [L + 1]
+    int L, n;
+
+    // The shared arrays of this kernel (one call per kernel).
+    __device__ static PackedRuns of_kernel(int L, int n) {
+        __shared__ int begin[MAX_EXPERTS], count[MAX_EXPERTS], first_row[MAX_EXPERTS + 1];
+        return PackedRuns{begin, count, first_row, L, n};
+    }
+
+    // After every thread filled begin and count (and the block synchronised): each expert's
+    // first row over the call. Returns the call's rows.
+    __device__ int index_experts() {
+        for (int e = threadIdx.x; e < L; e += blockDim.x) {
+            int rows = 0;
+            for (int s = 0; s < n; ++s) rows += count[s * L + e];
+            first_row[e] = rows;
+        }
+        __syncthreads();
+        const int total = block_exclusive_scan(first_row, L);
+        if (threadIdx.x == 0) first_row[L] = total;
+        __syncthreads();
+        return total;
+    }
+
+    // Row g of the call: its expert, its row within the expert, and the source whose run
+    // holds it (-1 if none does: a handle that does not match its data).
+    __device__ void locate(int g, int* e, int* i, int* s) const {
+        *e = find_run(first_row, L + 1, g);
+        *i = g - first_row[*e];
+        *s = -1;
+        for (int p = 0; p < n; ++p) {
+            if (*i >= begin[p * L + *e] && *i < begin[p * L + *e] + count[p * L + *e]) *s = p;
+        }
+    }
+};
+
+__device__ __forceinline__ bool valid_expert(const moe::InputError& bad, int64_t e, int num_experts, int token) {
+    if (e >= 0 && e < num_experts) return true;
+    if (e != -1) bad.record(moe::BAD_EXPERT, token, static_cast<uint64_t>(e), num_experts);
+    return false;
+}
+
+}  // namespace nvshmem_tutorial

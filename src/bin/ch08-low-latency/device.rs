@@ -1,0 +1,161 @@
+//! Device memory of a round trip: the inputs uploaded, the outputs poisoned, copied back.
+
+use super::*;
+
+/// Device memory of one round trip (cudarc frees it when dropped).
+pub(crate) struct Gpu<'s>(pub(crate) &'s Arc<CudaStream>);
+
+impl Gpu<'_> {
+    pub(crate) fn upload<T: DeviceRepr + ValidAsZeroBits>(
+        &self,
+        host: &[T],
+    ) -> Result<CudaSlice<T>, AnyError> {
+        if host.is_empty() {
+            // A rank without tokens still passes (zero-row) views: give them an address.
+            return Ok(self.0.alloc_zeros::<T>(1)?);
+        }
+        Ok(self.0.clone_htod(host)?)
+    }
+
+    /// `len` elements of POISON_BYTE: what nothing wrote stays recognisable.
+    pub(crate) fn poisoned<T: DeviceRepr>(&self, len: usize) -> Result<CudaSlice<T>, AnyError> {
+        let len = len.max(1);
+        // SAFETY: uninitialised device memory of `len` elements, filled next on this stream.
+        let slice = unsafe { self.0.alloc::<T>(len) }?;
+        unsafe { poison(self.ptr(&slice), len * size_of::<T>(), self.0) }?;
+        Ok(slice)
+    }
+
+    pub(crate) fn ptr<T>(&self, slice: &CudaSlice<T>) -> u64 {
+        slice.device_ptr(self.0).0
+    }
+
+    pub(crate) fn vector<T>(&self, slice: &CudaSlice<T>, elem: ElemType) -> View {
+        View::vector(self.ptr(slice), slice.len(), elem)
+    }
+}
+
+/// A dispatch's outputs on the device, poisoned before the call. The 3-D tensors of DeepEP
+/// flattened to 2-D, as bytes where the element type depends on the precision.
+pub(crate) struct RecvBuffers {
+    /// [L x n x T, hidden] fp8 or bf16.
+    pub(crate) x: CudaSlice<u8>,
+    /// fp8: f32 [L x hidden/128, n x T]; UE8M0: i32 [L x hidden/512, n x T].
+    pub(crate) scales: CudaSlice<u8>,
+    /// [L, n x T] i32: each row's token on its source rank.
+    pub(crate) src_info: CudaSlice<i32>,
+    /// [L, n] i64: (begin << 32) | count of each source rank's rows.
+    pub(crate) layout_range: CudaSlice<i64>,
+    /// [L] i32: valid rows per local expert.
+    pub(crate) count: CudaSlice<i32>,
+}
+
+/// The same, copied to the host.
+pub(crate) struct Received {
+    pub(crate) x: Vec<u8>,
+    pub(crate) scales: Vec<u8>,
+    pub(crate) src_info: Vec<i32>,
+    pub(crate) layout_range: Vec<i64>,
+    pub(crate) count: Vec<i32>,
+}
+
+/// recv_x_scales' element type and rows per local expert (none for bf16).
+pub(crate) fn scale_shape(precision: Precision, hidden: usize) -> Option<(ElemType, usize)> {
+    match precision {
+        Precision::Bf16 => None,
+        Precision::Fp8 | Precision::Fp8RoundScale => Some((ElemType::F32, hidden / 128)),
+        Precision::Fp8Ue8m0 => Some((ElemType::I32, hidden / 512)),
+    }
+}
+
+pub(crate) fn row_bytes(precision: Precision, hidden: usize) -> usize {
+    if precision == Precision::Bf16 {
+        hidden * 2
+    } else {
+        hidden
+    }
+}
+
+/// Where the scale of channel group `group` (128 channels) of packed row `i` of local expert
+/// `e` lies in the scales' bytes: column-major (one column per row), f32 or one exponent byte
+/// of four in an int32.
+pub(crate) fn scale_bytes(
+    precision: Precision,
+    layout: &LlLayout,
+    e: usize,
+    group: usize,
+    i: usize,
+) -> Range<usize> {
+    let rows_per_expert = layout.num_ranks * layout.max_tokens;
+    let groups = layout.hidden / 128;
+    if precision == Precision::Fp8Ue8m0 {
+        let at = ((e * (groups / 4) + group / 4) * rows_per_expert + i) * 4 + group % 4;
+        at..at + 1
+    } else {
+        let at = ((e * groups + group) * rows_per_expert + i) * 4;
+        at..at + 4
+    }
+}
+
+impl RecvBuffers {
+    pub(crate) fn new(
+        gpu: &Gpu,
+        layout: &LlLayout,
+        precision: Precision,
+    ) -> Result<Self, AnyError> {
+        let (l, rows_per_expert) = (
+            layout.num_local_experts(),
+            layout.num_ranks * layout.max_tokens,
+        );
+        let scale_len = scale_shape(precision, layout.hidden)
+            .map_or(0, |(_, per_expert)| l * per_expert * rows_per_expert * 4);
+        Ok(Self {
+            x: gpu.poisoned(l * rows_per_expert * row_bytes(precision, layout.hidden))?,
+            scales: gpu.poisoned(scale_len)?,
+            src_info: gpu.poisoned(l * rows_per_expert)?,
+            layout_range: gpu.poisoned(l * layout.num_ranks)?,
+            count: gpu.poisoned(l)?,
+        })
+    }
+
+    pub(crate) fn views(
+        &self,
+        gpu: &Gpu,
+        layout: &LlLayout,
+        precision: Precision,
+    ) -> LlDispatchOutputs {
+        let (l, n) = (layout.num_local_experts(), layout.num_ranks);
+        let rows_per_expert = n * layout.max_tokens;
+        let recv_elem = if precision == Precision::Bf16 {
+            ElemType::Bf16
+        } else {
+            ElemType::Fp8E4m3
+        };
+        LlDispatchOutputs {
+            recv_x: View::matrix(
+                gpu.ptr(&self.x),
+                l * rows_per_expert,
+                layout.hidden,
+                recv_elem,
+            ),
+            recv_x_scales: scale_shape(precision, layout.hidden).map(|(elem, per_expert)| {
+                View::matrix(gpu.ptr(&self.scales), l * per_expert, rows_per_expert, elem)
+            }),
+            recv_src_info: View::matrix(gpu.ptr(&self.src_info), l, rows_per_expert, ElemType::I32),
+            recv_layout_range: View::matrix(gpu.ptr(&self.layout_range), l, n, ElemType::I64),
+            recv_count: View::vector(gpu.ptr(&self.count), l, ElemType::I32),
+        }
+    }
+
+    pub(crate) fn to_host(&self, stream: &Arc<CudaStream>) -> Result<Received, AnyError> {
+        Ok(Received {
+            x: stream.clone_dtoh(&self.x)?,
+            scales: stream.clone_dtoh(&self.scales)?,
+            src_info: stream.clone_dtoh(&self.src_info)?,
+            layout_range: stream.clone_dtoh(&self.layout_range)?,
+            count: stream.clone_dtoh(&self.count)?,
+        })
+    }
+}
+
+// ---- one round trip -----------------------------------------------------------------------
