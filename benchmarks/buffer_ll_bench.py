@@ -11,13 +11,21 @@ and timing for both:
   launch each, and with the receive hook the send and receive launches separately (a 100 us
   GPU sleep between them, so the receive finds its data arrived, as the test's CPU GEMM does);
 - `graph`: one dispatch + combine captured in a CUDA graph, replayed 200 times between CUDA
-  events after 20 warm-ups: mean time per pair, launches included.
+  events after 20 warm-ups: mean time per pair, launches included;
+- `eager`: dispatch + combine called from Python, each pair between CUDA events, as the test's
+  `bench` (its "Dispatch + combine bandwidth" line): what an eager decode step sees, the
+  host's cost per call included whenever the host is slower than the GPU;
+- `host`: the CPU time of one eager dispatch + combine pair (perf_counter over 100 pairs,
+  the GPU kept ahead): the launch path's own cost. `--profile-host` also prints where it goes.
 
     python3 benchmarks/buffer_ll_bench.py --method ours|deepep [--num-processes 2] OUT.csv
 """
 
 import argparse
+import cProfile
 import json
+import pstats
+import time
 import os
 import sys
 import tempfile
@@ -76,6 +84,40 @@ def graph_time(fn, replays=200):
     return start.elapsed_time(end) * 1e3 / replays
 
 
+def eager_time(fn, warmups=50, tests=50):
+    """DeepEP's tests/utils.py bench: mean us of `fn` between CUDA events, after an L2 flush."""
+    cache = torch.empty(int(256e6 // 4), dtype=torch.int, device="cuda")
+    for _ in range(warmups):
+        fn()
+    cache.zero_()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(tests)]
+    for start, end in events:
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    times = [start.elapsed_time(end) * 1e3 for start, end in events][1:]
+    return sum(times) / len(times)
+
+
+def host_time(fn, calls=100, profile=False):
+    """Mean CPU us per call of `fn`, nothing waited for in between (the GPU keeps up)."""
+    torch.cuda.synchronize()
+    profiler = cProfile.Profile() if profile else None
+    begin = time.perf_counter()
+    if profiler:
+        profiler.enable()
+    for _ in range(calls):
+        fn()
+    if profiler:
+        profiler.disable()
+    elapsed = time.perf_counter() - begin
+    torch.cuda.synchronize()
+    if profiler:
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
+    return elapsed * 1e6 / calls
+
+
 def run(local_rank, num_ranks, args):
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "8373")
@@ -129,12 +171,17 @@ def run(local_rank, num_ranks, args):
     if t is not None:
         rows.append(("dispatch_combine", "graph", t, dispatch_bytes + combine_bytes))
 
+    dist.barrier()
+    rows.append(("dispatch_combine", "eager", eager_time(lambda: pair(False)), dispatch_bytes + combine_bytes))
+    dist.barrier()
+    rows.append(("dispatch_combine", "host", host_time(lambda: pair(False), profile=args.profile_host and rank == 0), dispatch_bytes + combine_bytes))
+
     gathered = [None] * num_ranks
     dist.all_gather_object(gathered, rows)
     if rank == 0:
         with open(args.out, "w") as f:
             f.write(f"# gpu: {torch.cuda.get_device_name()} x {num_ranks}; torch {torch.__version__}; {TOKENS} tokens x {HIDDEN}, top-{TOPK} of {EXPERTS} experts, fp8 dispatch, bf16 combine\n")
-            f.write("# timing: kernel = profiler kernel durations (mean of 30, as DeepEP's bench_kineto); graph = CUDA graph replay of dispatch+combine (mean of 200); us = mean over ranks; gb_per_s = DeepEP's test's bytes / us\n")
+            f.write("# timing: kernel = profiler kernel durations (mean of 30, as DeepEP's bench_kineto); graph = CUDA graph replay of dispatch+combine (mean of 200); eager = the pair between CUDA events (DeepEP's bench); host = CPU time per eager pair; us = mean over ranks; gb_per_s = DeepEP's test's bytes / us\n")
             f.write(HEADER + "\n")
             for i, (op, timing, _, nbytes) in enumerate(rows):
                 us = sum(r[i][2] for r in gathered) / num_ranks
@@ -149,6 +196,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--method", choices=["ours", "deepep"], required=True)
     parser.add_argument("--num-processes", type=int, default=2)
+    parser.add_argument("--profile-host", action="store_true", help="print rank 0's cProfile of the eager pair")
     parser.add_argument("out")
     args = parser.parse_args()
     for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):

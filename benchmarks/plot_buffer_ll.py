@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 HEADER = "method,op,ep,timing,us,gb_per_s"
-OPS = ["dispatch", "combine", "dispatch_send", "dispatch_recv", "combine_send", "combine_recv", "dispatch_combine"]
 
 
 def main():
@@ -31,8 +30,8 @@ def bars_svg(rows) -> str:
     """A pair of bars (ours, DeepEP) per op, labelled with their times: plain SVG, so that the
     plot needs nothing beyond Python."""
     colors = {"ours": "#1f77b4", "deepep": "#ff7f0e"}
-    times = {(r["method"], r["op"]): float(r["us"]) for r in rows}
-    ops = [op for op in OPS if any((m, op) in times for m in colors)]
+    times = {(r["method"], (r["op"], r["timing"])): float(r["us"]) for r in rows}
+    ops = list(dict.fromkeys(key for _, key in times))
     top = max(times.values(), default=1.0) * 1.15
     width, height, left, bottom, plot_h = 120 * max(len(ops), 1) + 80, 360, 60, 300, 250
     ep = rows[0]["ep"] if rows else "?"
@@ -51,9 +50,9 @@ def bars_svg(rows) -> str:
             x = x0 + j * 48
             parts.append(f'<rect x="{x}" y="{bottom - h:.1f}" width="44" height="{h:.1f}" fill="{colors[method]}"/>')
             parts.append(f'<text x="{x + 22}" y="{bottom - h - 3:.1f}" text-anchor="middle">{us:.1f}</text>')
-        label = op.replace("_", " ")
-        timing = " (graph)" if op == "dispatch_combine" else ""
-        parts.append(f'<text x="{x0 + 46}" y="{bottom + 16}" text-anchor="middle">{label}{timing}</text>')
+        name, timing = op
+        label = name.replace("_", " ") + ("" if timing == "kernel" else f" ({timing})")
+        parts.append(f'<text x="{x0 + 46}" y="{bottom + 16}" text-anchor="middle">{label}</text>')
     for j, (method, color) in enumerate(colors.items()):
         parts.append(f'<rect x="{left + j * 110}" y="{bottom + 32}" width="12" height="12" fill="{color}"/>')
         parts.append(f'<text x="{left + 16 + j * 110}" y="{bottom + 42}">{"DeepEP v1" if method == "deepep" else "ours"}</text>')
