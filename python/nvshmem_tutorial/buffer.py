@@ -64,6 +64,24 @@ def _maybe(tensor: Optional[Any]) -> Optional[tuple]:
     return None if tensor is None else _view(tensor)
 
 
+def _owned(tensor: Any, rows: int, cols: Optional[int] = None) -> tuple:
+    """`_view` of a contiguous tensor this module just allocated, seen as [rows, cols] (or
+    [rows]): its shape is known, so only the address is asked of torch."""
+    dtype = str(tensor.dtype).removeprefix("torch.")
+    if cols is None:
+        return (tensor.data_ptr(), [rows], [1], dtype)
+    return (tensor.data_ptr(), [rows, cols], [cols, 1], dtype)
+
+
+def _current_stream_handle(device_index: int) -> int:
+    """The current stream's CUstream, as torch.cuda.current_stream().cuda_stream, without
+    building a Stream object (a low-latency call asks for it on every call)."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw(device_index)
+    return torch.cuda.current_stream(device_index).cuda_stream
+
+
 class Buffer:
     """DeepEP's ``Buffer`` for one node: normal-mode dispatch and combine through NVLink, and
     with ``low_latency_mode=True`` the low-latency calls (chapter 8) in ``num_rdma_bytes``.
@@ -130,6 +148,7 @@ class Buffer:
             init(group)
         self.runtime = _native.BufferCore(num_nvl_bytes, num_rdma_bytes, low_latency_mode, TIMEOUT_MS)
         self._comm_stream = torch.cuda.Stream(priority=-1)
+        self._comm_stream_handle = self._comm_stream.cuda_stream
         dist.barrier(group)
 
     # ---- DeepEP's static helpers ------------------------------------------------------------
@@ -337,23 +356,16 @@ class Buffer:
 
     # ---- low-latency mode (chapter 8) -------------------------------------------------------------
 
-    def _ll_streams(self, async_finish: bool, return_recv_hook: bool) -> Tuple[Any, Any]:
-        """(compute stream, launch stream), as DeepEP: with the hook everything runs on the
-        current stream; otherwise on the comm stream, after the current one."""
+    def _ll_streams(self, tensor: Any, async_finish: bool, return_recv_hook: bool) -> Tuple[int, int, bool]:
+        """(compute stream, comm stream or 0, join) as the native calls take them. As DeepEP:
+        with the hook everything runs on the current stream; otherwise on the comm stream after
+        the current one, which waits for it unless `async_finish` (the event does then)."""
         if async_finish and return_recv_hook:
             raise ValueError("async_finish and return_recv_hook cannot both be set (as in DeepEP)")
-        compute = torch.cuda.current_stream()
+        compute = _current_stream_handle(tensor.device.index)
         if return_recv_hook:
-            return compute, compute
-        self._comm_stream.wait_stream(compute)
-        return compute, self._comm_stream
-
-    def _ll_finish(self, compute: Any, launch: Any, async_finish: bool, return_recv_hook: bool, tensors: tuple) -> EventOverlap:
-        if async_finish:
-            return _event_after(launch, tensors)
-        if not return_recv_hook:
-            compute.wait_stream(launch)
-        return EventOverlap(None)
+            return compute, 0, False
+        return compute, self._comm_stream_handle, not async_finish
 
     def _ll_local_experts(self, num_experts: int) -> int:
         if num_experts <= 0 or num_experts % self.group_size:
@@ -390,29 +402,31 @@ class Buffer:
             raise ValueError(f"x must be [num_tokens, hidden], got shape {list(x.shape)}")
         num_local = self._ll_local_experts(num_experts)
         num_ranks, slots, hidden = self.group_size, num_max_dispatch_tokens_per_rank, x.shape[1]
-        compute, launch = self._ll_streams(async_finish, return_recv_hook)
+        compute, comm, join = self._ll_streams(x, async_finish, return_recv_hook)
         device = x.device
         recv_x = torch.empty((num_local, num_ranks * slots, hidden), dtype=torch.float8_e4m3fn if use_fp8 else torch.bfloat16, device=device)
         recv_src_info = torch.empty((num_local, num_ranks * slots), dtype=torch.int32, device=device)
         recv_layout_range = torch.empty((num_local, num_ranks), dtype=torch.int64, device=device)
         recv_count = torch.empty((num_local,), dtype=torch.int32, device=device)
-        scales_storage = None
+        scales_storage = scales_view = None
         if use_fp8:
             groups, dtype = (hidden // 512, torch.int32) if use_ue8m0 else (hidden // 128, torch.float32)
             scales_storage = torch.empty((num_local, groups, num_ranks * slots), dtype=dtype, device=device)
+            scales_view = _owned(scales_storage, num_local * groups, num_ranks * slots)
+        # The outputs are ours (shapes known): described without asking torch again.
+        outputs = (
+            _owned(recv_x, num_local * num_ranks * slots, hidden), scales_view,
+            _owned(recv_src_info, num_local, num_ranks * slots), _owned(recv_layout_range, num_local, num_ranks),
+            _owned(recv_count, num_local),
+        )
+        inputs = (_view(x), _view(topk_idx), _maybe(cumulative_local_expert_recv_stats), _maybe(dispatch_wait_recv_cost_stats))
 
         def run(phases: str) -> None:
-            _native.low_latency_dispatch(
-                self.runtime,
-                _view(x), _view(topk_idx), _maybe(cumulative_local_expert_recv_stats), _maybe(dispatch_wait_recv_cost_stats),
-                slots, num_experts, use_fp8, round_scale, use_ue8m0,
-                _view(recv_x.view(-1, hidden)), None if scales_storage is None else _view(scales_storage.view(-1, num_ranks * slots)),
-                _view(recv_src_info), _view(recv_layout_range), _view(recv_count), phases, launch.cuda_stream,
-            )
+            _native.low_latency_dispatch(self.runtime, *inputs, slots, num_experts, use_fp8, round_scale, use_ue8m0, *outputs, phases, compute, comm, join)
 
         run("send" if return_recv_hook else "both")
         tensors = (x, topk_idx, recv_x, scales_storage, recv_count, recv_src_info, recv_layout_range, cumulative_local_expert_recv_stats)
-        event = self._ll_finish(compute, launch, async_finish, return_recv_hook, tensors)
+        event = _event_after(self._comm_stream, tensors) if async_finish else EventOverlap(None)
         hook = (lambda: run("recv")) if return_recv_hook else None
         handle = (recv_src_info, recv_layout_range, slots, hidden, num_experts)
         recv = (recv_x, scales_storage.transpose(1, 2)) if use_fp8 else recv_x
@@ -439,19 +453,21 @@ class Buffer:
         src_info, layout_range, slots, hidden, num_experts = handle
         if not zero_copy and x.dim() != 3:
             raise ValueError(f"x must be [num_local_experts, num_ranks * T, hidden], got shape {list(x.shape)}")
-        compute, launch = self._ll_streams(async_finish, return_recv_hook)
-        combined = out if out is not None else torch.empty((topk_idx.shape[0], hidden), dtype=torch.bfloat16, device=topk_idx.device)
+        compute, comm, join = self._ll_streams(topk_idx, async_finish, return_recv_hook)
+        num_tokens = topk_idx.shape[0]
+        if out is None:
+            combined = torch.empty((num_tokens, hidden), dtype=torch.bfloat16, device=topk_idx.device)
+            out_view = _owned(combined, num_tokens, hidden)
+        else:
+            combined, out_view = out, _view(out)
+        x_view = None if zero_copy else _view(x.view(-1, x.shape[-1]) if x.is_contiguous() else x.flatten(0, 1))
+        args = (x_view, _view(topk_idx), _view(topk_weights), _view(src_info), _view(layout_range), slots, hidden, num_experts, _maybe(combine_wait_recv_cost_stats), out_view)
 
         def run(phases: str) -> None:
-            _native.low_latency_combine(
-                self.runtime,
-                None if zero_copy else _view(x.view(-1, x.shape[-1]) if x.is_contiguous() else x.flatten(0, 1)),
-                _view(topk_idx), _view(topk_weights), _view(src_info), _view(layout_range), slots, hidden, num_experts,
-                _maybe(combine_wait_recv_cost_stats), _view(combined), phases, launch.cuda_stream,
-            )
+            _native.low_latency_combine(self.runtime, *args, phases, compute, comm, join)
 
         run("send" if return_recv_hook else "both")
-        event = self._ll_finish(compute, launch, async_finish, return_recv_hook, (x, topk_idx, topk_weights, src_info, layout_range, combined))
+        event = _event_after(self._comm_stream, (x, topk_idx, topk_weights, src_info, layout_range, combined)) if async_finish else EventOverlap(None)
         hook = (lambda: run("recv")) if return_recv_hook else None
         return combined, event, hook
 

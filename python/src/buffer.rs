@@ -15,6 +15,7 @@ use pyo3::prelude::*;
 
 use crate::errors::Error;
 use crate::state;
+use crate::streams::StreamOrder;
 use crate::transfers::stream_handle;
 
 impl From<BufferError> for Error {
@@ -138,6 +139,8 @@ pub fn buffer_heap_bytes(n_pes: usize, num_nvl_bytes: usize, num_rdma_bytes: usi
 #[pyclass(module = "nvshmem_tutorial._native")]
 pub struct BufferCore {
     inner: Mutex<Option<NvshmemBuffer<Arc<World>>>>,
+    /// Orders the compute and communication streams around a launch (streams.rs).
+    pub(crate) order: StreamOrder,
 }
 
 impl BufferCore {
@@ -175,11 +178,16 @@ impl BufferCore {
             low_latency_mode,
             timeout_ms,
         };
-        let buffer = py
-            .detach(|| NvshmemBuffer::new(world, options))
-            .map_err(Error::from)?;
+        let (buffer, order) = py.detach(|| -> Result<_, Error> {
+            let buffer = NvshmemBuffer::new(world, options)?;
+            buffer.world().context().bind_to_thread().map_err(|e| {
+                Error::Failed(format!("binding the buffer's CUDA context: {e}"))
+            })?;
+            Ok((buffer, StreamOrder::new()?))
+        })?;
         Ok(Self {
             inner: Mutex::new(Some(buffer)),
+            order,
         })
     }
 

@@ -31,6 +31,7 @@ mod errors;
 mod low_latency;
 mod signals;
 mod state;
+mod streams;
 mod transfers;
 
 /// The module Python imports as `nvshmem_tutorial._native`: every function and exception of

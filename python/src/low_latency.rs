@@ -41,10 +41,11 @@ fn parse_phases(name: &str) -> Result<Phases, Error> {
 }
 
 /// Low-latency dispatch (chapter 8). The 3-D outputs come flattened (see the Rust
-/// `LlDispatchOutputs`); `phases` is "both", "send" or "recv".
+/// `LlDispatchOutputs`); `phases` is "both", "send" or "recv". It runs on `comm` after
+/// `compute` (and, with `join`, `compute` waits for it), or on `compute` when `comm` is 0.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
-#[pyo3(signature = (core, x, topk_idx, cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats, num_max_dispatch_tokens_per_rank, num_experts, use_fp8, round_scale, use_ue8m0, recv_x, recv_x_scales, recv_src_info, recv_layout_range, recv_count, phases, stream))]
+#[pyo3(signature = (core, x, topk_idx, cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats, num_max_dispatch_tokens_per_rank, num_experts, use_fp8, round_scale, use_ue8m0, recv_x, recv_x_scales, recv_src_info, recv_layout_range, recv_count, phases, compute, comm, join))]
 pub fn low_latency_dispatch(
     py: Python<'_>,
     core: PyRef<'_, BufferCore>,
@@ -63,7 +64,9 @@ pub fn low_latency_dispatch(
     recv_layout_range: PyView,
     recv_count: PyView,
     phases: &str,
-    stream: u64,
+    compute: u64,
+    comm: u64,
+    join: bool,
 ) -> PyResult<()> {
     let inputs = LlDispatchInputs {
         x: view("x", x)?,
@@ -92,24 +95,26 @@ pub fn low_latency_dispatch(
         use_ue8m0,
     };
     let phases = parse_phases(phases)?;
-    // SAFETY: buffer.py passes views of live torch tensors on this GPU.
-    core.with(py, move |b| {
-        Ok(unsafe {
-            b.low_latency_dispatch(
+    let order = &core.order;
+    // SAFETY: buffer.py passes views of live torch tensors and live streams of this GPU.
+    core.with(py, move |b| unsafe {
+        order.around(compute, comm, join, |stream| {
+            Ok(b.low_latency_dispatch(
                 &inputs,
                 &outputs,
                 &options,
                 phases,
                 stream_handle(stream) as _,
-            )
-        }?)
+            )?)
+        })
     })
 }
 
-/// Low-latency combine; `x` None reads the zero-copy staging rows.
+/// Low-latency combine; `x` None reads the zero-copy staging rows. Streams as in
+/// `low_latency_dispatch`.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
-#[pyo3(signature = (core, x, topk_idx, topk_weights, src_info, layout_range, num_max_dispatch_tokens_per_rank, hidden, num_experts, combine_wait_recv_cost_stats, out, phases, stream))]
+#[pyo3(signature = (core, x, topk_idx, topk_weights, src_info, layout_range, num_max_dispatch_tokens_per_rank, hidden, num_experts, combine_wait_recv_cost_stats, out, phases, compute, comm, join))]
 pub fn low_latency_combine(
     py: Python<'_>,
     core: PyRef<'_, BufferCore>,
@@ -124,7 +129,9 @@ pub fn low_latency_combine(
     combine_wait_recv_cost_stats: Option<PyView>,
     out: PyView,
     phases: &str,
-    stream: u64,
+    compute: u64,
+    comm: u64,
+    join: bool,
 ) -> PyResult<()> {
     let inputs = LlCombineInputs {
         x: optional("x", x)?,
@@ -144,11 +151,12 @@ pub fn low_latency_combine(
     };
     let out = view("out", out)?;
     let phases = parse_phases(phases)?;
+    let order = &core.order;
     // SAFETY: as in low_latency_dispatch.
-    core.with(py, move |b| {
-        Ok(unsafe {
-            b.low_latency_combine(&inputs, &handle, &out, phases, stream_handle(stream) as _)
-        }?)
+    core.with(py, move |b| unsafe {
+        order.around(compute, comm, join, |stream| {
+            Ok(b.low_latency_combine(&inputs, &handle, &out, phases, stream_handle(stream) as _)?)
+        })
     })
 }
 

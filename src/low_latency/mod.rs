@@ -11,8 +11,9 @@
 //!
 //! ```text
 //! control   CONTROL_BYTES:
-//!             flags  [2][MAX_PES] u64        the last call each source finished, per half
-//!             counts [2][MAX_EXPERTS] i32    counts[h][s * L + e]: tokens from s for expert e
+//!             flags  [2][MAX_PES] u64        the last combine each source finished, per half
+//!             counts [2][MAX_EXPERTS] u64    counts[h][s * L + e]: (dispatch call << 32) |
+//!                                            tokens from s for expert e
 //! half 0    P / 3 >= E x T x (16 + 2H)       dispatch slots (a bf16 message is the largest),
 //! half 1    P / 3                            or combine rows of 2H: call k uses half k & 1
 //! staging   P / 3 >= L x (R x T) x 2H        the zero-copy combine input
@@ -53,7 +54,7 @@ pub const MAX_TOPK: usize = 32;
 /// Threads per block of both kernels.
 pub const THREADS_PER_BLOCK: u32 = 512;
 /// Bytes of the control words at the start of the region.
-pub const CONTROL_BYTES: usize = (2 * MAX_PES * 8 + 2 * MAX_EXPERTS * 4).next_multiple_of(256);
+pub const CONTROL_BYTES: usize = (2 * MAX_PES * 8 + 2 * MAX_EXPERTS * 8).next_multiple_of(256);
 /// u64 words of the per-rank device state (`LlState` in low_latency.cuh: calls, arrived,
 /// finish[MAX_PES], slots[MAX_EXPERTS]).
 pub(crate) const STATE_WORDS: usize = (8 + 4 + 4 * MAX_PES + 4 * MAX_EXPERTS).div_ceil(8);
@@ -142,7 +143,7 @@ impl LlParts {
         h * MAX_PES * 8
     }
     pub fn counts(h: usize) -> usize {
-        2 * MAX_PES * 8 + h * MAX_EXPERTS * 4
+        2 * MAX_PES * 8 + h * MAX_EXPERTS * 8
     }
     pub fn half(&self, h: usize) -> usize {
         CONTROL_BYTES + h * self.part_bytes
@@ -488,7 +489,7 @@ mod tests {
         for offset in [parts.half(0), parts.half(1), parts.staging()] {
             assert_eq!(offset % 256, 0);
         }
-        assert!(LlParts::counts(1) + MAX_EXPERTS * 4 <= CONTROL_BYTES);
+        assert!(LlParts::counts(1) + MAX_EXPERTS * 8 <= CONTROL_BYTES);
         // A smaller shape in the same region uses the same parts.
         let small = LlLayout {
             hidden: 2048,

@@ -23,17 +23,13 @@ struct LlCombineArgs {
 // Send phase: every warp of the grid takes packed rows; row i of local expert e goes back to
 // the source rank s it came from, into s's slot (global expert, source token).
 __device__ __forceinline__ void combine_send(const Workspace& ws, const LlCombineArgs& a, int h, uint64_t k) {
-    __shared__ int total[MAX_PES], mine[MAX_PES];
     const int n = ws.n_pes, me = ws.my_pe, L = a.num_experts / n, T = a.max_tokens;
     PackedRuns runs = PackedRuns::of_kernel(L, n);  // from the handle's layout_range
-    if (threadIdx.x < n) total[threadIdx.x] = mine[threadIdx.x] = 0;
-    __syncthreads();
     for (int j = threadIdx.x; j < a.num_experts; j += blockDim.x) {
         const int e = j / n, s = j % n;  // layout_range is [L][n_pes]
         const int64_t range = __ldg(a.layout_range + j);
         runs.begin[s * L + e] = static_cast<int>(range >> 32);
         runs.count[s * L + e] = static_cast<int>(range & 0xffffffff);
-        atomicAdd(total + s, static_cast<int>(range & 0xffffffff));
     }
     __syncthreads();
     const int total_rows = runs.index_experts();
@@ -45,18 +41,15 @@ __device__ __forceinline__ void combine_send(const Workspace& ws, const LlCombin
         const int64_t packed = static_cast<int64_t>(e) * n * T + i;
         const int t = __ldg(a.src_info + packed);
         if (s < 0 || t < 0 || t >= T) {
-            if (lane == 0) {
-                a.bad_input.record(moe::BAD_HANDLE, packed, static_cast<uint64_t>(t), T);
-                if (s >= 0) atomicAdd(mine + s, 1);  // counted, so that s's flag still rises
-            }
-            continue;
+            if (lane == 0) a.bad_input.record(moe::BAD_HANDLE, packed, static_cast<uint64_t>(t), T);
+            continue;  // s's flag still rises: completion counts blocks, not rows
         }
         uint8_t* slot = peer(ws, a.region.data[h] + (static_cast<int64_t>(me * L + e) * T + t) * row_bytes, s);
         warp_copy_deep<false>(slot, a.x + packed * row_bytes, row_bytes, lane);
-        if (lane == 0) atomicAdd(mine + s, 1);
     }
-    __syncthreads();
-    finish_sends(ws, a.state, a.region, h, k, mine, total, [](int) {});
+    finish_sends(ws, a.state, [&](int pe) {
+        if (threadIdx.x == 0) st_release_sys(peer(ws, a.region.flags[h] + me, pe), k);
+    });
 }
 // ANCHOR_END: combine_send
 

@@ -81,28 +81,11 @@ __device__ __forceinline__ void load_bf16x16(const uint8_t* p, float (&v)[16]) {
 // Send phase: block b takes tokens b, b + grid, ...; for each, its top-k destinations get a
 // slot each, and the block streams the token (cast once, from registers) into every slot.
 __device__ __forceinline__ void dispatch_send(const Workspace& ws, const LlDispatchArgs& a, int h, uint64_t k) {
-    __shared__ int total[MAX_PES], mine[MAX_PES];
     __shared__ uint8_t* msg[MAX_TOPK];
     const int n = ws.n_pes, me = ws.my_pe;
     const int L = a.num_experts / n, K = a.num_topk, T = a.max_tokens;
     const int msg_bytes = dispatch_msg_bytes(a.hidden, a.use_fp8);
-    if (threadIdx.x < n) total[threadIdx.x] = mine[threadIdx.x] = 0;
-    __syncthreads();
-    // Every block counts the messages to each PE: whichever block completes a PE's count must
-    // know the total.
     const int lane = threadIdx.x % 32;
-    for (int base = threadIdx.x - lane; base < a.num_tokens * K; base += blockDim.x) {
-        const int j = base + lane;
-        int pe = -1;
-        if (j < a.num_tokens * K) {
-            const int64_t e = __ldg(a.topk_idx + j);
-            if (valid_expert(a.bad_input, e, a.num_experts, j / K)) pe = static_cast<int>(e / L);
-        }
-        for (int d = 0; d < n; ++d) {  // one shared atomic per warp and PE, not per entry
-            const unsigned int lanes = __ballot_sync(0xffffffffu, pe == d);
-            if (lane == 0 && lanes != 0) atomicAdd(total + d, __popc(lanes));
-        }
-    }
     const int units = a.hidden / 16;  // 16 channels each: 32 bytes in, 16 (fp8) or 32 out
     // One 16-channel unit of the row to every destination slot: 16 fp8 bytes (+ the group's
     // scale from one lane in 8) or 32 bf16 bytes.
@@ -149,7 +132,7 @@ __device__ __forceinline__ void dispatch_send(const Workspace& ws, const LlDispa
         if (threadIdx.x < K) {
             const int64_t e = __ldg(a.topk_idx + t * K + threadIdx.x);
             uint8_t* slot = nullptr;
-            if (e >= 0 && e < a.num_experts) {
+            if (valid_expert(a.bad_input, e, a.num_experts, t)) {
                 const int i = atomicAdd(a.state->slots + e, 1);
                 const int pe = static_cast<int>(e / L);
                 const int local = static_cast<int>(e % L);
@@ -161,7 +144,6 @@ __device__ __forceinline__ void dispatch_send(const Workspace& ws, const LlDispa
                     // T slots is full. Counted as sent, so the call completes; raised later.
                     a.bad_input.record(moe::SLOTS_FULL, t, static_cast<uint64_t>(e), T);
                 }
-                atomicAdd(mine + pe, 1);
             }
             msg[threadIdx.x] = slot;
         }
@@ -182,62 +164,81 @@ __device__ __forceinline__ void dispatch_send(const Workspace& ws, const LlDispa
             }
         }
     }
-    __syncthreads();
-    finish_sends(ws, a.state, a.region, h, k, mine, total, [&](int pe) {
-        // The count row of PE pe's experts, read and reset in one step.
-        int* row = peer(ws, a.region.counts[h] + me * L, pe);
-        for (int e = threadIdx.x; e < L; e += blockDim.x) row[e] = min(atomicExch(a.state->slots + pe * L + e, 0), T);
+    finish_sends(ws, a.state, [&](int pe) {
+        // PE pe's experts' count words: each read and reset in one step, sent with the call.
+        uint64_t* words = peer(ws, a.region.counts[h] + me * L, pe);
+        for (int e = threadIdx.x; e < L; e += blockDim.x) {
+            const int count = min(atomicExch(a.state->slots + pe * L + e, 0), T);
+            st_release_sys(words + e, (k << 32) | static_cast<uint32_t>(count));
+        }
     });
 }
 // ANCHOR_END: dispatch_send
 
 // ANCHOR: dispatch_recv
-// Receive phase: wait for every source's flag, then pack: local expert e's rows are source
-// 0's tokens, then source 1's, ...; every warp of the grid copies rows of the whole call.
+// Receive phase: block b packs local experts b, b + grid, ...: it waits for that expert's
+// count word from every source, then expert e's rows are source 0's tokens, then source 1's,
+// ... Each warp copies whole rows; the scales go out column by column so that their stores
+// coalesce.
 __device__ __forceinline__ void dispatch_recv(const Workspace& ws, const LlDispatchArgs& a, int h, uint64_t k) {
+    __shared__ int begin[MAX_PES + 1];  // expert e's rows from source s: [begin[s], begin[s + 1])
+    __shared__ int all_came;
     const int n = ws.n_pes, L = a.num_experts / n, T = a.max_tokens;
-    if (!wait_all_sources(ws, a.region, h, k, WAIT_LL_DISPATCH, a.wait_recv_cost)) return;
-    // Runs from the count rows: expert e's rows are source 0's tokens, then source 1's, ...
-    PackedRuns runs = PackedRuns::of_kernel(L, n);
-    const int* counts = a.region.counts[h];
-    for (int j = threadIdx.x; j < a.num_experts; j += blockDim.x) runs.count[j] = __ldcg(counts + j);
-    __syncthreads();
-    for (int e = threadIdx.x; e < L; e += blockDim.x) {
-        int run = 0;
-        for (int s = 0; s < n; ++s) {
-            runs.begin[s * L + e] = run;
-            run += runs.count[s * L + e];
-        }
-    }
-    __syncthreads();
-    const int total_rows = runs.index_experts();
-    const int rows_per_expert = n * T;
-    for (int e = blockIdx.x; e < L; e += gridDim.x) {
-        const int s = threadIdx.x;
-        if (s < n) a.recv_layout_range[e * n + s] = (static_cast<int64_t>(runs.begin[s * L + e]) << 32) | runs.count[s * L + e];
-        if (threadIdx.x == 0) {
-            const int got = runs.first_row[e + 1] - runs.first_row[e];
-            a.recv_count[e] = got;
-            if (a.cumulative_recv_stats != nullptr) a.cumulative_recv_stats[e] += got;
-        }
-    }
     const int msg_bytes = dispatch_msg_bytes(a.hidden, a.use_fp8);
     const int row_bytes = a.use_fp8 ? a.hidden : a.hidden * 2;
     const int num_scales = a.use_fp8 ? a.hidden / 128 : 0;
-    const int lane = threadIdx.x % 32;
-    for (int g = global_warp(); g < total_rows; g += num_global_warps()) {
-        int e, i, s;  // expert, packed row within it, source (the runs come from the count rows: s >= 0)
-        runs.locate(g, &e, &i, &s);
-        const int slot = i - runs.begin[s * L + e];
-        const uint8_t* m = a.region.data[h] + ((static_cast<int64_t>(e) * n + s) * T + slot) * msg_bytes;
-        const int64_t packed = static_cast<int64_t>(e) * rows_per_expert + i;
-        if (lane == 0) a.recv_src_info[packed] = __ldcg(reinterpret_cast<const int*>(m));
-        warp_copy_deep<true>(a.recv_x + packed * row_bytes, m + 16, row_bytes, lane);
-        const float* scales = reinterpret_cast<const float*>(m + 16 + row_bytes);
-        for (int c = lane; c < num_scales; c += 32) {
-            const float scale = __ldcg(scales + c);
+    const int rows_per_expert = n * T;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    auto message = [&](int e, int row) {  // expert e's packed row -> its slot's message
+        int s = 0;
+        while (row >= begin[s + 1]) ++s;
+        return a.region.data[h] + ((static_cast<int64_t>(e) * n + s) * T + row - begin[s]) * msg_bytes;
+    };
+    for (int e = blockIdx.x; e < L; e += gridDim.x) {
+        __syncthreads();  // the previous expert's begin[] is no longer read
+        if (threadIdx.x == 0) all_came = 1;
+        __syncthreads();
+        const int s = threadIdx.x;
+        if (s < n) {
+            const uint64_t* word = a.region.counts[h] + s * L + e;
+            const long long start = clock64();
+            int count = 0;
+            if (wait_at_least(ws, word, k << 32, static_cast<Wait>(WAIT_LL_DISPATCH), s, k)) {
+                count = min(static_cast<int>(ld_volatile(word) & 0xffffffffu), T);
+            } else {
+                all_came = 0;
+            }
+            if (a.wait_recv_cost != nullptr)
+                atomicAdd(reinterpret_cast<unsigned long long*>(a.wait_recv_cost + s), static_cast<unsigned long long>(clock64() - start));
+            begin[s + 1] = count;
+        }
+        __syncthreads();
+        if (!all_came) return;
+        if (threadIdx.x == 0) {
+            begin[0] = 0;
+            for (int p = 0; p < n; ++p) begin[p + 1] += begin[p];
+        }
+        __syncthreads();
+        const int got = begin[n];
+        if (s < n) a.recv_layout_range[e * n + s] = (static_cast<int64_t>(begin[s]) << 32) | (begin[s + 1] - begin[s]);
+        if (threadIdx.x == 0) {
+            a.recv_count[e] = got;
+            if (a.cumulative_recv_stats != nullptr) a.cumulative_recv_stats[e] += got;
+        }
+        for (int row = warp; row < got; row += warps) {
+            const uint8_t* m = message(e, row);
+            const int64_t packed = static_cast<int64_t>(e) * rows_per_expert + row;
+            if (lane == 0) a.recv_src_info[packed] = __ldcg(reinterpret_cast<const int*>(m));
+            warp_copy_deep<true>(a.recv_x + packed * row_bytes, m + 16, row_bytes, lane);
+        }
+        // Scales are column-major over rows ([e][c][rows], DeepEP's TMA-friendly layout):
+        // consecutive threads take consecutive rows of one column.
+        for (int j = threadIdx.x; j < num_scales * got; j += blockDim.x) {
+            const int c = j / got, row = j % got;
+            const float scale = __ldcg(reinterpret_cast<const float*>(message(e, row) + 16 + row_bytes) + c);
+            const int64_t i = row;
             if (a.use_ue8m0) {
-                // Packed 4 per int32, column-major over tokens: DeepEP's TMA-friendly layout.
+                // Packed 4 per int32: byte c % 4 of int (c / 4, row).
                 auto* out = static_cast<uint8_t*>(a.recv_scales);
                 out[((static_cast<int64_t>(e) * (num_scales / 4) + c / 4) * rows_per_expert + i) * 4 + c % 4] =
                     static_cast<uint8_t>(__float_as_uint(scale) >> 23);

@@ -5,16 +5,17 @@
 // step) so that every token lands in its final row; here nothing is exchanged before the data.
 // Every (local expert, source rank) pair owns a fixed run of num_max_dispatch_tokens_per_rank
 // (T) slots on the expert's rank, big enough for the worst case, so a sender can write a token
-// the moment it has cast it. Counts travel after the data, one row per (source, destination).
+// the moment it has cast it. Counts travel after the data, one word per (expert, source).
 // Shapes are fixed by (T, hidden, num_experts) alone, which is what lets a CUDA graph capture
 // a dispatch and a combine once and replay them with new data.
 //
 // Layout of the low-latency region (host mirror with the size formulas: src/low_latency/mod.rs):
 //
 //   control  (fixed offsets, whatever the call's shape)
-//     flags[2][MAX_PES]    u64   flags[h][s]: the last LL call whose data PE s finished
+//     flags[2][MAX_PES]    u64   flags[h][s]: the last combine whose rows PE s finished
 //                                 writing into half h of our region
-//     counts[2][MAX_EXPERTS]  i32   counts[h][s * L + e]: tokens PE s sent our local expert e
+//     counts[2][MAX_EXPERTS]  u64   counts[h][s * L + e]: (call << 32) | tokens PE s sent our
+//                                 local expert e in that dispatch (the count is the signal)
 //   half[2]   a third each of the rest of the region, at offsets fixed by the region's size
 //             (so calls of different shapes share them), each >= E x T x (16 + 2 x hidden)
 //             (E = num_experts, L = E / n_pes local experts, msg_bytes the call's message)
@@ -33,13 +34,17 @@
 //   after it had finished reading call k - 2, the last user of half h. Every call is a full
 //   exchange (every rank signals every rank, zero tokens included), which is what makes this
 //   chain hold.
-// - Flags only grow (they hold the call number), so a stale flag never passes for a new one.
-// - Who signals: the data to one destination comes from many blocks. Each block fences its
-//   stores, then adds its message count to LlState::finish[d]; the block whose add completes
-//   the total (every block counts the total from topk_idx itself) writes the count row and
-//   raises the flag. The fence-then-atomic in the writers and atomic-then-fence in the last
-//   block carry the writers' stores to the flag's release (the pattern of threadFenceReduction
-//   and of DeepEP's per-expert finish counters).
+// - Flags and count words only grow (they hold the call number), so a stale one never passes
+//   for a new one. A dispatch count word carries its call in the high half: the receiver
+//   waits for each (expert, source) word of its own experts and nothing else, and no separate
+//   flag (one more fence and round trip) follows the counts.
+// - Who signals: the data to one destination comes from every block. After its stores each
+//   block synchronises, and thread d fences and adds 1 to LlState::finish[d]; the block whose
+//   add is the grid's last writes destination d's count words (dispatch) or raises its flag
+//   (combine), each a release store. One thread's fence after the block barrier covers the
+//   whole block's stores (causality order: barrier, then fence, then atomic), and the
+//   atomic-then-fence in the last block carries every block's stores to its release stores:
+//   the pattern of cooperative groups' grid sync and of DeepEP's per-expert finish counters.
 // - Slots are handed out by atomics on LlState::slots, in the order tokens reach them (as in
 //   DeepEP); the last block for a destination reads and zeroes its experts' counters in one
 //   atomicExch, which is also the reset for the next call.
@@ -74,7 +79,7 @@ struct LlState {
 // One half of every rank's region and the control words, as this rank addresses its own copy.
 struct LlRegion {
     uint8_t* data[2];
-    int* counts[2];
+    uint64_t* counts[2];
     uint64_t* flags[2];
 };
 
@@ -171,38 +176,26 @@ __device__ __forceinline__ bool wait_all_sources(const Workspace& ws, const LlRe
     return all_came;
 }
 
-// After this block wrote `mine[d]` messages to each PE d (of `total[d]` from every block):
-// the block that completes PE d's total publishes it. `publish(d)` runs on the whole block
-// (count rows); then thread 0 raises d's flag to k. A PE nobody writes to (total 0) is
-// published by block d % gridDim.x.
+// After this block's stores to every PE: the grid's last block to get here for PE d publishes
+// d's part of the call (`publish(d)`, run by the whole block, its stores release stores).
+// Counting blocks rather than messages means no block needs the call's totals.
 template <typename Publish>
-__device__ __forceinline__ void finish_sends(const Workspace& ws, LlState* state, const LlRegion& region, int h, uint64_t k,
-                             const int* mine, const int* total, Publish publish) {
+__device__ __forceinline__ void finish_sends(const Workspace& ws, LlState* state, Publish publish) {
     __shared__ int last[MAX_PES];
-    __threadfence_system();
-    __syncthreads();
+    __syncthreads();  // every store of the block is issued (and ordered before the fence below)
     const int d = threadIdx.x;
     if (d < ws.n_pes) {
-        bool is_last = false;
-        if (mine[d] > 0) {
-            const unsigned int before = atomicAdd(state->finish + d, static_cast<unsigned int>(mine[d]));
-            is_last = before + mine[d] == static_cast<unsigned int>(total[d]);
-            if (is_last) {
-                state->finish[d] = 0;  // every add of this call is in: reset for the next
-                __threadfence();       // acquire what the other blocks fenced before their adds
-            }
-        } else {
-            is_last = total[d] == 0 && d % gridDim.x == blockIdx.x;
+        __threadfence_system();
+        const bool is_last = atomicAdd(state->finish + d, 1u) == gridDim.x - 1;
+        if (is_last) {
+            state->finish[d] = 0;  // every block's add of this call is in: reset for the next
+            __threadfence();       // acquire what the other blocks fenced before their adds
         }
         last[d] = is_last;
     }
     __syncthreads();
     for (int p = 0; p < ws.n_pes; ++p) {
-        if (!last[p]) continue;
-        publish(p);
-        __threadfence_system();
-        __syncthreads();
-        if (threadIdx.x == 0) st_release_sys(peer(ws, region.flags[h] + ws.my_pe, p), k);
+        if (last[p]) publish(p);
     }
 }
 
