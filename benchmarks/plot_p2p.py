@@ -2,7 +2,8 @@
 """Plots benchmarks/results/p2p_<gpu>.csv (written by ch03-p2p-bench) next to it as .png.
 
 Left: bandwidth (bytes moved / time, GB/s) against message size, log x, one line per
-implementation. The three kernels (NVSHMEM's put, the bulk-copy put, plain stores) come from
+implementation. The kernels (NVSHMEM's put, the bulk-copy put, the put written as stores,
+plain stores without and with a closing fence) come from
 the launch-shape sweep beside the CSV (p2p_<gpu>_sweep.csv): each line is the best of that
 kernel's shapes per size. The copy engine and NCCL come from the CSV. Right: one-way latency
 of the two ping-pongs against message size.
@@ -24,7 +25,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 KERNELS = {
     "nvshmem_put": "NVSHMEM put (nvshmemx_putmem_nbi_{warp,block} + quiet)",
     "bulk_put": "bulk-copy (TMA) put through nvshmem_ptr",
-    "store": "plain int4 stores through nvshmem_ptr",
+    "store_put": "block put written as stores (one fence per block)",
+    "store": "plain int4 stores through nvshmem_ptr (no fence)",
+    "store_fenced": "plain int4 stores + system fence per thread",
 }
 OTHERS = {
     "copy_engine": "copy engine (cuMemcpyDtoDAsync)",

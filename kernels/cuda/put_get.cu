@@ -164,9 +164,12 @@ extern "C" __global__ void wait_signal_copy(const char* inbox, uint64_t* signal,
 // ANCHOR: store_copy
 // Plain loads and stores into a peer's memory through the pointer nvshmem_ptr returned: no
 // NVSHMEM call at all. 16-byte vectors when both pointers and the size allow it (the widest
-// store an SM issues, and what NVSHMEM's own NVLink put does inside), bytes otherwise.
+// store an SM issues, and what NVSHMEM's own NVLink put does inside), bytes otherwise. With
+// `fence`, every thread ends with a system-scope fence: the completion a put gives (its
+// quiet), so that the two can be compared like with like. Without it the kernel's end is the
+// only completion, which is enough for stream order but not for a signal sent from inside.
 // dest: device [num_bytes] on a peer (from nvshmem_ptr); source: local device [num_bytes].
-extern "C" __global__ void store_copy(char* dest, const char* source, uint64_t num_bytes) {
+extern "C" __global__ void store_copy(char* dest, const char* source, uint64_t num_bytes, int fence) {
     const uint64_t thread_idx = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     const uint64_t num_threads = uint64_t(gridDim.x) * blockDim.x;
     const bool aligned = ((reinterpret_cast<uintptr_t>(dest) | reinterpret_cast<uintptr_t>(source)) & 15) == 0;
@@ -175,8 +178,50 @@ extern "C" __global__ void store_copy(char* dest, const char* source, uint64_t n
     int4* d = reinterpret_cast<int4*>(dest);
     for (uint64_t i = thread_idx; i < num_vectors; i += num_threads) d[i] = s[i];
     for (uint64_t i = num_vectors * 16 + thread_idx; i < num_bytes; i += num_threads) dest[i] = source[i];
+    if (fence) __threadfence_system();
 }
 // ANCHOR_END: store_copy
+
+// ANCHOR: put_stores
+// A block put written as what it is over NVLink: each block stores its slice (the slicing of
+// nvshmemx_putmem_nbi_block) through the peer pointer, four 16-byte loads in flight per
+// thread, then completes it as a block: a barrier, and one system-scope fence by one thread.
+// The fence after the barrier orders every thread's stores of the block before whatever that
+// thread does next (a signal, the kernel's end): the PTX memory model's causality order runs
+// through the barrier, as in cooperative groups' grid sync. That one fence per block, instead
+// of nvshmem_quiet in every thread, and no per-call bookkeeping are the whole difference from
+// NVSHMEM's put. A peer that is not load/store reachable, or unaligned bytes, take NVSHMEM's
+// block put. dest: symmetric [num_bytes] on `pe`; source: local device [num_bytes]. `nbi` is
+// ignored: the bytes have landed when the kernel ends.
+extern "C" __global__ void put_stores(char* dest, const char* source, uint64_t num_bytes, int pe, int nbi) {
+    (void)nbi;
+    uint64_t begin, end;
+    slice_bounds(num_bytes, gridDim.x, blockIdx.x, &begin, &end);
+    char* peer = static_cast<char*>(nvshmem_ptr(dest, pe));
+    const bool aligned = ((reinterpret_cast<uintptr_t>(dest) | reinterpret_cast<uintptr_t>(source)) & 15) == 0;
+    if (peer == nullptr || !aligned) {
+        put_slice<SCOPE_BLOCK>(dest, source, num_bytes, pe, true);
+        return;
+    }
+    // Slices start at multiples of 16 (slice_bounds); only the last one may end unaligned.
+    const int4* s = reinterpret_cast<const int4*>(source + begin);
+    int4* d = reinterpret_cast<int4*>(peer + begin);
+    const uint64_t n = end > begin ? (end - begin) / 16 : 0;
+    constexpr int kDepth = 4;
+    uint64_t i = threadIdx.x;
+    for (; i + (kDepth - 1) * blockDim.x < n; i += kDepth * blockDim.x) {
+        int4 v[kDepth];
+#pragma unroll
+        for (int j = 0; j < kDepth; ++j) v[j] = s[i + j * blockDim.x];
+#pragma unroll
+        for (int j = 0; j < kDepth; ++j) d[i + j * blockDim.x] = v[j];
+    }
+    for (; i < n; i += blockDim.x) d[i] = s[i];
+    for (uint64_t b = begin + n * 16 + threadIdx.x; b < end; b += blockDim.x) peer[b] = source[b];
+    __syncthreads();
+    if (threadIdx.x == 0) __threadfence_system();
+}
+// ANCHOR_END: put_stores
 
 // ANCHOR: pingpong
 // Latency: PE `initiator` sends `num_bytes` with a signal, the peer waits for it and sends

@@ -64,6 +64,15 @@ def _maybe(tensor: Optional[Any]) -> Optional[tuple]:
     return None if tensor is None else _view(tensor)
 
 
+def _rows(tensor: Any) -> tuple:
+    """`_view` of a [..., cols] tensor as the matrix of its rows: a contiguous one is described
+    without a torch view op; any other is flattened (a copy where it must)."""
+    if not tensor.is_contiguous():
+        return _view(tensor.flatten(0, -2))
+    cols = tensor.shape[-1]
+    return (tensor.data_ptr(), [tensor.numel() // max(cols, 1), cols], [cols, 1], str(tensor.dtype).removeprefix("torch."))
+
+
 def _owned(tensor: Any, rows: int, cols: Optional[int] = None) -> tuple:
     """`_view` of a contiguous tensor this module just allocated, seen as [rows, cols] (or
     [rows]): its shape is known, so only the address is asked of torch."""
@@ -460,7 +469,7 @@ class Buffer:
             out_view = _owned(combined, num_tokens, hidden)
         else:
             combined, out_view = out, _view(out)
-        x_view = None if zero_copy else _view(x.view(-1, x.shape[-1]) if x.is_contiguous() else x.flatten(0, 1))
+        x_view = None if zero_copy else _rows(x)
         args = (x_view, _view(topk_idx), _view(topk_weights), _view(src_info), _view(layout_range), slots, hidden, num_experts, _maybe(combine_wait_recv_cost_stats), out_view)
 
         def run(phases: str) -> None:

@@ -70,6 +70,7 @@ enum Variant {
     DeviceGet(Scope, Completion),
     DevicePutSignal,
     DeviceStore,
+    DeviceStorePut,
     DeviceBulkPut,
     HostPut(Completion),
     HostGet(Completion),
@@ -80,6 +81,8 @@ enum Variant {
 enum Landing {
     /// My symmetric inbox holds the previous PE's words 0..count at OFFSET.
     Inbox,
+    /// The same at 0 (16-byte aligned: the vector path of the store-based put).
+    InboxAtZero,
     /// My local buffer holds the next PE's words OFFSET..OFFSET + count at 0.
     Local,
     /// My inbox holds the previous PE's words at 0, and so does what the consumer copied out
@@ -97,7 +100,8 @@ fn move_bytes(ops: &DeviceOps, b: &mut Buffers, variant: Variant) -> Result<Land
     // My words into the next PE's inbox, at an offset; the next PE's words into my buffer.
     let put = Put::new(&b.inbox, OFFSET, &b.src_local, b.count, next)?;
     let get = Get::new(&b.dst_local, &b.src_sym, OFFSET, b.count, next)?;
-    // The signal variants put at offset 0 and raise the next PE's signal word.
+    // The signal variants put at offset 0 and raise the next PE's signal word; the put
+    // written as stores goes there too (aligned, so its 16-byte path runs).
     let signal_put = Put::new(&b.inbox, 0, &b.src_local, b.count, next)?;
     let word = SignalWord::new(&b.signal, 0)?;
     let landing = match variant {
@@ -110,8 +114,12 @@ fn move_bytes(ops: &DeviceOps, b: &mut Buffers, variant: Variant) -> Result<Land
             Landing::Local
         }
         Variant::DeviceStore => {
-            ops.store(shape, &put)?;
+            ops.store(shape, &put, true)?;
             Landing::Inbox
+        }
+        Variant::DeviceStorePut => {
+            ops.put_stores(shape, &signal_put)?;
+            Landing::InboxAtZero
         }
         Variant::DeviceBulkPut => {
             ops.put_bulk(shape, &put)?;
@@ -165,6 +173,7 @@ impl Variant {
         variants.extend([
             Variant::DevicePutSignal,
             Variant::DeviceStore,
+            Variant::DeviceStorePut,
             Variant::DeviceBulkPut,
         ]);
         for completion in Completion::ALL {
@@ -179,7 +188,8 @@ impl Variant {
             Variant::DevicePut(s, c) => format!("device put  {:<6} {}", s.name(), c.name()),
             Variant::DeviceGet(s, c) => format!("device get  {:<6} {}", s.name(), c.name()),
             Variant::DevicePutSignal => "device putmem_signal (block) + signal wait".into(),
-            Variant::DeviceStore => "device stores through nvshmem_ptr".into(),
+            Variant::DeviceStore => "device stores through nvshmem_ptr (fenced)".into(),
+            Variant::DeviceStorePut => "device put written as stores (one fence per block)".into(),
             Variant::DeviceBulkPut => "device put through the bulk-copy (TMA) unit".into(),
             Variant::HostPut(c) => format!("host put on stream  {}", c.name()),
             Variant::HostGet(c) => format!("host get on stream  {}", c.name()),
@@ -271,6 +281,10 @@ impl<'w> Buffers<'w> {
                     &sent[..count],
                     POISON_WORD,
                 )
+            }
+            Landing::InboxAtZero => {
+                let sent = words_of(previous);
+                count_wrong(&self.inbox.copy_to_host()?, 0, &sent[..count], POISON_WORD)
             }
             Landing::Local => {
                 let sent = words_of(next);

@@ -8,8 +8,10 @@
 //!
 //! Bandwidth (16 KiB .. 1 GiB, x4), one row per implementation, each the best of its sweep of
 //! launch shapes: NVSHMEM's put (`nvshmemx_putmem_nbi_{warp,block}` + `nvshmem_quiet`), the
-//! bulk-copy put (TMA stores through the `nvshmem_ptr` peer pointer), plain int4 stores
-//! through that pointer, the copy engine (`cuMemcpyDtoDAsync` into it) and NCCL send/recv.
+//! bulk-copy put (TMA stores through the `nvshmem_ptr` peer pointer), the block put written
+//! as stores (`put_stores`), plain int4 stores through that pointer without and with a
+//! system fence at the end, the copy engine (`cuMemcpyDtoDAsync` into it) and NCCL
+//! send/recv.
 //! Latency (8 B, 1 KiB, 16 KiB): the put-with-signal ping-pong inside one kernel, against
 //! NCCL send/recv round trips captured in one CUDA graph (an eager NCCL call costs 30-50 us
 //! of host overhead; graph replay leaves the link's time). One-way latency = round trip / 2.
@@ -41,6 +43,8 @@ const PUT_BLOCKS: [u32; 6] = [8, 16, 32, 66, 132, 264];
 /// Blocks of the bulk-copy put (one issuing thread each, 32 KiB of shared memory).
 const BULK_BLOCKS: [u32; 5] = [16, 66, 132, 264, 528];
 const STORE_BLOCKS: [u32; 5] = [66, 132, 264, 528, 1056];
+/// Blocks of the put written as stores: one slice each, so small puts want few of them.
+const STORE_PUT_BLOCKS: [u32; 7] = [8, 16, 32, 66, 132, 264, 528];
 const THREADS: [u32; 3] = [256, 512, 1024];
 /// Latency message sizes, and round trips per timed kernel or graph.
 const LATENCY_BYTES: [usize; 3] = [8, 1024, 16384];
@@ -56,22 +60,27 @@ fn main() -> ExitCode {
 }
 
 /// The kernels' CSV methods, one per implementation.
-const KERNEL_METHODS: [&str; 3] = ["nvshmem_put", "bulk_put", "store"];
+const KERNEL_METHODS: [&str; 5] = ["nvshmem_put", "bulk_put", "store_put", "store", "store_fenced"];
 
 /// A kernel that moves the bytes, with the launch shapes it is swept over.
 #[derive(Clone, Copy)]
 enum Kernel {
     NvshmemPut(Scope),
     BulkPut,
-    Store,
+    /// The block put written as stores (`put_stores`: one fence per block).
+    StorePut,
+    /// Plain stores; `true`: every thread ends with a system fence (a put's completion).
+    Store(bool),
 }
 
 impl Kernel {
-    const ALL: [Kernel; 4] = [
+    const ALL: [Kernel; 6] = [
         Kernel::NvshmemPut(Scope::Warp),
         Kernel::NvshmemPut(Scope::Block),
         Kernel::BulkPut,
-        Kernel::Store,
+        Kernel::StorePut,
+        Kernel::Store(false),
+        Kernel::Store(true),
     ];
 
     /// The CSV's method: one per implementation.
@@ -79,7 +88,9 @@ impl Kernel {
         match self {
             Kernel::NvshmemPut(_) => "nvshmem_put",
             Kernel::BulkPut => "bulk_put",
-            Kernel::Store => "store",
+            Kernel::StorePut => "store_put",
+            Kernel::Store(false) => "store",
+            Kernel::Store(true) => "store_fenced",
         }
     }
 
@@ -87,8 +98,8 @@ impl Kernel {
     fn scope(self) -> &'static str {
         match self {
             Kernel::NvshmemPut(scope) => scope.name(),
-            Kernel::BulkPut => "block",
-            Kernel::Store => "grid",
+            Kernel::BulkPut | Kernel::StorePut => "block",
+            Kernel::Store(_) => "grid",
         }
     }
 
@@ -96,7 +107,8 @@ impl Kernel {
         let (blocks, threads): (&[u32], &[u32]) = match self {
             Kernel::NvshmemPut(_) => (&PUT_BLOCKS, &THREADS),
             Kernel::BulkPut => (&BULK_BLOCKS, &[32]),
-            Kernel::Store => (&STORE_BLOCKS, &THREADS),
+            Kernel::StorePut => (&STORE_PUT_BLOCKS, &THREADS),
+            Kernel::Store(_) => (&STORE_BLOCKS, &THREADS),
         };
         let shape = |num_blocks, threads_per_block| LaunchShape {
             num_blocks,
@@ -121,7 +133,8 @@ impl Kernel {
         match self {
             Kernel::NvshmemPut(scope) => ops.put(scope, Completion::NonBlockingQuiet, shape, put),
             Kernel::BulkPut => ops.put_bulk(shape, put),
-            Kernel::Store => ops.store(shape, put),
+            Kernel::StorePut => ops.put_stores(shape, put),
+            Kernel::Store(fenced) => ops.store(shape, put, fenced),
         }
     }
 }
@@ -422,8 +435,11 @@ fn header(world: &World, gpu_name: &str) -> Result<Vec<String>, AnyError> {
              nvshmem_put = nvshmemx_putmem_nbi_{{warp,block}} + nvshmem_quiet in one kernel, \
              {PUT_BLOCKS:?} blocks x {THREADS:?} threads; bulk_put = bulk-copy (TMA) stores into \
              the nvshmem_ptr peer pointer, one issuing thread per block, {BULK_BLOCKS:?} blocks; \
-             store = int4 stores through nvshmem_ptr, {STORE_BLOCKS:?} blocks x {THREADS:?} \
-             threads; copy_engine = cuMemcpyDtoDAsync into the peer pointer; nccl = ncclSend/ncclRecv"
+             store_put = the block put written as int4 stores into the peer pointer, one system \
+             fence per block, {STORE_PUT_BLOCKS:?} blocks x {THREADS:?} threads; \
+             store = int4 stores through nvshmem_ptr, no fence (the kernel's end completes \
+             them), {STORE_BLOCKS:?} blocks x {THREADS:?} threads; store_fenced = the same with \
+             a system fence in every thread at the end (a put's completion); copy_engine = cuMemcpyDtoDAsync into the peer pointer; nccl = ncclSend/ncclRecv"
         ),
     ])
 }

@@ -108,6 +108,7 @@ pub struct DeviceOps<'w> {
     put: [CudaFunction; 3],
     get: [CudaFunction; 3],
     store_copy: CudaFunction,
+    put_stores: CudaFunction,
     put_bulk: CudaFunction,
     pub(crate) put_signal_ring: CudaFunction,
     pub(crate) wait_signal_copy: CudaFunction,
@@ -151,6 +152,7 @@ impl<'w> DeviceOps<'w> {
             put: [f("put_thread")?, f("put_warp")?, f("put_block")?],
             get: [f("get_thread")?, f("get_warp")?, f("get_block")?],
             store_copy: f("store_copy")?,
+            put_stores: f("put_stores")?,
             put_bulk: f("put_bulk")?,
             put_signal_ring: f("put_signal_ring")?,
             wait_signal_copy: f("wait_signal_copy")?,
@@ -200,9 +202,10 @@ impl<'w> DeviceOps<'w> {
     // ANCHOR: device_store
     /// No NVSHMEM call at all: `store_copy` writes the put's source through the pointer
     /// `nvshmem_ptr` returns for its destination on its PE. Only for peers this GPU can
-    /// address (same node, NVLink or PCIe peer access): otherwise
-    /// [`PutGetError::NotLoadStoreReachable`].
-    pub fn store(&self, shape: LaunchShape, put: &Put) -> Result<(), PutGetError> {
+    /// reach with loads and stores ([`PutGetError::NotLoadStoreReachable`] otherwise). With
+    /// `fenced` every thread ends with a system-scope fence, the completion a put's quiet
+    /// gives; without, the kernel's end is the only completion.
+    pub fn store(&self, shape: LaunchShape, put: &Put, fenced: bool) -> Result<(), PutGetError> {
         let config = shape.checked()?;
         // SAFETY: nvshmem_ptr only translates addresses; the put's destination is symmetric.
         let peer = unsafe { (self.world.nvshmem().ptr)(put.dest() as *const _, put.pe() as i32) };
@@ -214,14 +217,25 @@ impl<'w> DeviceOps<'w> {
         }
         let (dest, source) = (peer as u64, put.source());
         let num_bytes = put.num_bytes() as u64;
+        let fence = i32::from(fenced);
         let mut launch = self.world.stream().launch_builder(&self.store_copy);
-        launch.arg(&dest).arg(&source).arg(&num_bytes);
-        // SAFETY: matches store_copy(char*, const char*, uint64_t); `dest` is the peer's
+        launch.arg(&dest).arg(&source).arg(&num_bytes).arg(&fence);
+        // SAFETY: matches store_copy(char*, const char*, uint64_t, int); `dest` is the peer's
         // mapping of the checked destination range, `source` the checked local range.
         unsafe { launch.launch(config) }.map_err(PutGetError::cuda("launching store_copy"))?;
         Ok(())
     }
     // ANCHOR_END: device_store
+
+    // ANCHOR: device_put_stores
+    /// Device-initiated block put written as stores: each block of `shape` stores its slice
+    /// through the peer pointer and completes it with one system-scope fence after a block
+    /// barrier (`put_stores` in put_get.cu). Falls back to NVSHMEM's block put for a peer
+    /// that is not load/store reachable. The data has landed when the kernel ends.
+    pub fn put_stores(&self, shape: LaunchShape, put: &Put) -> Result<(), PutGetError> {
+        self.launch_transfer(&self.put_stores, Completion::Blocking, shape, put)
+    }
+    // ANCHOR_END: device_put_stores
 
     // ANCHOR: device_put_bulk
     /// Device-initiated put through Hopper's bulk-copy (TMA) unit: each block of `shape`
@@ -236,7 +250,7 @@ impl<'w> DeviceOps<'w> {
     }
     // ANCHOR_END: device_put_bulk
 
-    /// Launches one of put_*, get_*, put_bulk: they share the signature
+    /// Launches one of put_*, get_*, put_stores, put_bulk: they share the signature
     /// `(char* dest, const char* source, uint64_t num_bytes, int pe, int nbi)`.
     fn launch_transfer(
         &self,

@@ -176,29 +176,37 @@ __device__ __forceinline__ void dispatch_send(const Workspace& ws, const LlDispa
 // ANCHOR_END: dispatch_send
 
 // ANCHOR: dispatch_recv
-// Receive phase: block b packs local experts b, b + grid, ...: it waits for that expert's
-// count word from every source, then expert e's rows are source 0's tokens, then source 1's,
-// ... Each warp copies whole rows; the scales go out column by column so that their stores
-// coalesce.
+// Receive phase: the grid's blocks are split into groups of warps, one local expert each (1,
+// 2 or 4 groups per block, as few as cover every expert in one pass: DeepEP's warp groups).
+// A group waits for its expert's count word from every source, then the expert's rows are
+// source 0's tokens, then source 1's, ... Each warp copies whole rows; the scales go out
+// column by column so that their stores coalesce.
 __device__ __forceinline__ void dispatch_recv(const Workspace& ws, const LlDispatchArgs& a, int h, uint64_t k) {
-    __shared__ int begin[MAX_PES + 1];  // expert e's rows from source s: [begin[s], begin[s + 1])
-    __shared__ int all_came;
+    constexpr int kMaxGroups = 4;
+    __shared__ int begins[kMaxGroups][MAX_PES + 1];  // the group's expert's rows from source s: [begin[s], begin[s + 1])
+    __shared__ int all_came[kMaxGroups];
     const int n = ws.n_pes, L = a.num_experts / n, T = a.max_tokens;
+    int groups = 1;
+    while (groups < kMaxGroups && groups * static_cast<int>(gridDim.x) < L) groups *= 2;
+    const int group_threads = blockDim.x / groups, group = threadIdx.x / group_threads;
+    const int tid = threadIdx.x % group_threads, lane = tid % 32, warp = tid / 32, warps = group_threads / 32;
+    int* begin = begins[group];
+    // Named barrier 1 + group: the group's threads only (barrier 0 is __syncthreads).
+    auto group_sync = [&] { asm volatile("bar.sync %0, %1;" ::"r"(group + 1), "r"(group_threads) : "memory"); };
     const int msg_bytes = dispatch_msg_bytes(a.hidden, a.use_fp8);
     const int row_bytes = a.use_fp8 ? a.hidden : a.hidden * 2;
     const int num_scales = a.use_fp8 ? a.hidden / 128 : 0;
     const int rows_per_expert = n * T;
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
     auto message = [&](int e, int row) {  // expert e's packed row -> its slot's message
         int s = 0;
         while (row >= begin[s + 1]) ++s;
         return a.region.data[h] + ((static_cast<int64_t>(e) * n + s) * T + row - begin[s]) * msg_bytes;
     };
-    for (int e = blockIdx.x; e < L; e += gridDim.x) {
-        __syncthreads();  // the previous expert's begin[] is no longer read
-        if (threadIdx.x == 0) all_came = 1;
-        __syncthreads();
-        const int s = threadIdx.x;
+    for (int e = blockIdx.x * groups + group; e < L; e += gridDim.x * groups) {
+        group_sync();  // the previous expert's begin[] is no longer read
+        if (tid == 0) all_came[group] = 1;
+        group_sync();
+        const int s = tid;
         if (s < n) {
             const uint64_t* word = a.region.counts[h] + s * L + e;
             const long long start = clock64();
@@ -206,22 +214,22 @@ __device__ __forceinline__ void dispatch_recv(const Workspace& ws, const LlDispa
             if (wait_at_least(ws, word, k << 32, static_cast<Wait>(WAIT_LL_DISPATCH), s, k)) {
                 count = min(static_cast<int>(ld_volatile(word) & 0xffffffffu), T);
             } else {
-                all_came = 0;
+                all_came[group] = 0;
             }
             if (a.wait_recv_cost != nullptr)
                 atomicAdd(reinterpret_cast<unsigned long long*>(a.wait_recv_cost + s), static_cast<unsigned long long>(clock64() - start));
             begin[s + 1] = count;
         }
-        __syncthreads();
-        if (!all_came) return;
-        if (threadIdx.x == 0) {
+        group_sync();
+        if (!all_came[group]) return;
+        if (tid == 0) {
             begin[0] = 0;
             for (int p = 0; p < n; ++p) begin[p + 1] += begin[p];
         }
-        __syncthreads();
+        group_sync();
         const int got = begin[n];
         if (s < n) a.recv_layout_range[e * n + s] = (static_cast<int64_t>(begin[s]) << 32) | (begin[s + 1] - begin[s]);
-        if (threadIdx.x == 0) {
+        if (tid == 0) {
             a.recv_count[e] = got;
             if (a.cumulative_recv_stats != nullptr) a.cumulative_recv_stats[e] += got;
         }
@@ -232,8 +240,9 @@ __device__ __forceinline__ void dispatch_recv(const Workspace& ws, const LlDispa
             warp_copy_deep<true>(a.recv_x + packed * row_bytes, m + 16, row_bytes, lane);
         }
         // Scales are column-major over rows ([e][c][rows], DeepEP's TMA-friendly layout):
-        // consecutive threads take consecutive rows of one column.
-        for (int j = threadIdx.x; j < num_scales * got; j += blockDim.x) {
+        // consecutive threads take consecutive rows of one column, counted from the group's
+        // last thread so that the warps without a row to copy start on them first.
+        for (int j = group_threads - 1 - tid; j < num_scales * got; j += group_threads) {
             const int c = j / got, row = j % got;
             const float scale = __ldcg(reinterpret_cast<const float*>(message(e, row) + 16 + row_bytes) + c);
             const int64_t i = row;
