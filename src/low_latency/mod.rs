@@ -109,12 +109,15 @@ impl LlLayout {
         self.num_experts / self.num_ranks
     }
     /// One dispatch message: a 16-byte header (the source token), the row, fp8 scales.
+    /// One dispatch message: a 16-byte header, the row, the fp8 scales; rounded up to 16
+    /// bytes so that every slot is 16-byte aligned (`dispatch_msg_bytes` in ll_dispatch.cu).
     pub fn dispatch_msg_bytes(&self, use_fp8: bool) -> usize {
-        16 + if use_fp8 {
+        (16 + if use_fp8 {
             self.hidden + self.hidden / 128 * 4
         } else {
             self.hidden * 2
-        }
+        })
+        .next_multiple_of(16)
     }
     /// What a half must hold: every (expert, source, slot) message at its largest (bf16);
     /// that also covers the combine rows (E x T x 2H) and the staging (L x R x T x 2H).
@@ -478,6 +481,9 @@ mod tests {
         };
         assert_eq!(layout.dispatch_msg_bytes(false), 16 + 14336);
         assert_eq!(layout.dispatch_msg_bytes(true), 16 + 7168 + 56 * 4);
+        // hidden = 128 x 3: 12 bytes of scales, padded so that the next slot stays aligned.
+        let odd = LlLayout { hidden: 384, ..layout };
+        assert_eq!(odd.dispatch_msg_bytes(true), (16 + 384 + 12usize).next_multiple_of(16));
         // A half holds every bf16 message and every combine row.
         assert!(layout.half_bytes() >= 288 * 128 * (16 + 14336));
         let hint = get_low_latency_rdma_size_hint(128, 7168, 2, 288);

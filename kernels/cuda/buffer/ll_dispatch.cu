@@ -22,8 +22,10 @@ struct LlDispatchArgs {
     int use_fp8, round_scale, use_ue8m0;
 };
 
+// Rounded up to 16 bytes: every slot, and so every row in it, must be 16-byte aligned for
+// the vector copies (an fp8 message of hidden = 128 x k carries 4k bytes of scales).
 __host__ __device__ constexpr int dispatch_msg_bytes(int hidden, bool fp8) {
-    return 16 + (fp8 ? hidden + hidden / 128 * 4 : hidden * 2);
+    return (16 + (fp8 ? hidden + hidden / 128 * 4 : hidden * 2) + 15) / 16 * 16;
 }
 
 // ---- dispatch -----------------------------------------------------------------------------
@@ -179,8 +181,7 @@ __device__ __forceinline__ void dispatch_send(const Workspace& ws, const LlDispa
 // Receive phase: the grid's blocks are split into groups of warps, one local expert each (1,
 // 2 or 4 groups per block, as few as cover every expert in one pass: DeepEP's warp groups).
 // A group waits for its expert's count word from every source, then the expert's rows are
-// source 0's tokens, then source 1's, ... Each warp copies whole rows; the scales go out
-// column by column so that their stores coalesce.
+// source 0's tokens, then source 1's, ... Each warp copies whole rows, with their scales.
 __device__ __forceinline__ void dispatch_recv(const Workspace& ws, const LlDispatchArgs& a, int h, uint64_t k) {
     constexpr int kMaxGroups = 4;
     __shared__ int begins[kMaxGroups][MAX_PES + 1];  // the group's expert's rows from source s: [begin[s], begin[s + 1])
@@ -233,27 +234,31 @@ __device__ __forceinline__ void dispatch_recv(const Workspace& ws, const LlDispa
             a.recv_count[e] = got;
             if (a.cumulative_recv_stats != nullptr) a.cumulative_recv_stats[e] += got;
         }
+        // One round of loads per row: the header's token and the row's scales are loaded with
+        // the row (16 vectors per lane in flight), so a row costs one memory latency. The
+        // scales go out column-major ([e][c][rows], DeepEP's TMA-friendly layout).
         for (int row = warp; row < got; row += warps) {
             const uint8_t* m = message(e, row);
             const int64_t packed = static_cast<int64_t>(e) * rows_per_expert + row;
-            if (lane == 0) a.recv_src_info[packed] = __ldcg(reinterpret_cast<const int*>(m));
-            warp_copy_deep<true>(a.recv_x + packed * row_bytes, m + 16, row_bytes, lane);
-        }
-        // Scales are column-major over rows ([e][c][rows], DeepEP's TMA-friendly layout):
-        // consecutive threads take consecutive rows of one column, counted from the group's
-        // last thread so that the warps without a row to copy start on them first.
-        for (int j = group_threads - 1 - tid; j < num_scales * got; j += group_threads) {
-            const int c = j / got, row = j % got;
-            const float scale = __ldcg(reinterpret_cast<const float*>(message(e, row) + 16 + row_bytes) + c);
-            const int64_t i = row;
-            if (a.use_ue8m0) {
-                // Packed 4 per int32: byte c % 4 of int (c / 4, row).
-                auto* out = static_cast<uint8_t*>(a.recv_scales);
-                out[((static_cast<int64_t>(e) * (num_scales / 4) + c / 4) * rows_per_expert + i) * 4 + c % 4] =
-                    static_cast<uint8_t>(__float_as_uint(scale) >> 23);
-            } else {
-                auto* out = static_cast<float*>(a.recv_scales);
-                out[(static_cast<int64_t>(e) * num_scales + c) * rows_per_expert + i] = scale;
+            const int token = lane == 0 ? __ldcg(reinterpret_cast<const int*>(m)) : 0;
+            const float* scales = reinterpret_cast<const float*>(m + 16 + row_bytes);
+            float scale[2];
+#pragma unroll
+            for (int j = 0; j < 2; ++j) scale[j] = lane + 32 * j < num_scales ? __ldcg(scales + lane + 32 * j) : 0.0f;
+            warp_copy_deep<true, 16>(a.recv_x + packed * row_bytes, m + 16, row_bytes, lane);
+            if (lane == 0) a.recv_src_info[packed] = token;
+            for (int c = lane; c < num_scales; c += 32) {
+                const float value = c < 64 ? scale[c / 32] : __ldcg(scales + c);  // hidden > 8192: a second round
+                const int64_t i = row;
+                if (a.use_ue8m0) {
+                    // Packed 4 per int32: byte c % 4 of int (c / 4, row).
+                    auto* out = static_cast<uint8_t*>(a.recv_scales);
+                    out[((static_cast<int64_t>(e) * (num_scales / 4) + c / 4) * rows_per_expert + i) * 4 + c % 4] =
+                        static_cast<uint8_t>(__float_as_uint(value) >> 23);
+                } else {
+                    auto* out = static_cast<float*>(a.recv_scales);
+                    out[(static_cast<int64_t>(e) * num_scales + c) * rows_per_expert + i] = value;
+                }
             }
         }
     }

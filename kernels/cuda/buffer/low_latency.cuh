@@ -133,13 +133,12 @@ __device__ __forceinline__ int find_run(const int* prefix, int n, int value) {
     return lo;
 }
 
-// Copies `num_bytes` (a multiple of 16) with the 32 lanes of a warp, 8 loads in flight per
-// lane before the first store: a decode-sized row is a few such rounds, so the copy costs a
-// few memory latencies rather than one per 512 bytes. `kCoherent` reads through L2 only
+// Copies `num_bytes` (a multiple of 16) with the 32 lanes of a warp, kDepth loads in flight
+// per lane before the first store: a decode-sized row is a few such rounds, so the copy costs
+// a few memory latencies rather than one per 512 bytes. `kCoherent` reads through L2 only
 // (data a peer wrote during this kernel); otherwise through the read-only path (inputs).
-template <bool kCoherent>
+template <bool kCoherent, int kDepth = 8>
 __device__ __forceinline__ void warp_copy_deep(uint8_t* dst, const uint8_t* src, int num_bytes, int lane) {
-    constexpr int kDepth = 8;
     const uint4* s = reinterpret_cast<const uint4*>(src);
     uint4* d = reinterpret_cast<uint4*>(dst);
     const int n = num_bytes / 16;
