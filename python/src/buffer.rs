@@ -178,13 +178,14 @@ impl BufferCore {
             low_latency_mode,
             timeout_ms,
         };
-        let (buffer, order) = py.detach(|| -> Result<_, Error> {
-            let buffer = NvshmemBuffer::new(world, options)?;
-            buffer.world().context().bind_to_thread().map_err(|e| {
-                Error::Failed(format!("binding the buffer's CUDA context: {e}"))
+        let (buffer, order) =
+            py.detach(|| -> Result<_, Error> {
+                let buffer = NvshmemBuffer::new(world, options)?;
+                buffer.world().context().bind_to_thread().map_err(|e| {
+                    Error::Failed(format!("binding the buffer's CUDA context: {e}"))
+                })?;
+                Ok((buffer, StreamOrder::new()?))
             })?;
-            Ok((buffer, StreamOrder::new()?))
-        })?;
         Ok(Self {
             inner: Mutex::new(Some(buffer)),
             order,

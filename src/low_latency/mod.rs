@@ -482,8 +482,14 @@ mod tests {
         assert_eq!(layout.dispatch_msg_bytes(false), 16 + 14336);
         assert_eq!(layout.dispatch_msg_bytes(true), 16 + 7168 + 56 * 4);
         // hidden = 128 x 3: 12 bytes of scales, padded so that the next slot stays aligned.
-        let odd = LlLayout { hidden: 384, ..layout };
-        assert_eq!(odd.dispatch_msg_bytes(true), (16 + 384 + 12usize).next_multiple_of(16));
+        let odd = LlLayout {
+            hidden: 384,
+            ..layout
+        };
+        assert_eq!(
+            odd.dispatch_msg_bytes(true),
+            (16 + 384 + 12usize).next_multiple_of(16)
+        );
         // A half holds every bf16 message and every combine row.
         assert!(layout.half_bytes() >= 288 * 128 * (16 + 14336));
         let hint = get_low_latency_rdma_size_hint(128, 7168, 2, 288);

@@ -60,7 +60,13 @@ fn main() -> ExitCode {
 }
 
 /// The kernels' CSV methods, one per implementation.
-const KERNEL_METHODS: [&str; 5] = ["nvshmem_put", "bulk_put", "store_put", "store", "store_fenced"];
+const KERNEL_METHODS: [&str; 5] = [
+    "nvshmem_put",
+    "bulk_put",
+    "store_put",
+    "store",
+    "store_fenced",
+];
 
 /// A kernel that moves the bytes, with the launch shapes it is swept over.
 #[derive(Clone, Copy)]
