@@ -20,7 +20,8 @@
 //             (so calls of different shapes share them), each >= E x T x (16 + 2 x hidden)
 //             (E = num_experts, L = E / n_pes local experts, msg_bytes the call's message)
 //     dispatch: slot (e, s, i) at ((e * n_pes + s) * T + i) * msg_bytes:
-//                 [src token: i32, pad x 3][row: hidden bf16 or fp8][scales: f32 x hidden/128]
+//                 [src token: i32, pad x 3][row: hidden bf16 or fp8][scales: f32 x hidden/128],
+//                 the whole rounded up to 16 bytes (every slot 16-byte aligned)
 //     combine:  row (global expert g, token t) at (g * T + t) * 2 * hidden: the bf16 result
 //   staging   the last third: L x (n_pes x T) x hidden bf16, get_next_low_latency_combine_buffer
 //
