@@ -6,8 +6,13 @@
 
 use std::time::Duration;
 
-/// Environment variable that overrides the rendezvous port (default: `MASTER_PORT + 1`).
+/// Environment variable that fixes the rendezvous port (default: the first free one of
+/// `MASTER_PORT + 1 ..` [`RDZV_PORT_WINDOW`] ports).
 pub const RDZV_PORT_VAR: &str = "NVSHMEM_TUTORIAL_RDZV_PORT";
+/// Ports the default rendezvous may use, from `MASTER_PORT + 1`: a port of the window can be
+/// held by some other socket of the host (an outgoing connection's ephemeral port, say), so
+/// rank 0 takes the first it can bind and the others look for it along the same window.
+pub const RDZV_PORT_WINDOW: u16 = 16;
 /// Environment variable that bounds every wait of the bootstrap, in milliseconds.
 pub const TIMEOUT_VAR: &str = "NVSHMEM_TUTORIAL_TIMEOUT_MS";
 /// Default bound on every bootstrap wait.
@@ -50,8 +55,13 @@ pub struct LaunchEnv {
     pub local_world_size: usize,
     /// Host of rank 0, where the unique id is served.
     pub master_addr: String,
-    /// Port of our own rendezvous (torchrun's store already owns MASTER_PORT).
+    /// First port of our own rendezvous (torchrun's store already owns MASTER_PORT), and how
+    /// many ports from it rank 0 may bind (1 when NVSHMEM_TUTORIAL_RDZV_PORT fixes it).
     pub rdzv_port: u16,
+    pub rdzv_ports: u16,
+    /// Tells this job's ranks from another job's whose port window overlaps ours: a hash of
+    /// TORCHELASTIC_RUN_ID (torchrun's job id), MASTER_ADDR and MASTER_PORT.
+    pub job_token: u64,
     /// Bound on every wait of the bootstrap.
     pub timeout: Duration,
 }
@@ -102,12 +112,20 @@ impl LaunchEnv {
                 local_world_size,
             });
         }
-        let rdzv_port = match lookup(RDZV_PORT_VAR) {
-            Some(v) => parse_port(RDZV_PORT_VAR, &v)?,
-            None => master_port
-                .checked_add(1)
-                .ok_or(EnvError::PortOverflow(master_port))?,
+        let (rdzv_port, rdzv_ports) = match lookup(RDZV_PORT_VAR) {
+            Some(v) => (parse_port(RDZV_PORT_VAR, &v)?, 1),
+            None => {
+                let first = master_port
+                    .checked_add(1)
+                    .ok_or(EnvError::PortOverflow(master_port))?;
+                (first, RDZV_PORT_WINDOW.min(u16::MAX - first + 1))
+            }
         };
+        let run_id = lookup("TORCHELASTIC_RUN_ID").unwrap_or_default();
+        let job_token = fnv1a(
+            // Not WORLD_SIZE: ranks of one job that disagree on it must meet, and fail loudly.
+            format!("{run_id};{master_addr};{master_port}").as_bytes(),
+        );
         let timeout = match lookup(TIMEOUT_VAR) {
             Some(v) => {
                 let ms = parse_usize(TIMEOUT_VAR, &v)?;
@@ -129,6 +147,8 @@ impl LaunchEnv {
             local_world_size,
             master_addr,
             rdzv_port,
+            rdzv_ports,
+            job_token,
             timeout,
         })
     }
@@ -139,6 +159,14 @@ fn parse_usize(name: &'static str, value: &str) -> Result<usize, EnvError> {
         name,
         value: value.into(),
         expected: "a non-negative integer",
+    })
+}
+
+/// 64-bit FNV-1a: a hash every rank computes alike, whatever binary or build it runs (std's
+/// hashers promise no stability across builds).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &b| {
+        (hash ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
     })
 }
 
@@ -198,7 +226,7 @@ mod tests {
             ),
             (1, 4, 1, 2)
         );
-        assert_eq!(env.rdzv_port, 29501);
+        assert_eq!((env.rdzv_port, env.rdzv_ports), (29501, RDZV_PORT_WINDOW));
         assert_eq!(env.timeout, DEFAULT_TIMEOUT);
     }
 
@@ -251,11 +279,34 @@ mod tests {
     #[test]
     fn overrides_and_defaults() {
         let env = with(&[(RDZV_PORT_VAR, Some("40000")), (TIMEOUT_VAR, Some("1500"))]).unwrap();
-        assert_eq!(env.rdzv_port, 40000);
+        assert_eq!((env.rdzv_port, env.rdzv_ports), (40000, 1));
         assert_eq!(env.timeout, Duration::from_millis(1500));
         let env = with(&[("LOCAL_RANK", None), ("LOCAL_WORLD_SIZE", None)]).unwrap();
         assert_eq!((env.local_rank, env.local_world_size), (1, 4));
         let err = with(&[("MASTER_PORT", Some("65535"))]).unwrap_err();
         assert_eq!(err, EnvError::PortOverflow(65535));
+        // The window stops at the last port.
+        let env = with(&[("MASTER_PORT", Some("65530"))]).unwrap();
+        assert_eq!((env.rdzv_port, env.rdzv_ports), (65531, 5));
+    }
+
+    #[test]
+    fn the_job_token_tells_jobs_apart_and_ranks_of_one_job_agree() {
+        let a = with(&[("TORCHELASTIC_RUN_ID", Some("run-a"))]).unwrap();
+        let same_job_other_rank = with(&[
+            ("TORCHELASTIC_RUN_ID", Some("run-a")),
+            ("RANK", Some("3")),
+            ("LOCAL_RANK", Some("0")),
+        ])
+        .unwrap();
+        assert_eq!(a.job_token, same_job_other_rank.job_token);
+        let b = with(&[("TORCHELASTIC_RUN_ID", Some("run-b"))]).unwrap();
+        assert_ne!(a.job_token, b.job_token);
+        let other_port = with(&[
+            ("TORCHELASTIC_RUN_ID", Some("run-a")),
+            ("MASTER_PORT", Some("29510")),
+        ])
+        .unwrap();
+        assert_ne!(a.job_token, other_port.job_token);
     }
 }

@@ -5,11 +5,16 @@
 //! or a PMI server would carry it; under torchrun we carry it ourselves:
 //!
 //! ```text
-//! rank 0: listen on rdzv_port ─┬─ accept rank 1: hello(rank=1, world=N) ─┐
-//!                              ├─ accept rank 2: hello(rank=2, world=N) ─┤ all N-1 here?
-//!                              └─ ...                                     ┘ reply id to each
-//! rank k: connect (retrying until rank 0 listens), send hello, read the id
+//! rank 0: listen on the first free port ─┬─ rank 1: hello(rank=1, world=N, job) → accepted ─┐
+//!                                        ├─ rank 2: hello(rank=2, world=N, job) → accepted ─┤ all N-1?
+//!                                        └─ ...                                             ┘ id to each
+//! rank k: connect to each port of the window in turn (retrying until rank 0 listens), send
+//!         hello; "accepted" says this is our rank 0, "another job" says look further; read the id
 //! ```
+//!
+//! The window is one port when NVSHMEM_TUTORIAL_RDZV_PORT fixes it, else MASTER_PORT + 1 and
+//! the next ones (`LaunchEnv::rdzv_ports`): a port can be held by any socket of the host, and
+//! rank 0 cannot tell the others which one it got except by being the one that answers.
 //!
 //! Every wait is bounded by one deadline. Whatever goes wrong (a peer that never comes, two
 //! processes claiming one rank, a rank from another job, garbage on the socket) ends in an
@@ -18,9 +23,11 @@
 //!
 //! Wire format (all integers little-endian):
 //! ```text
-//! hello  = "NVTR" | u16 protocol | u32 rank | u32 world_size          (14 bytes)
-//! reply  = "NVTR" | u8 status | u32 len | len bytes                    (status 0: payload,
-//!                                                                       status 1: UTF-8 error)
+//! hello  = "NVTR" | u16 protocol | u32 rank | u32 world_size | u64 job    (22 bytes)
+//! reply  = "NVTR" | u8 status | u32 len | len bytes       status 0: the payload (last reply)
+//!                                                         status 1: UTF-8 error (last reply)
+//!                                                         status 2: accepted, wait (len 0)
+//!                                                         status 3: another job: look elsewhere
 //! ```
 
 use std::collections::BTreeMap;
@@ -33,14 +40,19 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::time::{Instant, sleep, timeout_at};
 
 const MAGIC: &[u8; 4] = b"NVTR";
-const PROTOCOL: u16 = 1;
-const HELLO_BYTES: usize = 14;
+const PROTOCOL: u16 = 2;
+const HELLO_BYTES: usize = 22;
 const STATUS_OK: u8 = 0;
 const STATUS_ERROR: u8 = 1;
+const STATUS_ACCEPTED: u8 = 2;
+const STATUS_OTHER_JOB: u8 = 3;
 /// Largest payload or error message accepted: a unique id is 128 bytes.
 const MAX_MESSAGE_BYTES: u32 = 64 * 1024;
 /// Pause between connection attempts while rank 0 is not listening yet.
 const RETRY_INTERVAL: Duration = Duration::from_millis(100);
+/// With several ports to try: how long one connection attempt, and then rank 0's
+/// "accepted", may take before the port is taken to be someone else's.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Who takes part and how long anyone waits.
 #[derive(Debug, Clone)]
@@ -49,19 +61,34 @@ pub struct RendezvousConfig {
     pub world_size: usize,
     /// Rank 0's host (MASTER_ADDR).
     pub master_addr: String,
+    /// Rank 0 listens on the first free port of `port .. port + num_ports`.
     pub port: u16,
+    pub num_ports: u16,
+    /// Equal on every rank of this job, different from other jobs' (`LaunchEnv::job_token`).
+    pub job: u64,
     pub timeout: Duration,
+}
+
+impl RendezvousConfig {
+    fn ports(&self) -> impl Iterator<Item = u16> + use<> {
+        let first = self.port;
+        (0..self.num_ports.max(1)).map_while(move |i| first.checked_add(i))
+    }
+    fn last_port(&self) -> u16 {
+        self.ports().last().unwrap_or(self.port)
+    }
 }
 
 /// What went wrong, with enough context to fix it.
 #[derive(Debug, thiserror::Error)]
 pub enum RendezvousError {
     #[error(
-        "rank 0 cannot listen on port {port}: {source}. Another job may hold it: set \
-         NVSHMEM_TUTORIAL_RDZV_PORT to a free port on every rank"
+        "rank 0 cannot listen on port(s) {first}..={last}: {source}. Another job may hold them: \
+         set NVSHMEM_TUTORIAL_RDZV_PORT to a free port on every rank"
     )]
     Bind {
-        port: u16,
+        first: u16,
+        last: u16,
         #[source]
         source: io::Error,
     },
@@ -150,14 +177,7 @@ async fn serve(
     payload: &[u8],
     deadline: Instant,
 ) -> Result<(), RendezvousError> {
-    // Listen on every interface: MASTER_ADDR names this host as the others see it, which
-    // need not be an address of a local interface (NAT, DNS aliases).
-    let listener = TcpListener::bind(("0.0.0.0", config.port))
-        .await
-        .map_err(|source| RendezvousError::Bind {
-            port: config.port,
-            source,
-        })?;
+    let listener = bind_first_free(config).await?;
     let mut peers: BTreeMap<usize, Peer> = BTreeMap::new();
     let expected = config.world_size - 1;
     while peers.len() < expected {
@@ -184,7 +204,9 @@ async fn serve(
             Ok(Ok(conn)) => conn,
         };
         let peer = addr.to_string();
-        let hello = match timeout_at(deadline, read_hello(&mut stream, &peer)).await {
+        // A hello comes right after connecting; a silent connection must not hold up the job.
+        let hello_by = deadline.min(Instant::now() + PROBE_TIMEOUT);
+        let hello = match timeout_at(hello_by, read_hello(&mut stream, &peer)).await {
             Ok(Ok(hello)) => hello,
             // A stray connection (a port scanner, a client of some other service) must not
             // take the job down: tell it, drop it, keep waiting for real ranks.
@@ -195,7 +217,14 @@ async fn serve(
             }
             Err(_elapsed) => continue,
         };
-        // From here on the peer is a rank of some job: a mismatch is a misconfiguration
+        // A rank of another job whose port window overlaps ours: not our business. It is
+        // told so, and goes on to its next port.
+        if hello.job != config.job {
+            let note = format!("this is another job's rendezvous (at {peer})");
+            let _ = write_reply(&mut stream, STATUS_OTHER_JOB, note.as_bytes()).await;
+            continue;
+        }
+        // From here on the peer is a rank of this job: a mismatch is a misconfiguration
         // that would otherwise hang the whole job, so it fails everyone.
         let conflict = if hello.world_size != config.world_size {
             Some(format!(
@@ -222,6 +251,9 @@ async fn serve(
             reject_all(peers, &message).await;
             return Err(error);
         }
+        // Accepted at once, so that the rank stops looking at other ports; the id follows
+        // when every rank is here. A rank that has gone away fails at that later write.
+        let _ = write_reply(&mut stream, STATUS_ACCEPTED, &[]).await;
         peers.insert(hello.rank, Peer { stream, addr });
     }
     for (rank, mut peer) in peers {
@@ -235,6 +267,32 @@ async fn serve(
     Ok(())
 }
 
+/// Rank 0's listener on the first port of the window it can bind. Listens on every interface:
+/// MASTER_ADDR names this host as the others see it, which need not be an address of a local
+/// interface (NAT, DNS aliases).
+async fn bind_first_free(config: &RendezvousConfig) -> Result<TcpListener, RendezvousError> {
+    let mut last_error = None;
+    for port in config.ports() {
+        match TcpListener::bind(("0.0.0.0", port)).await {
+            Ok(listener) => return Ok(listener),
+            // Taken by some other socket: the others will find us on a later port.
+            Err(error) if error.kind() == io::ErrorKind::AddrInUse => last_error = Some(error),
+            Err(source) => {
+                return Err(RendezvousError::Bind {
+                    first: port,
+                    last: port,
+                    source,
+                });
+            }
+        }
+    }
+    Err(RendezvousError::Bind {
+        first: config.port,
+        last: config.last_port(),
+        source: last_error.unwrap_or_else(|| io::Error::other("no port in the window")),
+    })
+}
+
 async fn reject_all(peers: BTreeMap<usize, Peer>, message: &str) {
     for (_, mut peer) in peers {
         let _ = write_reply(&mut peer.stream, STATUS_ERROR, message.as_bytes()).await;
@@ -244,11 +302,13 @@ async fn reject_all(peers: BTreeMap<usize, Peer>, message: &str) {
 struct Hello {
     rank: usize,
     world_size: usize,
+    job: u64,
 }
 
 async fn read_hello(stream: &mut TcpStream, peer: &str) -> Result<Hello, RendezvousError> {
+    // Magic and protocol first: a hello of another protocol has another length.
     let mut buf = [0u8; HELLO_BYTES];
-    read_exact(stream, &mut buf, peer).await?;
+    read_exact(stream, &mut buf[..6], peer).await?;
     if &buf[..4] != MAGIC {
         return Err(RendezvousError::Malformed {
             peer: peer.into(),
@@ -262,9 +322,11 @@ async fn read_hello(stream: &mut TcpStream, peer: &str) -> Result<Hello, Rendezv
             detail: format!("protocol {protocol}, expected {PROTOCOL} (mixed builds?)"),
         });
     }
+    read_exact(stream, &mut buf[6..], peer).await?;
     Ok(Hello {
         rank: u32::from_le_bytes(buf[6..10].try_into().unwrap()) as usize,
         world_size: u32::from_le_bytes(buf[10..14].try_into().unwrap()) as usize,
+        job: u64::from_le_bytes(buf[14..22].try_into().unwrap()),
     })
 }
 
@@ -279,56 +341,29 @@ async fn write_reply(stream: &mut TcpStream, status: u8, body: &[u8]) -> io::Res
 }
 
 async fn fetch(config: &RendezvousConfig, deadline: Instant) -> Result<Vec<u8>, RendezvousError> {
-    let addr = format!("{}:{}", config.master_addr, config.port);
-    let mut stream = connect_with_retry(&addr, config.timeout, deadline).await?;
-    let mut hello = Vec::with_capacity(HELLO_BYTES);
-    hello.extend_from_slice(MAGIC);
-    hello.extend_from_slice(&PROTOCOL.to_le_bytes());
-    hello.extend_from_slice(&(config.rank as u32).to_le_bytes());
-    hello.extend_from_slice(&(config.world_size as u32).to_le_bytes());
-    stream
-        .write_all(&hello)
-        .await
-        .map_err(|source| RendezvousError::Io {
-            peer: addr.clone(),
-            source,
-        })?;
-    match timeout_at(deadline, read_reply(&mut stream, &addr)).await {
-        Ok(reply) => reply,
-        Err(_elapsed) => Err(RendezvousError::NoReply {
-            addr,
-            timeout: config.timeout,
-        }),
-    }
-}
-
-async fn connect_with_retry(
-    addr: &str,
-    timeout: Duration,
-    deadline: Instant,
-) -> Result<TcpStream, RendezvousError> {
     let mut last_error = String::from("no attempt finished");
     loop {
-        match timeout_at(deadline, TcpStream::connect(addr)).await {
-            Ok(Ok(stream)) => return Ok(stream),
-            Ok(Err(error)) => {
-                // Name resolution failures will not fix themselves: fail now.
-                if error.kind() == io::ErrorKind::InvalidInput
-                    || error.to_string().contains("failed to lookup")
-                {
-                    return Err(RendezvousError::Resolve {
-                        addr: addr.into(),
-                        reason: error.to_string(),
-                    });
-                }
-                last_error = error.to_string();
+        for port in config.ports() {
+            let addr = format!("{}:{port}", config.master_addr);
+            match probe(config, &addr, deadline).await? {
+                Probe::Found(payload) => return Ok(payload),
+                Probe::Elsewhere(why) => last_error = why,
             }
-            Err(_elapsed) => {}
         }
         if Instant::now() + RETRY_INTERVAL >= deadline {
+            let addr = if config.num_ports > 1 {
+                format!(
+                    "{}:{}..={}",
+                    config.master_addr,
+                    config.port,
+                    config.last_port()
+                )
+            } else {
+                format!("{}:{}", config.master_addr, config.port)
+            };
             return Err(RendezvousError::Unreachable {
-                addr: addr.into(),
-                timeout,
+                addr,
+                timeout: config.timeout,
                 last_error,
             });
         }
@@ -336,7 +371,96 @@ async fn connect_with_retry(
     }
 }
 
-async fn read_reply(stream: &mut TcpStream, peer: &str) -> Result<Vec<u8>, RendezvousError> {
+/// What one port of the window turned out to be.
+enum Probe {
+    /// Our rank 0's answer: the payload.
+    Found(Vec<u8>),
+    /// Not our rank 0 (nothing listening, another job, silence or garbage), and why.
+    Elsewhere(String),
+}
+
+/// Says hello on `addr`. With one port there is nowhere else to look: every wait runs to the
+/// deadline and anything odd is an error. With several, a port that does not connect and say
+/// "accepted" (or give the id) within PROBE_TIMEOUT is someone else's; once our rank 0 has
+/// accepted us, waits and errors are as with one port.
+async fn probe(
+    config: &RendezvousConfig,
+    addr: &str,
+    deadline: Instant,
+) -> Result<Probe, RendezvousError> {
+    let strict = config.num_ports <= 1;
+    let step = || {
+        if strict {
+            deadline
+        } else {
+            deadline.min(Instant::now() + PROBE_TIMEOUT)
+        }
+    };
+    let mut stream = match timeout_at(step(), TcpStream::connect(addr)).await {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(error)) => {
+            // Name resolution failures will not fix themselves: fail now.
+            if error.kind() == io::ErrorKind::InvalidInput
+                || error.to_string().contains("failed to lookup")
+            {
+                return Err(RendezvousError::Resolve {
+                    addr: addr.into(),
+                    reason: error.to_string(),
+                });
+            }
+            return Ok(Probe::Elsewhere(error.to_string()));
+        }
+        Err(_elapsed) => return Ok(Probe::Elsewhere(format!("{addr}: no connection"))),
+    };
+    let mut hello = Vec::with_capacity(HELLO_BYTES);
+    hello.extend_from_slice(MAGIC);
+    hello.extend_from_slice(&PROTOCOL.to_le_bytes());
+    hello.extend_from_slice(&(config.rank as u32).to_le_bytes());
+    hello.extend_from_slice(&(config.world_size as u32).to_le_bytes());
+    hello.extend_from_slice(&config.job.to_le_bytes());
+    if let Err(source) = stream.write_all(&hello).await {
+        return Ok(Probe::Elsewhere(format!("{addr}: {source}")));
+    }
+    let no_reply = || RendezvousError::NoReply {
+        addr: addr.into(),
+        timeout: config.timeout,
+    };
+    let first = match timeout_at(step(), read_reply(&mut stream, addr)).await {
+        Ok(Ok(reply)) => reply,
+        // Rank 0 of this job refused us: a misconfiguration, wherever we found it.
+        Ok(Err(error @ RendezvousError::Rejected(_))) => return Err(error),
+        Ok(Err(error)) if strict => return Err(error),
+        Ok(Err(error)) => return Ok(Probe::Elsewhere(error.to_string())),
+        Err(_elapsed) if strict => return Err(no_reply()),
+        Err(_elapsed) => {
+            return Ok(Probe::Elsewhere(format!(
+                "{addr} did not answer within {PROBE_TIMEOUT:?}"
+            )));
+        }
+    };
+    match first {
+        Reply::Payload(payload) => Ok(Probe::Found(payload)),
+        Reply::OtherJob(note) => Ok(Probe::Elsewhere(note)),
+        Reply::Accepted => match timeout_at(deadline, read_reply(&mut stream, addr)).await {
+            Ok(Ok(Reply::Payload(payload))) => Ok(Probe::Found(payload)),
+            Ok(Ok(_)) => Err(RendezvousError::Malformed {
+                peer: addr.into(),
+                detail: "a second status after 'accepted' instead of the id".into(),
+            }),
+            Ok(Err(error)) => Err(error),
+            Err(_elapsed) => Err(no_reply()),
+        },
+    }
+}
+
+/// One reply from rank 0 (status 1, an error, comes back as `Err(Rejected)`).
+enum Reply {
+    Payload(Vec<u8>),
+    Accepted,
+    OtherJob(String),
+}
+
+async fn read_reply(stream: &mut TcpStream, peer: &str) -> Result<Reply, RendezvousError> {
     let mut header = [0u8; 9];
     read_exact(stream, &mut header, peer).await?;
     if &header[..4] != MAGIC {
@@ -357,11 +481,12 @@ async fn read_reply(stream: &mut TcpStream, peer: &str) -> Result<Vec<u8>, Rende
     }
     let mut body = vec![0u8; len as usize];
     read_exact(stream, &mut body, peer).await?;
+    let text = |body: &[u8]| String::from_utf8_lossy(body).into_owned();
     match header[4] {
-        STATUS_OK => Ok(body),
-        STATUS_ERROR => Err(RendezvousError::Rejected(
-            String::from_utf8_lossy(&body).into_owned(),
-        )),
+        STATUS_OK => Ok(Reply::Payload(body)),
+        STATUS_ACCEPTED => Ok(Reply::Accepted),
+        STATUS_OTHER_JOB => Ok(Reply::OtherJob(text(&body))),
+        STATUS_ERROR => Err(RendezvousError::Rejected(text(&body))),
         other => Err(RendezvousError::Malformed {
             peer: peer.into(),
             detail: format!("unknown status byte {other}"),

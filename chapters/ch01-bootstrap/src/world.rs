@@ -237,6 +237,8 @@ pub fn share_unique_id(
         world_size: env.world_size,
         master_addr: env.master_addr.clone(),
         port: env.rdzv_port,
+        num_ports: env.rdzv_ports,
+        job: env.job_token,
         timeout: env.timeout,
     };
     let created = if env.rank == 0 {

@@ -23,18 +23,43 @@ fn free_port() -> u16 {
 
 /// Starts one probe as `rank` of `world_size`, rendezvous on `port`, bounded by `timeout_ms`.
 fn spawn(rank: &str, world_size: &str, port: u16, timeout_ms: u64) -> Child {
-    Command::new(PROBE)
+    let mut command = probe(rank, world_size, timeout_ms);
+    command
+        .env("MASTER_PORT", "1")
+        .env("NVSHMEM_TUTORIAL_RDZV_PORT", port.to_string());
+    command.spawn().expect("start the probe")
+}
+
+/// Starts one probe of job `run_id` with the default port window after `master_port`.
+fn spawn_in_window(rank: &str, world_size: &str, master_port: u16, run_id: &str) -> Child {
+    let mut command = probe(rank, world_size, 20_000);
+    command
+        .env("MASTER_PORT", master_port.to_string())
+        .env("TORCHELASTIC_RUN_ID", run_id);
+    command.spawn().expect("start the probe")
+}
+
+fn probe(rank: &str, world_size: &str, timeout_ms: u64) -> Command {
+    let mut command = Command::new(PROBE);
+    command
         .env_clear()
         .env("RANK", rank)
         .env("WORLD_SIZE", world_size)
         .env("MASTER_ADDR", "127.0.0.1")
-        .env("MASTER_PORT", "1")
-        .env("NVSHMEM_TUTORIAL_RDZV_PORT", port.to_string())
         .env("NVSHMEM_TUTORIAL_TIMEOUT_MS", timeout_ms.to_string())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start the probe")
+        .stderr(Stdio::piped());
+    command
+}
+
+/// A port p with p + 1 .. p + 4 free as well (for the window tests).
+fn free_run() -> u16 {
+    loop {
+        let port = free_port();
+        if (1..5).all(|i| TcpListener::bind(("0.0.0.0", port + i)).is_ok()) {
+            return port;
+        }
+    }
 }
 
 /// Waits for a child, failing the test if it outlives `limit` (a hang is a failure).
@@ -181,7 +206,7 @@ fn fake_rank_zero(reply: Vec<u8>) -> u16 {
     let port = listener.local_addr().unwrap().port();
     std::thread::spawn(move || {
         if let Ok((mut stream, _)) = listener.accept() {
-            let mut hello = [0u8; 14];
+            let mut hello = [0u8; 22];
             let _ = stream.read_exact(&mut hello);
             let _ = stream.write_all(&reply);
         }
@@ -246,6 +271,46 @@ fn a_stray_connection_does_not_disturb_the_job() {
         "{}",
         stderr(&root)
     );
+}
+
+#[test]
+fn a_taken_default_port_sends_rank_zero_to_the_next_one() {
+    // MASTER_PORT + 1 is held by something that listens and never answers (the worst case:
+    // a connection succeeds, then silence). Rank 0 binds MASTER_PORT + 2; rank 1 gives the
+    // first port its probe time, then finds rank 0 on the next.
+    let first = free_run();
+    let squatter = TcpListener::bind(("0.0.0.0", first)).unwrap();
+    let root = spawn_in_window("0", "2", first - 1, "job");
+    let peer = spawn_in_window("1", "2", first - 1, "job");
+    let root = finish(root, Duration::from_secs(30));
+    let peer = finish(peer, Duration::from_secs(30));
+    drop(squatter);
+    assert!(root.status.success(), "{}", stderr(&root));
+    assert!(peer.status.success(), "{}", stderr(&peer));
+    assert_eq!(fingerprint(&root), fingerprint(&peer));
+}
+
+#[test]
+fn a_rank_of_another_job_is_sent_on_without_harm() {
+    // Two jobs whose windows overlap: job a's rank 0 takes the first port, job b's the next.
+    // Job b's rank 1 meets job a's rank 0 first and is told to look further; neither job
+    // fails, and each gets its own id.
+    let first = free_run();
+    let a_root = spawn_in_window("0", "2", first - 1, "job-a");
+    std::thread::sleep(Duration::from_millis(300)); // job a's rank 0 holds the first port
+    let b_root = spawn_in_window("0", "2", first - 1, "job-b");
+    let b_peer = spawn_in_window("1", "2", first - 1, "job-b");
+    let b_root = finish(b_root, Duration::from_secs(30));
+    let b_peer = finish(b_peer, Duration::from_secs(30));
+    let a_peer = spawn_in_window("1", "2", first - 1, "job-a");
+    let a_root = finish(a_root, Duration::from_secs(30));
+    let a_peer = finish(a_peer, Duration::from_secs(30));
+    for output in [&a_root, &a_peer, &b_root, &b_peer] {
+        assert!(output.status.success(), "{}", stderr(output));
+    }
+    assert_eq!(fingerprint(&a_root), fingerprint(&a_peer));
+    assert_eq!(fingerprint(&b_root), fingerprint(&b_peer));
+    assert_ne!(fingerprint(&a_root), fingerprint(&b_root));
 }
 
 #[test]
