@@ -12,13 +12,12 @@ Data as DeepEP's test: 4096 tokens x 7168 hidden per rank, top-8 of 256 experts 
 scores, bf16 and fp8 (per-token cast) dispatch, bf16 combine.
 """
 
-import argparse
-import os
 import sys
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+import bench_processes
 
 HEADER = "method,op,dtype,ep,num_sms,chunk,us,gb_per_s"
 
@@ -49,11 +48,7 @@ def per_token_cast_to_fp8(x):
 
 
 def run(local_rank, num_ranks, args):
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "8371")
-    torch.cuda.set_device(local_rank)
-    dist.init_process_group("nccl", rank=local_rank, world_size=num_ranks, device_id=torch.device("cuda", local_rank))
-    group = dist.new_group(list(range(num_ranks)))
+    group = bench_processes.join(local_rank, num_ranks, 8371)
     import deep_ep
 
     rank = dist.get_rank()
@@ -102,9 +97,7 @@ def run(local_rank, num_ranks, args):
                 f.write(f"{method},{op.removeprefix('nccl_')},{dtype},{num_ranks},{num_sms},{chunk},{us:.2f},{bw:.2f}\n")
         for row in rows:
             print(args.method, *row, flush=True)
-    buffer.destroy()
-    dist.barrier()
-    dist.destroy_process_group()
+    bench_processes.leave(buffer)
 
 
 def nccl_rows(x, in_rank, topk_idx, num_ranks, rank, group, hidden, bf16_bytes):
@@ -137,18 +130,11 @@ def nccl_rows(x, in_rank, topk_idx, num_ranks, rank, group, hidden, bf16_bytes):
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--method", choices=["ours", "deepep"], required=True)
-    parser.add_argument("--num-processes", type=int, default=2)
+    parser = bench_processes.parser()
     parser.add_argument("--num-sms", type=int, nargs="+", default=[8, 12, 16, 20, 24])
     parser.add_argument("--chunks", type=int, nargs="+", default=[6, 8, 16])
     parser.add_argument("--combine-chunks", type=int, nargs="+", default=[4, 8])
-    parser.add_argument("out")
-    args = parser.parse_args()
-    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
-        os.environ.pop(name, None)
-    mp.spawn(run, args=(args.num_processes, args), nprocs=args.num_processes)
-    return 0
+    return bench_processes.spawn(run, parser.parse_args())
 
 
 if __name__ == "__main__":

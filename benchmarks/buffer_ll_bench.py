@@ -21,18 +21,17 @@ and timing for both:
     python3 benchmarks/buffer_ll_bench.py --method ours|deepep [--num-processes 2] OUT.csv
 """
 
-import argparse
 import cProfile
 import json
 import pstats
 import time
-import os
 import sys
 import tempfile
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+import bench_processes
 
 HEADER = "method,op,ep,timing,us,gb_per_s"
 TOKENS, HIDDEN, TOPK, EXPERTS = 128, 7168, 8, 288
@@ -100,8 +99,10 @@ def eager_time(fn, warmups=50, tests=50):
     return sum(times) / len(times)
 
 
-def host_time(fn, calls=100, profile=False):
-    """Mean CPU us per call of `fn`, nothing waited for in between (the GPU keeps up)."""
+def host_time(fn, calls=100, profile=False, report=False):
+    """Mean CPU us per call of `fn`, nothing waited for in between (the GPU keeps up). With
+    `profile`, where the time goes, printed where `report`: every rank must profile (the calls
+    are collective: a rank that ran 20 more would wait for peers that never come)."""
     torch.cuda.synchronize()
     profiler = cProfile.Profile() if profile else None
     begin = time.perf_counter()
@@ -114,23 +115,20 @@ def host_time(fn, calls=100, profile=False):
     elapsed = time.perf_counter() - begin
     torch.cuda.synchronize()
     if profiler:
-        pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
         # The driver and runtime calls behind those Python lines, CPU time each.
         activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
         with torch.profiler.profile(activities=activities) as prof:
             for _ in range(20):
                 fn()
             torch.cuda.synchronize()
-        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25), flush=True)
+        if report:
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25), flush=True)
     return elapsed * 1e6 / calls
 
 
 def run(local_rank, num_ranks, args):
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "8373")
-    torch.cuda.set_device(local_rank)
-    dist.init_process_group("nccl", rank=local_rank, world_size=num_ranks, device_id=torch.device("cuda", local_rank))
-    group = dist.new_group(list(range(num_ranks)))
+    group = bench_processes.join(local_rank, num_ranks, 8373)
     import deep_ep
 
     rank = dist.get_rank()
@@ -181,7 +179,7 @@ def run(local_rank, num_ranks, args):
     dist.barrier()
     rows.append(("dispatch_combine", "eager", eager_time(lambda: pair(False)), dispatch_bytes + combine_bytes))
     dist.barrier()
-    rows.append(("dispatch_combine", "host", host_time(lambda: pair(False), profile=args.profile_host and rank == 0), dispatch_bytes + combine_bytes))
+    rows.append(("dispatch_combine", "host", host_time(lambda: pair(False), profile=args.profile_host, report=rank == 0), dispatch_bytes + combine_bytes))
 
     gathered = [None] * num_ranks
     dist.all_gather_object(gathered, rows)
@@ -194,22 +192,13 @@ def run(local_rank, num_ranks, args):
                 us = sum(r[i][2] for r in gathered) / num_ranks
                 f.write(f"{args.method},{op},{num_ranks},{timing},{us:.2f},{nbytes / 1e3 / us:.2f}\n")
                 print(args.method, op, timing, f"{us:.2f} us", " ".join(f"{r[i][2]:.2f}" for r in gathered), flush=True)
-    buffer.destroy()
-    dist.barrier()
-    dist.destroy_process_group()
+    bench_processes.leave(buffer)
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--method", choices=["ours", "deepep"], required=True)
-    parser.add_argument("--num-processes", type=int, default=2)
+    parser = bench_processes.parser()
     parser.add_argument("--profile-host", action="store_true", help="print rank 0's cProfile of the eager pair")
-    parser.add_argument("out")
-    args = parser.parse_args()
-    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
-        os.environ.pop(name, None)
-    mp.spawn(run, args=(args.num_processes, args), nprocs=args.num_processes)
-    return 0
+    return bench_processes.spawn(run, parser.parse_args())
 
 
 if __name__ == "__main__":
