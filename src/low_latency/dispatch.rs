@@ -6,9 +6,7 @@ use std::ops::Deref;
 use ch01_bootstrap::World;
 use cudarc::driver::{DeviceRepr, sys};
 
-use super::{
-    DISPATCH_KERNEL, LlRegion, PendingReceive, Phases, check_shape, invalid, optional_vector,
-};
+use super::{DISPATCH_KERNEL, LlRegion, PendingReceive, Phases, invalid, optional_vector};
 use crate::buffer::NvshmemBuffer;
 use crate::error::BufferError;
 use crate::view::{ElemType, View};
@@ -110,8 +108,7 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
             .topk_idx
             .expect(WHAT, "topk_idx", ElemType::I64, &[Some(num_tokens), None])?;
         let num_topk = inputs.topk_idx.cols();
-        let layout = self.ll_layout(t, hidden, num_experts);
-        check_shape(WHAT, &layout, num_topk, self.options.num_rdma_bytes)?;
+        let layout = self.ll_layout(WHAT, t, hidden, num_experts, num_topk)?;
         self.check_phases(WHAT, phases, &layout)?;
         if num_tokens > t {
             return Err(invalid(

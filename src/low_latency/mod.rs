@@ -280,13 +280,24 @@ fn optional_vector(
 }
 
 impl<W: Deref<Target = World>> NvshmemBuffer<W> {
-    fn ll_layout(&self, max_tokens: usize, hidden: usize, num_experts: usize) -> LlLayout {
-        LlLayout {
+    /// The layout of a call's shape on this buffer, checked (`check_shape`): a shape the
+    /// kernels take, with `num_topk` experts per token, that fits in num_rdma_bytes.
+    fn ll_layout(
+        &self,
+        what: &'static str,
+        max_tokens: usize,
+        hidden: usize,
+        num_experts: usize,
+        num_topk: usize,
+    ) -> Result<LlLayout, BufferError> {
+        let layout = LlLayout {
             max_tokens,
             hidden,
             num_ranks: self.world().n_pes(),
             num_experts,
-        }
+        };
+        check_shape(what, &layout, num_topk, self.options.num_rdma_bytes)?;
+        Ok(layout)
     }
 
     /// What every low-latency call checks first: the mode, and (except before a receive,
@@ -408,8 +419,13 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
     ) -> Result<View, BufferError> {
         const WHAT: &str = "get_next_low_latency_combine_buffer";
         self.require_low_latency(WHAT)?;
-        let layout = self.ll_layout(num_max_dispatch_tokens_per_rank, hidden, num_experts);
-        check_shape(WHAT, &layout, 0, self.options.num_rdma_bytes)?;
+        self.ll_layout(
+            WHAT,
+            num_max_dispatch_tokens_per_rank,
+            hidden,
+            num_experts,
+            0,
+        )?;
         let rows = num_experts * num_max_dispatch_tokens_per_rank;
         Ok(View::matrix(
             self.local_region(true).0 + self.ll_parts().staging() as u64,
@@ -436,8 +452,13 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
     ) -> Result<(), BufferError> {
         const WHAT: &str = "clean_low_latency_buffer";
         self.require_low_latency(WHAT)?;
-        let layout = self.ll_layout(num_max_dispatch_tokens_per_rank, hidden, num_experts);
-        check_shape(WHAT, &layout, 0, self.options.num_rdma_bytes)?;
+        self.ll_layout(
+            WHAT,
+            num_max_dispatch_tokens_per_rank,
+            hidden,
+            num_experts,
+            0,
+        )?;
         self.comm.sync_all_raw(stream)?;
         let cuda = |e| {
             BufferError::from(CollError::Cuda {

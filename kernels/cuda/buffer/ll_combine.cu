@@ -5,6 +5,117 @@
 
 namespace nvshmem_tutorial {
 
+__device__ __forceinline__ int global_warp() { return blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; }
+__device__ __forceinline__ int num_global_warps() { return gridDim.x * (blockDim.x / 32); }
+
+// Exclusive prefix sum of `data[0..n)` in shared memory, in place; returns the total. Every
+// thread of the block calls it.
+__device__ inline int block_exclusive_scan(int* data, int n) {
+    __shared__ int warp_sums[32];
+    __shared__ int total;
+    const int per = (n + blockDim.x - 1) / blockDim.x;
+    const int begin = min(n, static_cast<int>(threadIdx.x) * per), end = min(n, begin + per);
+    int sum = 0;
+    for (int i = begin; i < end; ++i) sum += data[i];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int inclusive = sum;
+    for (int d = 1; d < 32; d *= 2) {
+        const int v = __shfl_up_sync(0xffffffffu, inclusive, d);
+        if (lane >= d) inclusive += v;
+    }
+    if (lane == 31) warp_sums[warp] = inclusive;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int run = 0;
+        for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) {
+            const int s = warp_sums[w];
+            warp_sums[w] = run;
+            run += s;
+        }
+        total = run;
+    }
+    __syncthreads();
+    int run = warp_sums[warp] + inclusive - sum;
+    for (int i = begin; i < end; ++i) {
+        const int v = data[i];
+        data[i] = run;
+        run += v;
+    }
+    __syncthreads();
+    return total;
+}
+
+// The largest i in [0, n) with prefix[i] <= value (prefix ascending, prefix[0] = 0).
+__device__ __forceinline__ int find_run(const int* prefix, int n, int value) {
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (prefix[mid] <= value) lo = mid; else hi = mid - 1;
+    }
+    return lo;
+}
+
+// Thread s < n_pes waits for PE s's flag of call k in half h; adds the cycles it waited to
+// `cost[s]` (block 0 only). The block learns whether every flag came.
+__device__ __forceinline__ bool wait_all_sources(const Workspace& ws, const LlRegion& region, int h, uint64_t k, uint64_t what,
+                                 int64_t* cost) {
+    __shared__ int all_came;
+    if (threadIdx.x == 0) all_came = 1;
+    __syncthreads();
+    const int s = threadIdx.x;
+    if (s < ws.n_pes) {
+        const long long start = clock64();
+        if (!wait_at_least(ws, region.flags[h] + s, k, static_cast<Wait>(what), s, k)) all_came = 0;
+        if (cost != nullptr && blockIdx.x == 0)
+            atomicAdd(reinterpret_cast<unsigned long long*>(cost + s), static_cast<unsigned long long>(clock64() - start));
+    }
+    __syncthreads();
+    return all_came;
+}
+
+// Packed rows of a call as runs in shared memory: run (local expert e, source s) is rows
+// [begin, begin + count) of expert e, indexed [s * L + e]; the experts' rows follow each other
+// over the call, expert e's from first_row[e]. Combine's send walks the handle's rows this way,
+// every warp of the grid taking rows of any expert.
+struct PackedRuns {
+    int* begin;
+    int* count;
+    int* first_row;  // [L + 1]
+    int L, n;
+
+    // The shared arrays of this kernel (one call per kernel).
+    __device__ static PackedRuns of_kernel(int L, int n) {
+        __shared__ int begin[MAX_EXPERTS], count[MAX_EXPERTS], first_row[MAX_EXPERTS + 1];
+        return PackedRuns{begin, count, first_row, L, n};
+    }
+
+    // After every thread filled begin and count (and the block synchronised): each expert's
+    // first row over the call. Returns the call's rows.
+    __device__ int index_experts() {
+        for (int e = threadIdx.x; e < L; e += blockDim.x) {
+            int rows = 0;
+            for (int s = 0; s < n; ++s) rows += count[s * L + e];
+            first_row[e] = rows;
+        }
+        __syncthreads();
+        const int total = block_exclusive_scan(first_row, L);
+        if (threadIdx.x == 0) first_row[L] = total;
+        __syncthreads();
+        return total;
+    }
+
+    // Row g of the call: its expert, its row within the expert, and the source whose run
+    // holds it (-1 if none does: a handle that does not match its data).
+    __device__ void locate(int g, int* e, int* i, int* s) const {
+        *e = find_run(first_row, L + 1, g);
+        *i = g - first_row[*e];
+        *s = -1;
+        for (int p = 0; p < n; ++p) {
+            if (*i >= begin[p * L + *e] && *i < begin[p * L + *e] + count[p * L + *e]) *s = p;
+        }
+    }
+};
+
 struct LlCombineArgs {
     const uint8_t* x;                  // [L][n_pes * T][hidden] bf16 (or the staging region)
     const int* src_info;               // [L][n_pes * T]
