@@ -47,6 +47,7 @@ impl StreamOrder {
         }
     }
 
+    // ANCHOR: around
     /// Runs `launch` on `comm` after `compute`'s queued work and, with `join`, makes `compute`
     /// wait for it (DeepEP's calls without `async_finish`); with `comm` 0 runs it on `compute`.
     ///
@@ -71,6 +72,7 @@ impl StreamOrder {
         }
         Ok(out)
     }
+    // ANCHOR_END: around
 }
 
 impl Drop for StreamOrder {
