@@ -127,6 +127,43 @@ def host_time(fn, calls=100, profile=False, report=False):
     return elapsed * 1e6 / calls
 
 
+def scaling(buffer, x, topk_idx, topk_weights, y, rank, num_ranks, out):
+    """Kernel times against the number of tokens that send anything (the others' top-k set to
+    -1): the intercept is a call's fixed cost (launch, signals, waits), the slope its cost per
+    token. Every rank sends the same number, so each receive waits for no one in particular."""
+    lines = []
+    for active in (0, 1, 16, 64, TOKENS):
+        routing = topk_idx.clone()
+        routing[active:] = -1
+
+        def pair(hook):
+            _, _, h, _, recv_hook = buffer.low_latency_dispatch(x, routing, TOKENS, EXPERTS, use_fp8=True, return_recv_hook=hook)
+            if hook:
+                torch.cuda._sleep(200_000)
+                recv_hook()
+            _, _, recv_hook = buffer.low_latency_combine(y, routing, topk_weights, h, return_recv_hook=hook)
+            if hook:
+                torch.cuda._sleep(200_000)
+                recv_hook()
+
+        dist.barrier()
+        one = kernel_times(lambda: pair(False), ("dispatch", "combine"), 1)
+        dist.barrier()
+        split = kernel_times(lambda: pair(True), ("dispatch", "combine"), 2)
+        row = [one["dispatch"][0], one["combine"][0], *split["dispatch"], *split["combine"]]
+        gathered = [None] * num_ranks
+        dist.all_gather_object(gathered, row)
+        if rank == 0:
+            names = ("dispatch", "combine", "dispatch_send", "dispatch_recv", "combine_send", "combine_recv")
+            for i, name in enumerate(names):
+                per_rank = [r[i] for r in gathered]
+                lines.append(f"{active},{name},{sum(per_rank) / num_ranks:.2f},{' '.join(f'{v:.2f}' for v in per_rank)}")
+                print("scaling", active, name, lines[-1], flush=True)
+    if rank == 0:
+        with open(out, "w") as f:
+            f.write("active_tokens,op,us,us_per_rank\n" + "\n".join(lines) + "\n")
+
+
 def run(local_rank, num_ranks, args):
     group = bench_processes.join(local_rank, num_ranks, 8373)
     import deep_ep
@@ -159,6 +196,17 @@ def run(local_rank, num_ranks, args):
         if hook:
             torch.cuda._sleep(200_000)
             recv_hook()
+
+    if args.scaling:
+        scaling(buffer, x, topk_idx, topk_weights, y, rank, num_ranks, args.out)
+        bench_processes.leave(buffer)
+        return
+
+    # Warm: DeepEP's test times after its correctness passes; the first launches after a
+    # buffer is made run slower (first touches of fresh outputs, clocks).
+    for _ in range(50):
+        pair(False)
+    torch.cuda.synchronize()
 
     rows = []
     dist.barrier()
@@ -198,6 +246,7 @@ def run(local_rank, num_ranks, args):
 def main():
     parser = bench_processes.parser()
     parser.add_argument("--profile-host", action="store_true", help="print rank 0's cProfile of the eager pair")
+    parser.add_argument("--scaling", action="store_true", help="only kernel times against the number of tokens sent (OUT: active_tokens,op,us,us_per_rank)")
     return bench_processes.spawn(run, parser.parse_args())
 
 

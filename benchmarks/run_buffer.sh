@@ -22,9 +22,15 @@ unset WORLD_SIZE RANK LOCAL_RANK LOCAL_WORLD_SIZE
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print tolower($2)}')
 shim=$PWD/benchmarks/deepep_shim
 
-echo "run_buffer: building DeepEP in $deepep"
-(cd "$deepep" && CPATH=/usr/local/cuda/include/cccl MAX_JOBS=$(nproc) TORCH_CUDA_ARCH_LIST=9.0 \
-  python3 setup.py build_ext --inplace >"$logs/deepep_build.log" 2>&1) || { tail -20 "$logs/deepep_build.log"; exit 1; }
+# A checkout that holds its built extension (deep_ep_cpp*.so, e.g. from an earlier run on
+# this kind of machine) is used as it is: the build takes two minutes of GPU-machine time.
+if compgen -G "$deepep/deep_ep_cpp*.so" >/dev/null; then
+  echo "run_buffer: using the DeepEP build in $deepep ($(basename "$deepep"/deep_ep_cpp*.so))"
+else
+  echo "run_buffer: building DeepEP in $deepep"
+  (cd "$deepep" && CPATH=/usr/local/cuda/include/cccl MAX_JOBS=$(nproc) TORCH_CUDA_ARCH_LIST=9.0 \
+    python3 setup.py build_ext --inplace >"$logs/deepep_build.log" 2>&1) || { tail -20 "$logs/deepep_build.log"; exit 1; }
+fi
 
 modes=${BUFFER_MODES:-normal ll}
 if [[ " $modes " == *" normal "* ]]; then

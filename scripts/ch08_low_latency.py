@@ -59,9 +59,11 @@ def check_dispatch(recv, recv_count, handle, x, idx, hidden: int, *, use_fp8: bo
         if count != len(want):
             return f"expert {e}: recv_count {count}, expected {len(want)}"
         begins, counts = (layout_range[e] >> 32).tolist(), (layout_range[e] & 0xFFFFFFFF).tolist()
-        if begins != [sum(counts[:s]) for s in range(n)] or sum(counts) != count:
-            return f"expert {e}: layout_range begins {begins} counts {counts} do not tile {count} rows"
-        source = torch.repeat_interleave(torch.arange(n, device="cuda"), torch.tensor(counts, device="cuda"))
+        # Runs by source in ring order from this rank: its own first, then rank me + 1's, ...
+        ring = [(me + p) % n for p in range(n)]
+        if [begins[s] for s in ring] != [sum(counts[s] for s in ring[:p]) for p in range(n)] or sum(counts) != count:
+            return f"expert {e}: layout_range begins {begins} counts {counts} do not tile {count} rows in ring order from rank {me}"
+        source = torch.repeat_interleave(torch.tensor(ring, device="cuda"), torch.tensor([counts[s] for s in ring], device="cuda"))
         tokens = src_info[e, :count].long()
         got = sorted(zip(source.tolist(), tokens.tolist()))
         if got != want:

@@ -130,6 +130,18 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
             num_rdma_bytes: options.num_rdma_bytes,
         };
         let kernels = Kernels::load(&world, &MODULES)?;
+        let num_sms = kernels.num_sms() as usize;
+        if options.low_latency_mode && num_sms > crate::low_latency::MAX_BLOCKS {
+            return Err(BufferError::invalid(
+                "Buffer",
+                format!(
+                    "this GPU has {num_sms} SMs, and low-latency mode keeps one call count per SM \
+                     for at most {}: raise MAX_BLOCKS (src/low_latency/mod.rs) and MAX_LL_BLOCKS \
+                     (kernels/cuda/buffer/low_latency.cuh) together",
+                    crate::low_latency::MAX_BLOCKS
+                ),
+            ));
+        }
         let stream = world.stream().clone();
         let cuda = |what| {
             move |e| BufferError::from(ch04_collectives::CollError::Cuda { what, source: e })

@@ -122,17 +122,19 @@ __device__ __noinline__ void record_failure(const Workspace& ws, uint64_t what, 
 // Waits until `*flag >= target` (acquire: what was written before the flag is visible after).
 // False when this PE has failed, or after the timeout, recording it.
 __device__ __forceinline__ bool wait_at_least(const Workspace& ws, const uint64_t* flag, uint64_t target, Wait what,
-                                              int pe, uint64_t epoch) {
+                                              int pe, uint64_t epoch, uint64_t* value = nullptr) {
     uint64_t seen = ld_acquire_sys(flag);
-    if (seen >= target) return true;
-    const long long start = clock64();
-    while ((seen = ld_acquire_sys(flag)) < target) {
-        if (failed(ws)) return false;
-        if (clock64() - start > ws.timeout_cycles) {
-            record_failure(ws, what, pe, target, seen, epoch);
-            return false;
+    if (seen < target) {
+        const long long start = clock64();
+        while ((seen = ld_acquire_sys(flag)) < target) {
+            if (failed(ws)) return false;
+            if (clock64() - start > ws.timeout_cycles) {
+                record_failure(ws, what, pe, target, seen, epoch);
+                return false;
+            }
         }
     }
+    if (value != nullptr) *value = seen;  // what came, for a flag that also carries data
     return true;
 }
 

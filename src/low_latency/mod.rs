@@ -51,13 +51,19 @@ use ch04_collectives::{CollError, LaunchSpec};
 pub const MAX_EXPERTS: usize = 2048;
 /// Most experts per token.
 pub const MAX_TOPK: usize = 32;
+/// Widest row a low-latency call takes: the send phase stages a row's fp8 scales in shared
+/// memory (`MAX_LL_HIDDEN` in low_latency.cuh).
+pub const MAX_HIDDEN: usize = 32768;
 /// Threads per block of both kernels.
 pub const THREADS_PER_BLOCK: u32 = 512;
 /// Bytes of the control words at the start of the region.
 pub const CONTROL_BYTES: usize = (2 * MAX_PES * 8 + 2 * MAX_EXPERTS * 8).next_multiple_of(256);
-/// u64 words of the per-rank device state (`LlState` in low_latency.cuh: calls, arrived,
+/// Most blocks a low-latency launch has (one per SM; `MAX_LL_BLOCKS` in low_latency.cuh): each
+/// block keeps its own call count.
+pub const MAX_BLOCKS: usize = 256;
+/// u64 words of the per-rank device state (`LlState` in low_latency.cuh: calls[MAX_BLOCKS],
 /// finish[MAX_PES], slots[MAX_EXPERTS]).
-pub(crate) const STATE_WORDS: usize = (8 + 4 + 4 * MAX_PES + 4 * MAX_EXPERTS).div_ceil(8);
+pub(crate) const STATE_WORDS: usize = (8 * MAX_BLOCKS + 4 * MAX_PES + 4 * MAX_EXPERTS).div_ceil(8);
 
 /// The two kernels, each one symbol launched with a phase argument; their mangled names are
 /// looked up once, not on every call.
@@ -232,12 +238,13 @@ fn check_shape(
             ),
         ));
     }
-    if hidden == 0 || !hidden.is_multiple_of(128) {
+    if hidden == 0 || !hidden.is_multiple_of(128) || hidden > MAX_HIDDEN {
         return Err(invalid(
             what,
             format!(
                 "hidden = {hidden} is not supported: the kernels take any multiple of 128 (one \
-                 fp8 scale per 128 channels), e.g. 2048, 2560, 4096, 5120, 6144, 7168, 8192"
+                 fp8 scale per 128 channels) up to {MAX_HIDDEN}, e.g. 2048, 2560, 4096, 5120, \
+                 6144, 7168, 8192"
             ),
         ));
     }
@@ -532,8 +539,26 @@ mod tests {
     }
 
     #[test]
+    fn shapes_outside_the_kernels_limits_are_refused_with_the_limit() {
+        let layout = |hidden| LlLayout {
+            max_tokens: 128,
+            hidden,
+            num_ranks: 2,
+            num_experts: 288,
+        };
+        let room = |hidden| get_low_latency_rdma_size_hint(128, hidden, 2, 288);
+        assert!(check_shape("dispatch", &layout(MAX_HIDDEN), 8, room(MAX_HIDDEN)).is_ok());
+        for hidden in [0, 2000, MAX_HIDDEN + 128] {
+            let error = check_shape("dispatch", &layout(hidden), 8, room(hidden))
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains("multiple of 128") && error.contains("up to 32768"), "{error}");
+        }
+    }
+
+    #[test]
     fn state_words_cover_the_kernel_state() {
-        // calls (8) + arrived (4) + finish (4 x MAX_PES) + slots (4 x MAX_EXPERTS)
-        const { assert!(STATE_WORDS * 8 >= 12 + 4 * MAX_PES + 4 * MAX_EXPERTS) };
+        // calls (8 x MAX_BLOCKS) + finish (4 x MAX_PES) + slots (4 x MAX_EXPERTS)
+        const { assert!(STATE_WORDS * 8 >= 8 * MAX_BLOCKS + 4 * MAX_PES + 4 * MAX_EXPERTS) };
     }
 }

@@ -79,34 +79,43 @@ __device__ __forceinline__ void load_bf16x16(const uint8_t* p, float (&v)[16]) {
     }
 }
 
+// Where a token's copy for one of its experts goes. A peer's expert gets a message in its
+// slot (header, row, scales together, so the scales travel as 16-byte vectors with the row);
+// an expert of this rank gets its final packed row directly, with no slot and no receive copy:
+// this rank's own run comes first in every expert's packed rows, so a slot index is already a
+// packed row.
+struct Destination {
+    uint8_t* row;   // where the row's bytes go
+    void* scales;   // message: its f32 scales; own rank: this row's column in recv_scales
+    bool local;
+};
+
+// Scale c of a row into the packed receive layout, column-major ([e][c][rows], DeepEP's
+// TMA-friendly layout): f32, or with use_ue8m0 the exponent byte, four per int32
+// ([e][c / 4][rows][4]). `column` is recv_scales' element for (e, c = 0, this row).
+__device__ __forceinline__ void store_packed_scale(void* column, int c, int rows_per_expert, bool ue8m0, float value) {
+    if (ue8m0) {
+        static_cast<uint8_t*>(column)[(static_cast<int64_t>(c / 4) * rows_per_expert) * 4 + c % 4] =
+            static_cast<uint8_t>(__float_as_uint(value) >> 23);
+    } else {
+        static_cast<float*>(column)[static_cast<int64_t>(c) * rows_per_expert] = value;
+    }
+}
+
 // ANCHOR: dispatch_send
 // Send phase: block b takes tokens b, b + grid, ...; for each, its top-k destinations get a
 // slot each, and the block streams the token (cast once, from registers) into every slot.
 __device__ __forceinline__ void dispatch_send(const Workspace& ws, const LlDispatchArgs& a, int h, uint64_t k) {
-    __shared__ uint8_t* msg[MAX_TOPK];
+    __shared__ Destination dst[MAX_TOPK];
+    __shared__ float row_scales[MAX_LL_HIDDEN / 128];
     const int n = ws.n_pes, me = ws.my_pe;
     const int L = a.num_experts / n, K = a.num_topk, T = a.max_tokens;
     const int msg_bytes = dispatch_msg_bytes(a.hidden, a.use_fp8);
+    const int row_bytes = a.use_fp8 ? a.hidden : a.hidden * 2;
+    const int num_scales = a.use_fp8 ? a.hidden / 128 : 0;
+    const int rows_per_expert = n * T;
     const int lane = threadIdx.x % 32;
     const int units = a.hidden / 16;  // 16 channels each: 32 bytes in, 16 (fp8) or 32 out
-    // One 16-channel unit of the row to every destination slot: 16 fp8 bytes (+ the group's
-    // scale from one lane in 8) or 32 bf16 bytes.
-    auto store_fp8 = [&](int u, const uint4& packed, float scale_inv) {
-        for (int i = 0; i < K; ++i) {
-            uint8_t* slot = msg[i];
-            if (slot == nullptr) continue;
-            *reinterpret_cast<uint4*>(slot + 16 + u * 16) = packed;
-            if (lane % 8 == 0) reinterpret_cast<float*>(slot + 16 + a.hidden)[u / 8] = scale_inv;
-        }
-    };
-    auto store_bf16 = [&](int u, const uint4& lo, const uint4& hi) {
-        for (int i = 0; i < K; ++i) {
-            if (msg[i] == nullptr) continue;
-            uint4* dst = reinterpret_cast<uint4*>(msg[i] + 16 + u * 32);
-            dst[0] = lo;
-            dst[1] = hi;
-        }
-    };
     auto cast_unit = [&](const uint8_t* row, int u, float* scale_inv) {
         float v[16];
         if (u < units) {
@@ -117,8 +126,24 @@ __device__ __forceinline__ void dispatch_send(const Workspace& ws, const LlDispa
         }
         return cast_fp8(v, a.round_scale, scale_inv);  // every lane: 8-lane shuffles
     };
+    // One 16-channel unit of the row to every destination: 16 fp8 bytes, its group's scale
+    // kept for later (one lane in 8), or 32 bf16 bytes.
+    auto store_fp8 = [&](int u, const uint4& packed, float scale_inv) {
+        for (int i = 0; i < K; ++i) {
+            if (dst[i].row != nullptr) *reinterpret_cast<uint4*>(dst[i].row + u * 16) = packed;
+        }
+        if (lane % 8 == 0) row_scales[u / 8] = scale_inv;
+    };
+    auto store_bf16 = [&](int u, const uint4& lo, const uint4& hi) {
+        for (int i = 0; i < K; ++i) {
+            if (dst[i].row == nullptr) continue;
+            uint4* out = reinterpret_cast<uint4*>(dst[i].row + u * 32);
+            out[0] = lo;
+            out[1] = hi;
+        }
+    };
     for (int t = blockIdx.x; t < a.num_tokens; t += gridDim.x) {
-        __syncthreads();  // the previous token's slots are no longer read
+        __syncthreads();  // the previous token's destinations and scales are no longer read
         const uint8_t* row = a.x + static_cast<int64_t>(t) * a.hidden * 2;
         // Each thread's first unit is loaded (and cast) while threads < K take slots: the
         // two memory round trips overlap instead of following each other.
@@ -133,21 +158,35 @@ __device__ __forceinline__ void dispatch_send(const Workspace& ws, const LlDispa
         }
         if (threadIdx.x < K) {
             const int64_t e = __ldg(a.topk_idx + t * K + threadIdx.x);
-            uint8_t* slot = nullptr;
+            Destination d{nullptr, nullptr, false};
             if (valid_expert(a.bad_input, e, a.num_experts, t)) {
                 const int i = atomicAdd(a.state->slots + e, 1);
                 const int pe = static_cast<int>(e / L);
                 const int local = static_cast<int>(e % L);
-                if (i < T) {
-                    slot = peer(ws, a.region.data[h] + ((static_cast<int64_t>(local) * n + me) * T + i) * msg_bytes, pe);
-                    *reinterpret_cast<int4*>(slot) = make_int4(t, 0, 0, 0);
-                } else {
+                if (i >= T) {
                     // Only a token naming one expert twice can get here (N <= T): the run of
                     // T slots is full. Counted as sent, so the call completes; raised later.
                     a.bad_input.record(moe::SLOTS_FULL, t, static_cast<uint64_t>(e), T);
+                } else if (pe == me) {
+                    const int64_t packed = static_cast<int64_t>(local) * rows_per_expert + i;
+                    a.recv_src_info[packed] = t;
+                    d.row = a.recv_x + packed * row_bytes;
+                    d.local = true;
+                    if (num_scales > 0) {
+                        d.scales = a.use_ue8m0
+                                       ? static_cast<void*>(static_cast<uint8_t*>(a.recv_scales) +
+                                                            (static_cast<int64_t>(local) * (num_scales / 4) * rows_per_expert + i) * 4)
+                                       : static_cast<void*>(static_cast<float*>(a.recv_scales) +
+                                                            static_cast<int64_t>(local) * num_scales * rows_per_expert + i);
+                    }
+                } else {
+                    uint8_t* slot = peer(ws, a.region.data[h] + ((static_cast<int64_t>(local) * n + me) * T + i) * msg_bytes, pe);
+                    *reinterpret_cast<int4*>(slot) = make_int4(t, 0, 0, 0);
+                    d.row = slot + 16;
+                    d.scales = slot + 16 + a.hidden;
                 }
             }
-            msg[threadIdx.x] = slot;
+            dst[threadIdx.x] = d;
         }
         __syncthreads();
         if (a.use_fp8) {
@@ -157,6 +196,25 @@ __device__ __forceinline__ void dispatch_send(const Workspace& ws, const LlDispa
                 float scale_inv;
                 const uint4 packed = cast_unit(row, base + lane, &scale_inv);
                 if (base + lane < units) store_fp8(base + lane, packed, scale_inv);
+            }
+            __syncthreads();  // row_scales complete
+            // The scales: 16-byte vectors into a message (its padding takes a partial last
+            // vector), one column entry each into this rank's packed layout.
+            const int vectors = (num_scales + 3) / 4;
+            for (int j = threadIdx.x; j < K * num_scales; j += blockDim.x) {
+                const Destination& d = dst[j / num_scales];
+                const int c = j % num_scales;
+                if (d.row == nullptr) continue;
+                if (d.local) {
+                    store_packed_scale(d.scales, c, rows_per_expert, a.use_ue8m0, row_scales[c]);
+                } else if (c < vectors) {
+                    uint4 v;
+                    v.x = __float_as_uint(row_scales[4 * c]);
+                    v.y = 4 * c + 1 < num_scales ? __float_as_uint(row_scales[4 * c + 1]) : 0u;
+                    v.z = 4 * c + 2 < num_scales ? __float_as_uint(row_scales[4 * c + 2]) : 0u;
+                    v.w = 4 * c + 3 < num_scales ? __float_as_uint(row_scales[4 * c + 3]) : 0u;
+                    reinterpret_cast<uint4*>(d.scales)[c] = v;
+                }
             }
         } else {
             if (u0 < units) store_bf16(u0, first_lo, first_hi);
@@ -178,88 +236,84 @@ __device__ __forceinline__ void dispatch_send(const Workspace& ws, const LlDispa
 // ANCHOR_END: dispatch_send
 
 // ANCHOR: dispatch_recv
-// Receive phase: the grid's blocks are split into groups of warps, one local expert each (1,
-// 2 or 4 groups per block, as few as cover every expert in one pass: DeepEP's warp groups).
-// A group waits for its expert's count word from every source, then the expert's rows are
-// source 0's tokens, then source 1's, ... Each warp copies whole rows, with their scales.
+// Receive phase. Every local expert's packed rows are runs by source in ring order from this
+// rank: its own run first (written by the send phase, in place), then rank me + 1's, and so on.
+// The work is one unit per (local expert, remote source), spread over every block (1, 2 or 4
+// groups of warps per block, as few as cover the units in one pass: DeepEP's warp groups). A
+// unit waits for the count words of its source and the sources before it in that order (its
+// first row is their sum), then its warps copy whole rows, with their scales.
 __device__ __forceinline__ void dispatch_recv(const Workspace& ws, const LlDispatchArgs& a, int h, uint64_t k) {
     constexpr int kMaxGroups = 4;
-    __shared__ int begins[kMaxGroups][MAX_PES + 1];  // the group's expert's rows from source s: [begin[s], begin[s + 1])
+    __shared__ int counts[kMaxGroups][MAX_PES];  // the group's expert's counts, by position
     __shared__ int all_came[kMaxGroups];
-    const int n = ws.n_pes, L = a.num_experts / n, T = a.max_tokens;
+    const int n = ws.n_pes, me = ws.my_pe, L = a.num_experts / n, T = a.max_tokens;
+    const int positions = n > 1 ? n - 1 : 1;  // units per expert: the remote sources (or, alone, our own)
+    const int units = positions * L;
     int groups = 1;
-    while (groups < kMaxGroups && groups * static_cast<int>(gridDim.x) < L) groups *= 2;
+    while (groups < kMaxGroups && groups * static_cast<int>(gridDim.x) < units) groups *= 2;
     const int group_threads = blockDim.x / groups, group = threadIdx.x / group_threads;
     const int tid = threadIdx.x % group_threads, lane = tid % 32, warp = tid / 32, warps = group_threads / 32;
-    int* begin = begins[group];
+    int* seen = counts[group];
     // Named barrier 1 + group: the group's threads only (barrier 0 is __syncthreads).
     auto group_sync = [&] { asm volatile("bar.sync %0, %1;" ::"r"(group + 1), "r"(group_threads) : "memory"); };
     const int msg_bytes = dispatch_msg_bytes(a.hidden, a.use_fp8);
     const int row_bytes = a.use_fp8 ? a.hidden : a.hidden * 2;
     const int num_scales = a.use_fp8 ? a.hidden / 128 : 0;
     const int rows_per_expert = n * T;
-    auto message = [&](int e, int row) {  // expert e's packed row -> its slot's message
-        int s = 0;
-        while (row >= begin[s + 1]) ++s;
-        return a.region.data[h] + ((static_cast<int64_t>(e) * n + s) * T + row - begin[s]) * msg_bytes;
-    };
-    for (int e = blockIdx.x * groups + group; e < L; e += gridDim.x * groups) {
-        group_sync();  // the previous expert's begin[] is no longer read
+    for (int u = blockIdx.x + group * gridDim.x; u < units; u += gridDim.x * groups) {
+        const int e = u % L;
+        const int p = n > 1 ? 1 + u / L : 0;  // the unit's position in the ring order
+        const int s = (me + p) % n;
+        group_sync();  // the previous unit's counts are no longer read
         if (tid == 0) all_came[group] = 1;
         group_sync();
-        const int s = tid;
-        if (s < n) {
-            const uint64_t* word = a.region.counts[h] + s * L + e;
+        if (tid <= p) {
+            const int source = (me + tid) % n;
             const long long start = clock64();
-            int count = 0;
-            if (wait_at_least(ws, word, k << 32, static_cast<Wait>(WAIT_LL_DISPATCH), s, k)) {
-                count = min(static_cast<int>(ld_volatile(word) & 0xffffffffu), T);
-            } else {
+            uint64_t word = 0;
+            if (!wait_at_least(ws, a.region.counts[h] + source * L + e, k << 32, static_cast<Wait>(WAIT_LL_DISPATCH), source, k, &word))
                 all_came[group] = 0;
-            }
-            if (a.wait_recv_cost != nullptr)
-                atomicAdd(reinterpret_cast<unsigned long long*>(a.wait_recv_cost + s), static_cast<unsigned long long>(clock64() - start));
-            begin[s + 1] = count;
+            seen[tid] = min(static_cast<int>(word & 0xffffffffu), T);
+            // Each source's wait counted once per expert: by its own unit, ours by the last.
+            if (a.wait_recv_cost != nullptr && (tid == p || (tid == 0 && p == n - 1)))
+                atomicAdd(reinterpret_cast<unsigned long long*>(a.wait_recv_cost + source), static_cast<unsigned long long>(clock64() - start));
         }
         group_sync();
         if (!all_came[group]) return;
+        int begin = 0;
+        for (int j = 0; j < p; ++j) begin += seen[j];
+        const int count = seen[p];
         if (tid == 0) {
-            begin[0] = 0;
-            for (int p = 0; p < n; ++p) begin[p + 1] += begin[p];
+            a.recv_layout_range[e * n + s] = (static_cast<int64_t>(begin) << 32) | count;
+            if (p == n - 1) {  // the last run: the expert's total, and our own run's range
+                a.recv_count[e] = begin + count;
+                if (a.cumulative_recv_stats != nullptr) a.cumulative_recv_stats[e] += begin + count;
+                if (n > 1) a.recv_layout_range[e * n + me] = seen[0];
+            }
         }
-        group_sync();
-        const int got = begin[n];
-        if (s < n) a.recv_layout_range[e * n + s] = (static_cast<int64_t>(begin[s]) << 32) | (begin[s + 1] - begin[s]);
-        if (tid == 0) {
-            a.recv_count[e] = got;
-            if (a.cumulative_recv_stats != nullptr) a.cumulative_recv_stats[e] += got;
-        }
-        // One round of loads per row: the header's token and the row's scales are loaded with
-        // the row (16 vectors per lane in flight), so a row costs one memory latency. The
-        // scales go out column-major ([e][c][rows], DeepEP's TMA-friendly layout).
-        for (int row = warp; row < got; row += warps) {
-            const uint8_t* m = message(e, row);
-            const int64_t packed = static_cast<int64_t>(e) * rows_per_expert + row;
+        if (p == 0) continue;  // our own rows are in place
+        // The header's token and the row's scales are loaded before the row, so their latency
+        // overlaps its first round of loads. Rounds of 8 vectors per lane: 16 (one round for a
+        // 7 KB row) measured no faster in v5 and makes the kernel spill registers.
+        const uint8_t* run = a.region.data[h] + (static_cast<int64_t>(e) * n + s) * T * msg_bytes;
+        for (int i = warp; i < count; i += warps) {
+            const uint8_t* m = run + static_cast<int64_t>(i) * msg_bytes;
+            const int64_t packed = static_cast<int64_t>(e) * rows_per_expert + begin + i;
             const int token = lane == 0 ? __ldcg(reinterpret_cast<const int*>(m)) : 0;
             const float* scales = reinterpret_cast<const float*>(m + 16 + row_bytes);
-            float scale[2];
-#pragma unroll
-            for (int j = 0; j < 2; ++j) scale[j] = lane + 32 * j < num_scales ? __ldcg(scales + lane + 32 * j) : 0.0f;
-            warp_copy_deep<true, 16>(a.recv_x + packed * row_bytes, m + 16, row_bytes, lane);
+            const float scale0 = lane < num_scales ? __ldcg(scales + lane) : 0.0f;
+            const float scale1 = lane + 32 < num_scales ? __ldcg(scales + lane + 32) : 0.0f;
+            warp_copy_deep<true, 8>(a.recv_x + packed * row_bytes, m + 16, row_bytes, lane);
             if (lane == 0) a.recv_src_info[packed] = token;
-            for (int c = lane; c < num_scales; c += 32) {
-                const float value = c < 64 ? scale[c / 32] : __ldcg(scales + c);  // hidden > 8192: a second round
-                const int64_t i = row;
-                if (a.use_ue8m0) {
-                    // Packed 4 per int32: byte c % 4 of int (c / 4, row).
-                    auto* out = static_cast<uint8_t*>(a.recv_scales);
-                    out[((static_cast<int64_t>(e) * (num_scales / 4) + c / 4) * rows_per_expert + i) * 4 + c % 4] =
-                        static_cast<uint8_t>(__float_as_uint(value) >> 23);
-                } else {
-                    auto* out = static_cast<float*>(a.recv_scales);
-                    out[(static_cast<int64_t>(e) * num_scales + c) * rows_per_expert + i] = value;
-                }
-            }
+            if (num_scales == 0) continue;
+            void* column = a.use_ue8m0 ? static_cast<void*>(static_cast<uint8_t*>(a.recv_scales) +
+                                                            (static_cast<int64_t>(e) * (num_scales / 4) * rows_per_expert + begin + i) * 4)
+                                       : static_cast<void*>(static_cast<float*>(a.recv_scales) +
+                                                            static_cast<int64_t>(e) * num_scales * rows_per_expert + begin + i);
+            if (lane < num_scales) store_packed_scale(column, lane, rows_per_expert, a.use_ue8m0, scale0);
+            if (lane + 32 < num_scales) store_packed_scale(column, lane + 32, rows_per_expert, a.use_ue8m0, scale1);
+            for (int c = lane + 64; c < num_scales; c += 32)  // hidden > 8192: the rest
+                store_packed_scale(column, c, rows_per_expert, a.use_ue8m0, __ldcg(scales + c));
         }
     }
 }

@@ -19,7 +19,7 @@
 //   half[2]   a third each of the rest of the region, at offsets fixed by the region's size
 //             (so calls of different shapes share them), each >= E x T x (16 + 2 x hidden)
 //             (E = num_experts, L = E / n_pes local experts, msg_bytes the call's message)
-//     dispatch: slot (e, s, i) at ((e * n_pes + s) * T + i) * msg_bytes:
+//     dispatch: slot (e, s, i) at ((e * n_pes + s) * T + i) * msg_bytes (s != this rank):
 //                 [src token: i32, pad x 3][row: hidden bf16 or fp8][scales: f32 x hidden/128],
 //                 the whole rounded up to 16 bytes (every slot 16-byte aligned)
 //     combine:  row (global expert g, token t) at (g * T + t) * 2 * hidden: the bf16 result
@@ -27,8 +27,9 @@
 //
 // ANCHOR: ll_notes
 // NOTES on the protocol (the subtle part):
-// - Calls are numbered on the device (LlState::calls, the last finished call), never from the
-//   host, so a graph replay is a new call. Dispatches and combines share one count: call k
+// - Calls are numbered on the device (LlState::calls, the last call each block finished; all
+//   blocks agree, since every launch has one block per SM and each closes every call), never
+//   from the host, so a graph replay is a new call. Dispatches and combines share one count: call k
 //   uses half k & 1 of every rank's region, dispatch or combine.
 // - Reuse of a half needs no cleaning: call k writes into a peer's half h only after its own
 //   call k - 1 received from every peer (stream order), and that peer sent call k - 1 only
@@ -46,9 +47,16 @@
 //   whole block's stores (causality order: barrier, then fence, then atomic), and the
 //   atomic-then-fence in the last block carries every block's stores to its release stores:
 //   the pattern of cooperative groups' grid sync and of DeepEP's per-expert finish counters.
+//   The blocks' fences are system-scoped, the conservative choice: GPU scope would do by the
+//   memory model (the blocks meet on this GPU and the release stores are cumulative), and
+//   measured no faster (v9 in benchmarks/notes/buffer.md).
 // - Slots are handed out by atomics on LlState::slots, in the order tokens reach them (as in
 //   DeepEP); the last block for a destination reads and zeroes its experts' counters in one
 //   atomicExch, which is also the reset for the next call.
+// - Every expert's packed rows are runs by source in ring order from the receiver: its own
+//   run first. So a token for an expert of its own rank needs no slot: slot index i is its
+//   packed row, and the send phase writes the row, its scales and its source token straight
+//   into the outputs; the receive phase copies only the peers' runs.
 // ANCHOR_END: ll_notes
 #pragma once
 
@@ -64,16 +72,17 @@ constexpr int PHASE_SEND = 1;
 constexpr int PHASE_RECV = 2;
 constexpr int MAX_EXPERTS = 2048;  // host mirror: low_latency::MAX_EXPERTS
 constexpr int MAX_TOPK = 32;
+constexpr int MAX_LL_HIDDEN = 32768;  // a row's fp8 scales are staged in shared memory; host mirror: low_latency::MAX_HIDDEN
 // Failure kinds beyond chapter 7's (error record word 4). Host mirror: src/error.rs.
 constexpr uint64_t WAIT_LL_DISPATCH = 10;
 constexpr uint64_t WAIT_LL_COMBINE = 11;
 
 // Per-rank device state (local memory, zeroed at creation). Host mirror: LlState in
 // src/low_latency/mod.rs (its size).
+constexpr int MAX_LL_BLOCKS = 256;  // SMs of the GPU; host mirror: low_latency::MAX_BLOCKS
 struct LlState {
-    unsigned long long calls;      // last finished LL call
-    unsigned int arrived;          // blocks of the current call past their receive phase
-    unsigned int finish[MAX_PES];  // messages written to each PE in the current call
+    unsigned long long calls[MAX_LL_BLOCKS];  // calls[b]: the last LL call block b finished
+    unsigned int finish[MAX_PES];             // blocks done writing to each PE in the current call
     int slots[MAX_EXPERTS];        // tokens sent to each global expert in the current dispatch
 };
 
@@ -131,16 +140,11 @@ __device__ __forceinline__ void finish_sends(const Workspace& ws, LlState* state
     }
 }
 
-// The last block of a call to finish its receive phase closes the call.
+// A block past its receive phase has finished the call. Each block counts calls in a word of
+// its own (every launch has one block per SM), so closing a call is a plain store, not an
+// atomic every block waits for; only later launches read it, after this kernel's end.
 __device__ __forceinline__ void end_ll_call(LlState* state, uint64_t k) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        if (atomicAdd(&state->arrived, 1u) == gridDim.x - 1) {
-            state->arrived = 0;
-            *reinterpret_cast<volatile unsigned long long*>(&state->calls) = k;
-        }
-    }
+    if (threadIdx.x == 0) state->calls[blockIdx.x] = k;
 }
 
 // One launch of a call: its send phase, its receive phase, or both (`phases`, a mask of
@@ -148,7 +152,7 @@ __device__ __forceinline__ void end_ll_call(LlState* state, uint64_t k) {
 // closes the call.
 template <typename Args, typename Phase>
 __device__ __forceinline__ void run_call(const Workspace& ws, const Args& args, int phases, Phase send, Phase recv) {
-    const uint64_t k = ld_volatile(reinterpret_cast<const uint64_t*>(&args.state->calls)) + 1;
+    const uint64_t k = ld_volatile(reinterpret_cast<const uint64_t*>(args.state->calls + blockIdx.x)) + 1;
     const int h = static_cast<int>(k & 1);
     if (phases & PHASE_SEND) send(ws, args, h, k);
     if (phases & PHASE_RECV) {

@@ -67,8 +67,9 @@ impl Checks {
     }
 
     // ANCHOR: check_dispatch
-    /// Every local expert's outputs: its count, its per-source ranges in source order, each
-    /// valid row (which token, from whom, its data and scales), and poison past them.
+    /// Every local expert's outputs: its count, its per-source ranges in ring order from this
+    /// rank (its own run first, then rank me + 1's, ...), each valid row (which token, from
+    /// whom, its data and scales), and poison past them.
     pub(crate) fn dispatch(&mut self, all: &[Tokens], got: &Received) {
         let (n, l) = (self.layout.num_ranks, self.layout.num_local_experts());
         let rows_per_expert = n * self.layout.max_tokens;
@@ -78,7 +79,8 @@ impl Checks {
             let total: usize = want.iter().map(|tokens| kept(tokens)).sum();
             counts += usize::from(got.count[e] != total as i32);
             let mut begin = 0;
-            for (s, tokens) in want.iter().enumerate() {
+            for s in (0..n).map(|p| (self.me + p) % n) {
+                let tokens = &want[s];
                 let range = ((begin as i64) << 32) | kept(tokens) as i64;
                 ranges += usize::from(got.layout_range[e * n + s] != range);
                 // Source s's rows: its tokens, each as often as it chose e, in any order (and
