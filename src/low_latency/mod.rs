@@ -552,7 +552,10 @@ mod tests {
             let error = check_shape("dispatch", &layout(hidden), 8, room(hidden))
                 .unwrap_err()
                 .to_string();
-            assert!(error.contains("multiple of 128") && error.contains("up to 32768"), "{error}");
+            assert!(
+                error.contains("multiple of 128") && error.contains("up to 32768"),
+                "{error}"
+            );
         }
     }
 
