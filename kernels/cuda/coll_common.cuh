@@ -2,9 +2,11 @@
 //
 // EPOCHS. A communicator counts its calls. Every PE makes the same calls in the same order,
 // so call number e means the same collective on every PE, and e is the value every flag of
-// that call carries. The count lives on the device (`Workspace::state[0]`, the epoch of the
-// last finished call): each kernel reads it when it starts and its last block to finish
-// advances it. Nothing comes from the host per call, which is what lets a CUDA graph replay
+// that call carries. The count lives on the device, one copy per block slot
+// (`Workspace::state[STATE_EPOCHS + b]`, the epoch of the last finished call): block b of a
+// kernel reads slot b when it starts, and at its end writes the new epoch into the slots
+// congruent to b modulo the grid, so every slot advances once per call whatever the launch's
+// grid, with plain stores instead of an atomic that every block's tail would wait for. Nothing comes from the host per call, which is what lets a CUDA graph replay
 // the same launch many times. Flags only ever grow, so nobody resets them and a stale value
 // can never pass for a new one.
 //
@@ -42,6 +44,10 @@ namespace coll {
 
 constexpr int MAX_PES = 8;
 constexpr int MAX_BLOCKS = 256;
+// Workspace::state, local device u64 words: [STATE_FAILED] this PE failed (0 or 1); from
+// [STATE_EPOCHS], MAX_BLOCKS slots of the last finished call. Host mirror: workspace.rs.
+constexpr int STATE_FAILED = 2;
+constexpr int STATE_EPOCHS = 4;
 constexpr uint64_t STEPS_PER_EPOCH = 16;
 
 // What a failed wait was waiting for (error record word 4). The host mirror is
@@ -58,7 +64,7 @@ enum Wait : uint64_t {
 // The communicator as a kernel sees it. Passed by value to every kernel; the host mirror is
 // ch04_collectives::Workspace (same field order, `#[repr(C)]`).
 struct Workspace {
-    uint64_t* state;          // local device [4] u64: last finished epoch, blocks arrived, failed, -
+    uint64_t* state;          // local device [STATE_EPOCHS + MAX_BLOCKS] u64: failed at STATE_FAILED, epochs per block slot
     uint64_t* error;          // host-mapped [8] u64: failed, pe, expected, seen, what, block, epoch, -
     uint64_t* ready;          // symmetric [MAX_PES] u64: ready[p] = last call p announced
     uint64_t* done;           // symmetric [MAX_PES][MAX_BLOCKS] u64: tickets, by writer and block
@@ -101,13 +107,13 @@ __device__ __forceinline__ T* peer(const Workspace& ws, T* ptr, int pe) {
 
 // ---- failure ----------------------------------------------------------------------------------
 
-__device__ __forceinline__ bool failed(const Workspace& ws) { return ld_volatile(ws.state + 2) != 0; }
+__device__ __forceinline__ bool failed(const Workspace& ws) { return ld_volatile(ws.state + STATE_FAILED) != 0; }
 
 // First failure wins: it claims state[2] (device memory, where atomics are cheap), fills the
 // host-mapped record and raises its word 0 last, so a host that sees word 0 sees the rest.
 __device__ __noinline__ void record_failure(const Workspace& ws, uint64_t what, int pe, uint64_t expected,
                                             uint64_t seen, uint64_t epoch) {
-    if (atomicCAS(reinterpret_cast<unsigned long long*>(ws.state + 2), 0ull, 1ull) != 0ull) return;
+    if (atomicCAS(reinterpret_cast<unsigned long long*>(ws.state + STATE_FAILED), 0ull, 1ull) != 0ull) return;
     volatile uint64_t* record = ws.error;
     record[1] = static_cast<uint64_t>(pe);
     record[2] = expected;
@@ -150,21 +156,16 @@ __device__ __forceinline__ uint64_t begin_call(const Workspace& ws) {
     if (blockIdx.x == 0 && pe < ws.n_pes && pe != ws.my_pe) {
         asm volatile("red.relaxed.sys.global.add.u64 [%0], 1;" ::"l"(peer(ws, ws.ready + ws.my_pe, pe)) : "memory");
     }
-    return ld_volatile(ws.state) + 1;
+    return ld_volatile(ws.state + STATE_EPOCHS + blockIdx.x) + 1;
 }
 // ANCHOR_END: begin_call
 
-// The last block of the grid to get here advances the epoch. Every block read it in
-// begin_call before arriving, so none of this launch can see the new value.
+// Block b advances the epoch in slots b, b + grid, b + 2 grid, ...: every slot once per call.
+// Slot b is written by block b alone in this launch, after it read it in begin_call, so no
+// block of this launch sees the new value; later launches read it after this one's end.
 __device__ __forceinline__ void end_call(const Workspace& ws, uint64_t epoch) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        auto* arrived = reinterpret_cast<unsigned long long*>(ws.state + 1);
-        if (atomicAdd(arrived, 1ull) == gridDim.x - 1) {
-            *arrived = 0;
-            *reinterpret_cast<volatile uint64_t*>(ws.state) = epoch;
-        }
-    }
+    for (unsigned slot = blockIdx.x + threadIdx.x * gridDim.x; slot < MAX_BLOCKS; slot += blockDim.x * gridDim.x)
+        ws.state[STATE_EPOCHS + slot] = epoch;
 }
 
 // Block-wide wait by thread 0 for a peer's flag; every thread learns the outcome.

@@ -11,7 +11,8 @@
 //!         ll_slot_bytes = 2 x ll_max_bytes (rounded up to 16): half of each line is flag
 //! ```
 //!
-//! Beside it, per PE: `state` (device: last finished call, blocks arrived, failed) and the
+//! Beside it, per PE: `state` (device: failed, and the last finished call in MAX_BLOCKS slots,
+//! one per block of a launch: [`STATE_WORDS`]) and the
 //! error record (host-mapped pinned memory, so the host reads it without synchronising).
 
 use std::ffi::c_void;
@@ -57,6 +58,9 @@ unsafe impl DeviceRepr for Workspace {}
 
 const READY_BYTES: usize = MAX_PES * 8;
 const DONE_BYTES: usize = MAX_PES * MAX_BLOCKS as usize * 8;
+/// u64 words of the local call state (coll_common.cuh: the failed word at `STATE_FAILED` = 2,
+/// the epochs from `STATE_EPOCHS` = 4, one per block slot).
+pub const STATE_WORDS: usize = 4 + MAX_BLOCKS as usize;
 const COUNTS_BYTES: usize = 2 * MAX_PES * MAX_PES * 8;
 
 /// Bytes of the symmetric allocation for `n_pes` PEs and LL payloads up to `ll_max_bytes`.
@@ -176,7 +180,7 @@ impl<W: Deref<Target = World>> Memory<W> {
             .map_err(CollError::cuda("reading the SM clock rate"))?;
         let stream = world.stream().clone();
         let state = stream
-            .alloc_zeros::<u64>(4)
+            .alloc_zeros::<u64>(STATE_WORDS)
             .map_err(CollError::cuda("allocating the call state"))?;
         let record = HostMapped::new(8)?;
         let own_bytes = symmetric_bytes(n_pes, config.ll_max_bytes);
