@@ -127,6 +127,23 @@ def host_time(fn, calls=100, profile=False, report=False):
     return elapsed * 1e6 / calls
 
 
+def pair_of(buffer, x, topk_idx, topk_weights, y):
+    """One dispatch + combine as `pair(hook)`: with the hook, each receive launches after a
+    100 us GPU sleep, so it finds its data arrived (as the test's CPU GEMM does)."""
+
+    def pair(hook):
+        _, _, h, _, recv_hook = buffer.low_latency_dispatch(x, topk_idx, TOKENS, EXPERTS, use_fp8=True, return_recv_hook=hook)
+        if hook:
+            torch.cuda._sleep(200_000)
+            recv_hook()
+        _, _, recv_hook = buffer.low_latency_combine(y, topk_idx, topk_weights, h, return_recv_hook=hook)
+        if hook:
+            torch.cuda._sleep(200_000)
+            recv_hook()
+
+    return pair
+
+
 def scaling(buffer, x, topk_idx, topk_weights, y, rank, num_ranks, out):
     """Kernel times against the number of tokens that send anything (the others' top-k set to
     -1): the intercept is a call's fixed cost (launch, signals, waits), the slope its cost per
@@ -135,17 +152,7 @@ def scaling(buffer, x, topk_idx, topk_weights, y, rank, num_ranks, out):
     for active in (0, 1, 16, 64, TOKENS):
         routing = topk_idx.clone()
         routing[active:] = -1
-
-        def pair(hook):
-            _, _, h, _, recv_hook = buffer.low_latency_dispatch(x, routing, TOKENS, EXPERTS, use_fp8=True, return_recv_hook=hook)
-            if hook:
-                torch.cuda._sleep(200_000)
-                recv_hook()
-            _, _, recv_hook = buffer.low_latency_combine(y, routing, topk_weights, h, return_recv_hook=hook)
-            if hook:
-                torch.cuda._sleep(200_000)
-                recv_hook()
-
+        pair = pair_of(buffer, x, routing, topk_weights, y)
         dist.barrier()
         one = kernel_times(lambda: pair(False), ("dispatch", "combine"), 1)
         dist.barrier()
@@ -187,16 +194,7 @@ def run(local_rank, num_ranks, args):
     y = (recv[0].float().view(*recv[0].shape[:2], -1, 128) * recv[1].unsqueeze(3)).view(recv[0].shape).to(torch.bfloat16)
     buffer.low_latency_combine(y, topk_idx, topk_weights, handle)
 
-    def pair(hook):
-        _, _, h, _, recv_hook = buffer.low_latency_dispatch(x, topk_idx, TOKENS, EXPERTS, use_fp8=True, return_recv_hook=hook)
-        if hook:
-            torch.cuda._sleep(200_000)
-            recv_hook()
-        _, _, recv_hook = buffer.low_latency_combine(y, topk_idx, topk_weights, h, return_recv_hook=hook)
-        if hook:
-            torch.cuda._sleep(200_000)
-            recv_hook()
-
+    pair = pair_of(buffer, x, topk_idx, topk_weights, y)
     if args.scaling:
         scaling(buffer, x, topk_idx, topk_weights, y, rank, num_ranks, args.out)
         bench_processes.leave(buffer)
