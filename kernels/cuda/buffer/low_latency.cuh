@@ -9,7 +9,7 @@
 // Shapes are fixed by (T, hidden, num_experts) alone, which is what lets a CUDA graph capture
 // a dispatch and a combine once and replay them with new data.
 //
-// Layout of the low-latency region (host mirror with the size formulas: src/low_latency/mod.rs):
+// Layout of the low-latency region (host mirror with the size formulas: src/low_latency/layout.rs):
 //
 //   control  (fixed offsets, whatever the call's shape)
 //     flags[2][MAX_PES]    u64   flags[h][s]: the last combine whose rows PE s finished
