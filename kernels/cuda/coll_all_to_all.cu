@@ -105,10 +105,10 @@ extern "C" __global__ void __launch_bounds__(512) coll_all_to_all_v(const __grid
             uint64_t recv_offset = 0;  // rows of PEs 0..me-1 before mine in q's out
             for (int p = 0; p < me; ++p) recv_offset += matrix[p][q];
             const uint64_t num_bytes = matrix[me][q] * row_bytes;
-            uint64_t begin, end;
-            part_bounds(num_bytes, gridDim.x, blockIdx.x, &begin, &end);
             uint8_t* dst = (q == me ? out : peer(ws, out, q)) + recv_offset * row_bytes;
-            copy_bytes(dst, input + send_offset * row_bytes, begin, end, threadIdx.x, blockDim.x);
+            for_each_piece(num_bytes, [&](uint64_t begin, uint64_t end) {
+                copy_bytes(dst, input + send_offset * row_bytes, begin, end, threadIdx.x, blockDim.x);
+            });
         }
         block_signal_done_all(ws, ticket(epoch, 1));
         block_wait_done_all(ws, ticket(epoch, 1), epoch);

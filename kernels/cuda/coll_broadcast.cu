@@ -37,56 +37,82 @@ extern "C" __global__ void __launch_bounds__(512) coll_broadcast_ll(const __grid
 // ANCHOR_END: broadcast_ll
 
 // ANCHOR: broadcast_scatter
-// Large messages: scatter, then all-gather. The message is cut into n parts; the root stores
-// part q into PE q, and its own part into everybody; then every PE q forwards part q to the
-// PEs other than the root. Storing everything into everybody would make the root send
-// (n - 1) x num_bytes over its own links; this way no PE sends much more than num_bytes.
-// Block b moves the same slice of every part, so it waits only for block b of the root.
+// Large messages: scatter, then all-gather, pipelined. The message is cut into n - 1 parts, one
+// per PE other than the root (its forwarders): part f goes from the root to forwarder f only,
+// so the root sends the message once, and forwarder f passes part f on to the other
+// forwarders as the root's data arrives.
+//
+// Each part is dealt to the blocks in pieces, round-robin (for_each_piece's cut): in round r
+// block b moves piece r x G + b (G blocks) of every part. The root's block b starts each
+// round at part b mod (n - 1), so that every forwarder has data from the first round on.
+//
+// Rounds are grouped into at most MAX_STEPS steps. After each step the root's block b fences
+// once and raises its done word on every forwarder to the step's number; forwarder f's block b
+// waits for each step and forwards that step's chunks of part f. At the end the forwarders
+// tell each other they are done (FINAL_STEP), since each one's output is complete only when
+// every other forwarder's part has arrived. At n = 2 there is nothing to forward, and one step
+// (one fence per block) is all the one forwarder needs.
 // In place (out == input on the root) skips the root's local copy.
 // input: local [num_bytes] (read on the root only); out: symmetric [num_bytes].
+constexpr uint64_t MAX_STEPS = 14;          // steps 1 .. 14 of the root's done word
+constexpr uint64_t FINAL_STEP = 15;         // < STEPS_PER_EPOCH
 extern "C" __global__ void __launch_bounds__(512) coll_broadcast_scatter(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out,
                                                   uint64_t num_bytes, int root) {
     const uint64_t epoch = begin_call(ws);
-    const int me = ws.my_pe, n = ws.n_pes;
-    // This block's slice [begin, end) of part `part`.
-    auto slice = [&](int part, uint64_t* begin, uint64_t* end) {
+    const int me = ws.my_pe, n = ws.n_pes, forwarders = n - 1;
+    const bool local_copy = out != input;
+    if (forwarders == 0) {
+        if (local_copy) copy_bytes(out, input, 0, num_bytes, uint64_t(blockIdx.x) * blockDim.x + threadIdx.x, uint64_t(gridDim.x) * blockDim.x);
+        end_call(ws, epoch);
+        return;
+    }
+    // Part 0 is the longest: its size sets the piece and the number of rounds for every part.
+    uint64_t longest_begin, longest_end;
+    part_bounds(num_bytes, forwarders, 0, &longest_begin, &longest_end);
+    const uint64_t longest = longest_end - longest_begin, grid = gridDim.x, piece = piece_bytes(longest);
+    const uint64_t rounds = (longest + grid * piece - 1) / (grid * piece);
+    const uint64_t steps = forwarders > 1 ? min(MAX_STEPS, rounds) : 1;
+    // This block's bytes of part f in round r (empty past the part's end).
+    auto chunk = [&](int f, uint64_t r, uint64_t* begin, uint64_t* end) {
         uint64_t part_begin, part_end;
-        part_bounds(num_bytes, n, part, &part_begin, &part_end);
-        part_bounds(part_end - part_begin, gridDim.x, blockIdx.x, begin, end);
-        *begin += part_begin;
-        *end += part_begin;
+        part_bounds(num_bytes, forwarders, f, &part_begin, &part_end);
+        *begin = min(part_end, part_begin + (r * grid + blockIdx.x) * piece);
+        *end = min(part_end, *begin + piece);
     };
+    auto first_round = [&](uint64_t step) { return step * rounds / steps; };
+    auto pe_of = [&](int f) { return (root + 1 + f) % n; };
     uint64_t begin, end;
     uint8_t* dsts[MAX_PES];
     if (block_wait_ready(ws, epoch)) {
         if (me == root) {
-            const bool local_copy = out != input;
-            // Our own part to everybody, then part q to PE q (and to our own out).
-            int num = 0;
-            for (int i = 1; i < n; ++i) dsts[num++] = peer(ws, out, (me + i) % n);
-            if (local_copy) dsts[num++] = out;
-            slice(root, &begin, &end);
-            copy_to_many(dsts, num, input, begin, end, threadIdx.x, blockDim.x);
-            for (int i = 1; i < n; ++i) {
-                const int q = (me + i) % n;
-                dsts[0] = peer(ws, out, q);
-                dsts[1] = out;
-                slice(q, &begin, &end);
-                copy_to_many(dsts, local_copy ? 2 : 1, input, begin, end, threadIdx.x, blockDim.x);
-                block_signal_done(ws, q, ticket(epoch, 1));
+            for (uint64_t step = 0; step < steps; ++step) {
+                for (uint64_t r = first_round(step); r < first_round(step + 1); ++r) {
+                    for (int i = 0; i < forwarders; ++i) {
+                        const int f = static_cast<int>((blockIdx.x + i) % forwarders);
+                        dsts[0] = peer(ws, out, pe_of(f));
+                        dsts[1] = out;
+                        chunk(f, r, &begin, &end);
+                        copy_to_many(dsts, local_copy ? 2 : 1, input, begin, end, threadIdx.x, blockDim.x);
+                    }
+                }
+                block_signal_done_all(ws, ticket(epoch, 1 + step));  // one fence per step
             }
         } else {
+            const int f = (me - root - 1 + n) % n;
+            int num = 0;
+            for (int i = 1; i < forwarders; ++i) dsts[num++] = peer(ws, out, pe_of((f + i) % forwarders));
             const uint64_t* from_root = ws.done + root * MAX_BLOCKS + blockIdx.x;
-            if (block_wait_at_least(ws, from_root, ticket(epoch, 1), WAIT_DONE, root, epoch)) {
-                int num = 0;
-                for (int i = 1; i < n; ++i) {
-                    const int q = (me + i) % n;
-                    if (q != root) dsts[num++] = peer(ws, out, q);
+            bool arrived = true;
+            for (uint64_t step = 0; step < steps && arrived; ++step) {
+                arrived = block_wait_at_least(ws, from_root, ticket(epoch, 1 + step), WAIT_DONE, root, epoch);
+                for (uint64_t r = first_round(step); arrived && num > 0 && r < first_round(step + 1); ++r) {
+                    chunk(f, r, &begin, &end);
+                    copy_to_many(dsts, num, out, begin, end, threadIdx.x, blockDim.x);
                 }
-                slice(me, &begin, &end);
-                copy_to_many(dsts, num, out, begin, end, threadIdx.x, blockDim.x);
-                block_signal_done_all(ws, ticket(epoch, 2), root);
-                block_wait_done_all(ws, ticket(epoch, 2), epoch, root);
+            }
+            if (arrived && num > 0) {
+                block_signal_done_all(ws, ticket(epoch, FINAL_STEP), root);
+                block_wait_done_all(ws, ticket(epoch, FINAL_STEP), epoch, root);
             }
         }
     }

@@ -413,6 +413,29 @@ __device__ __forceinline__ void part_bounds(uint64_t num_bytes, uint64_t num_par
     *end = min(num_bytes, *begin + per_part);
 }
 
+// ANCHOR: block_pieces
+// Block b's share of a range of `num_bytes`, as pieces dealt round-robin: piece k, bytes
+// [k P, (k + 1) P), belongs to block k mod G (G blocks). Cutting the range into G contiguous
+// slices instead has the grid storing into G places far apart at once, and that costs NVLink
+// bandwidth at large sizes (chapter 3's launch-shape sweep, 256 MiB: as 132 slices 346 GB/s,
+// as 528 slices 368 GB/s). P is an equal share of the range, 16-byte rounded, up to
+// MAX_PIECE_BYTES, so a range of up to G x 64 KiB is cut exactly as G slices would cut it.
+constexpr uint64_t MAX_PIECE_BYTES = 64 << 10;  // two rounds of 4 vectors per thread of a 512-thread block
+
+__device__ __forceinline__ uint64_t piece_bytes(uint64_t num_bytes) {
+    const uint64_t share = (num_bytes + 16 * uint64_t(gridDim.x) - 1) / (16 * uint64_t(gridDim.x)) * 16;
+    return max(uint64_t(16), min(MAX_PIECE_BYTES, share));
+}
+
+// Calls piece(begin, end) for each of this block's pieces of [0, num_bytes), in order.
+template <typename Piece>
+__device__ __forceinline__ void for_each_piece(uint64_t num_bytes, Piece piece) {
+    const uint64_t bytes = piece_bytes(num_bytes), stride = bytes * gridDim.x;
+#pragma unroll 1
+    for (uint64_t begin = blockIdx.x * bytes; begin < num_bytes; begin += stride) piece(begin, min(num_bytes, begin + bytes));
+}
+// ANCHOR_END: block_pieces
+
 // ---- element types of reductions ---------------------------------------------------------------
 
 // Sums are always taken in fp32, in PE order 0, 1, ..., n_pes - 1, so every algorithm and the

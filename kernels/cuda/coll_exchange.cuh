@@ -51,8 +51,6 @@ __device__ __forceinline__ void exchange_ll(const Workspace& ws, uint64_t epoch,
 __device__ __forceinline__ void exchange_direct(const Workspace& ws, uint64_t epoch, const uint8_t* input,
                                                 uint64_t src_stride, uint8_t* out, uint64_t num_bytes) {
     if (!block_wait_ready(ws, epoch)) return;
-    uint64_t begin, end;
-    part_bounds(num_bytes, gridDim.x, blockIdx.x, &begin, &end);
     const int me = ws.my_pe, n = ws.n_pes;
     uint8_t* dsts[MAX_PES];
     const uint8_t* srcs[MAX_PES];
@@ -64,11 +62,13 @@ __device__ __forceinline__ void exchange_direct(const Workspace& ws, uint64_t ep
             srcs[i] = block_for(input, src_stride, q);
         }
     }
-    if (src_stride == 0) {
-        copy_to_many(dsts, n, input, begin, end, threadIdx.x, blockDim.x);  // all-gather: one source
-    } else {
-        copy_fanout(dsts, srcs, n, begin, end, threadIdx.x, blockDim.x);
-    }
+    for_each_piece(num_bytes, [&](uint64_t begin, uint64_t end) {
+        if (src_stride == 0) {
+            copy_to_many(dsts, n, input, begin, end, threadIdx.x, blockDim.x);  // all-gather: one source
+        } else {
+            copy_fanout(dsts, srcs, n, begin, end, threadIdx.x, blockDim.x);
+        }
+    });
     block_signal_done_all(ws, ticket(epoch, 1));
     block_wait_done_all(ws, ticket(epoch, 1), epoch);
 }

@@ -49,8 +49,50 @@ __device__ __forceinline__ void reduce_ll(const Workspace& ws, uint64_t epoch, c
 
 // ANCHOR: reduce_chunk
 // dsts[d][i] = sum over p of srcs[p][i], for elements [begin, end), summed in PE order.
-// srcs: n_pes pointers (this PE's and its peers' copies); dsts: num_dsts pointers. 16-byte
-// vectors when every pointer allows it, with the loads of all PEs in flight together.
+// srcs: n_pes pointers (this PE's and its peers' copies); dsts: num_dsts <= n_pes pointers.
+// 16-byte vectors when every pointer allows it. The sum is bound by the latency of the
+// peers' loads, so each thread keeps loads in flight: UNROLL vectors of each of the NP PEs
+// (NP, the PE count rounded up, is a template argument so that the loads stay in
+// registers). At two PEs that is 2 vectors per thread; more would spill registers.
+template <typename T, int NP, int UNROLL>
+__device__ __forceinline__ void reduce_vectors(const uint8_t* const (&srcs)[MAX_PES], int n, uint8_t* const (&dsts)[MAX_PES],
+                                               int num_dsts, uint64_t begin, uint64_t num_vectors) {
+    constexpr int PER_VECTOR = 16 / sizeof(T);
+    for (uint64_t v0 = threadIdx.x; v0 < num_vectors; v0 += uint64_t(blockDim.x) * UNROLL) {
+        uint4 loaded[UNROLL][NP];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const uint64_t v = v0 + uint64_t(u) * blockDim.x;
+#pragma unroll
+            for (int p = 0; p < NP; ++p) {
+                if (p < n && v < num_vectors) loaded[u][p] = *reinterpret_cast<const uint4*>(srcs[p] + (begin + v * PER_VECTOR) * sizeof(T));
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const uint64_t v = v0 + uint64_t(u) * blockDim.x;
+            if (v >= num_vectors) break;
+            float acc[PER_VECTOR] = {};
+#pragma unroll
+            for (int p = 0; p < NP; ++p) {
+                if (p < n) {
+                    const T* values = reinterpret_cast<const T*>(&loaded[u][p]);
+#pragma unroll
+                    for (int k = 0; k < PER_VECTOR; ++k) acc[k] += Element<T>::load(values[k]);
+                }
+            }
+            uint4 sum;
+            T* packed = reinterpret_cast<T*>(&sum);
+#pragma unroll
+            for (int k = 0; k < PER_VECTOR; ++k) packed[k] = Element<T>::store(acc[k]);
+#pragma unroll
+            for (int d = 0; d < NP; ++d) {
+                if (d < num_dsts) *reinterpret_cast<uint4*>(dsts[d] + (begin + v * PER_VECTOR) * sizeof(T)) = sum;
+            }
+        }
+    }
+}
+
 template <typename T>
 __device__ __forceinline__ void reduce_chunk(const uint8_t* const (&srcs)[MAX_PES], int n, uint8_t* const (&dsts)[MAX_PES],
                                              int num_dsts, uint64_t begin, uint64_t end) {
@@ -64,30 +106,12 @@ __device__ __forceinline__ void reduce_chunk(const uint8_t* const (&srcs)[MAX_PE
     uint64_t i = begin;
     if ((misalignment & 15) == 0) {
         const uint64_t num_vectors = (end - begin) / PER_VECTOR;
-        for (uint64_t v = threadIdx.x; v < num_vectors; v += blockDim.x) {
-            const uint64_t offset = (begin + v * PER_VECTOR) * sizeof(T);
-            uint4 loaded[MAX_PES];
-#pragma unroll
-            for (int p = 0; p < MAX_PES; ++p) {
-                if (p < n) loaded[p] = *reinterpret_cast<const uint4*>(srcs[p] + offset);
-            }
-            float acc[PER_VECTOR] = {};
-#pragma unroll
-            for (int p = 0; p < MAX_PES; ++p) {
-                if (p < n) {
-                    const T* values = reinterpret_cast<const T*>(&loaded[p]);
-#pragma unroll
-                    for (int k = 0; k < PER_VECTOR; ++k) acc[k] += Element<T>::load(values[k]);
-                }
-            }
-            uint4 sum;
-            T* packed = reinterpret_cast<T*>(&sum);
-#pragma unroll
-            for (int k = 0; k < PER_VECTOR; ++k) packed[k] = Element<T>::store(acc[k]);
-#pragma unroll
-            for (int d = 0; d < MAX_PES; ++d) {
-                if (d < num_dsts) *reinterpret_cast<uint4*>(dsts[d] + offset) = sum;
-            }
+        if (n <= 2) {
+            reduce_vectors<T, 2, 2>(srcs, n, dsts, num_dsts, begin, num_vectors);
+        } else if (n <= 4) {
+            reduce_vectors<T, 4, 1>(srcs, n, dsts, num_dsts, begin, num_vectors);
+        } else {
+            reduce_vectors<T, MAX_PES, 1>(srcs, n, dsts, num_dsts, begin, num_vectors);
         }
         i = begin + num_vectors * PER_VECTOR;
     }
@@ -99,17 +123,6 @@ __device__ __forceinline__ void reduce_chunk(const uint8_t* const (&srcs)[MAX_PE
     }
 }
 // ANCHOR_END: reduce_chunk
-
-// Elements [begin, end) of this block's share of chunk `chunk` when `count` elements are cut
-// into n_pes chunks of whole 16-byte vectors. Host mirror: ch04_collectives::chunk_bounds.
-template <typename T>
-__device__ __forceinline__ void block_share_of_chunk(uint64_t count, int n, int chunk, uint64_t* begin, uint64_t* end) {
-    uint64_t chunk_begin, chunk_end, share_begin, share_end;
-    part_bounds(count * sizeof(T), n, chunk, &chunk_begin, &chunk_end);
-    part_bounds(chunk_end - chunk_begin, gridDim.x, blockIdx.x, &share_begin, &share_end);
-    *begin = (chunk_begin + share_begin) / sizeof(T);
-    *end = (chunk_begin + share_end) / sizeof(T);
-}
 
 // ANCHOR: two_shot
 // Two-shot all-reduce. In place (out == input) is allowed: chunk j of every input is read
@@ -130,9 +143,12 @@ __device__ __forceinline__ void all_reduce_two_shot(const Workspace& ws, const u
                 dsts[p] = p == me ? out : peer(ws, out, p);
             }
         }
-        uint64_t begin, end;
-        block_share_of_chunk<T>(count, n, me, &begin, &end);
-        reduce_chunk<T>(srcs, n, dsts, n, begin, end);
+        // Chunk me: this PE's to sum. Host mirror of the cut: ch04_collectives::chunk_bounds.
+        uint64_t chunk_begin, chunk_end;
+        part_bounds(count * sizeof(T), n, me, &chunk_begin, &chunk_end);
+        for_each_piece(chunk_end - chunk_begin, [&](uint64_t begin, uint64_t end) {
+            reduce_chunk<T>(srcs, n, dsts, n, (chunk_begin + begin) / sizeof(T), (chunk_begin + end) / sizeof(T));
+        });
         // The tickets say both "your chunk of my output is written" and "I have finished
         // reading your input": after the wait, out is complete and input may be reused.
         block_signal_done_all(ws, ticket(epoch, 1));
@@ -156,9 +172,9 @@ __device__ __forceinline__ void reduce_scatter_pull(const Workspace& ws, const u
         for (int p = 0; p < MAX_PES; ++p) {
             if (p < n) srcs[p] = (p == me ? input : peer(ws, input, p)) + me * count * sizeof(T);
         }
-        uint64_t begin, end;
-        part_bounds(count * sizeof(T), gridDim.x, blockIdx.x, &begin, &end);
-        reduce_chunk<T>(srcs, n, dsts, 1, begin / sizeof(T), end / sizeof(T));
+        for_each_piece(count * sizeof(T), [&](uint64_t begin, uint64_t end) {
+            reduce_chunk<T>(srcs, n, dsts, 1, begin / sizeof(T), end / sizeof(T));
+        });
         block_signal_done_all(ws, ticket(epoch, 1));  // "I have finished reading your input"
         block_wait_done_all(ws, ticket(epoch, 1), epoch);
     }

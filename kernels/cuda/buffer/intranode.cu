@@ -112,23 +112,82 @@ __device__ __forceinline__ uint32_t lanes_below() {
     return mask;
 }
 
-// One token's metadata, from the sender's arrays into a slot or straight into our outputs.
-// `dst_pe` decides which experts are local (their ids become 0..L-1, the rest -1 with
-// weight 0).
-__device__ __forceinline__ void write_meta(const ScatterArgs& a, int t, int dst_pe, int n, int lane, int* src_idx,
-                                           int64_t* topk_idx, float* topk_weights, float* scales) {
-    if (lane == 0) *src_idx = t;
+// One token's metadata as one lane carries it. It is loaded before the token's row is copied
+// and stored after, so its loads ride along with the row's first round trip instead of adding
+// round trips of their own after it: at 7168 fp8 bytes a row is only two rounds of loads per
+// lane, and the copy is bound by those round trips, not by bandwidth.
+struct LaneMeta {
+    int src_idx;          // lane 0
+    int64_t topk_idx;     // lanes < num_topk
+    float topk_weight;    // lanes < num_topk
+    float scales[2];      // scales lane and lane + 32; rows with more (hidden > 8192) copy the rest after
+};
+
+// Where one token's metadata goes: a ring slot, or our own outputs.
+struct MetaDst {
+    int* src_idx;
+    int64_t* topk_idx;
+    float* topk_weights;
+    float* scales;
+};
+
+// Token t's metadata from the sender's arrays. `dst_pe` decides which experts are local
+// (their ids become 0..L-1, the rest -1 with weight 0).
+__device__ __forceinline__ LaneMeta load_meta(const ScatterArgs& a, int t, int dst_pe, int n, int lane) {
+    LaneMeta m{t, -1, 0.0f, {0.0f, 0.0f}};
     if (a.topk_idx != nullptr && lane < a.slot.num_topk) {
         const int num_local = a.num_experts / n;
-        const int64_t expert = a.topk_idx[int64_t(t) * a.slot.num_topk + lane];
+        const int64_t expert = __ldg(a.topk_idx + int64_t(t) * a.slot.num_topk + lane);
+        const float weight = __ldg(a.topk_weights + int64_t(t) * a.slot.num_topk + lane);
         const bool local = expert >= int64_t(dst_pe) * num_local && expert < int64_t(dst_pe + 1) * num_local;
-        topk_idx[lane] = local ? expert - int64_t(dst_pe) * num_local : -1;
-        topk_weights[lane] = local ? a.topk_weights[int64_t(t) * a.slot.num_topk + lane] : 0.0f;
+        m.topk_idx = local ? expert - int64_t(dst_pe) * num_local : -1;
+        m.topk_weight = local ? weight : 0.0f;
     }
     if (a.x_scales != nullptr) {
-        for (int k = lane; k < a.slot.num_scales; k += 32) {
-            scales[k] = a.x_scales[int64_t(t) * a.scale_token_stride + int64_t(k) * a.scale_hidden_stride];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const int k = lane + 32 * j;
+            if (k < a.slot.num_scales) m.scales[j] = __ldg(a.x_scales + int64_t(t) * a.scale_token_stride + int64_t(k) * a.scale_hidden_stride);
         }
+    }
+    return m;
+}
+
+// The same metadata from a ring slot a peer wrote during this kernel (read through L2).
+__device__ __forceinline__ LaneMeta load_slot_meta(const ScatterArgs& a, const uint8_t* slot, bool with_topk,
+                                                   bool with_scales, int lane) {
+    LaneMeta m{0, -1, 0.0f, {0.0f, 0.0f}};
+    if (lane == 0) m.src_idx = __ldcg(reinterpret_cast<const int*>(slot + a.slot.meta()));
+    if (with_topk && lane < a.slot.num_topk) {
+        m.topk_idx = __ldcg(reinterpret_cast<const long long*>(slot + a.slot.topk_idx()) + lane);
+        m.topk_weight = __ldcg(reinterpret_cast<const float*>(slot + a.slot.topk_weights()) + lane);
+    }
+    if (with_scales) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const int k = lane + 32 * j;
+            if (k < a.slot.num_scales) m.scales[j] = __ldcg(reinterpret_cast<const float*>(slot + a.slot.scales()) + k);
+        }
+    }
+    return m;
+}
+
+// Stores what load_meta / load_slot_meta loaded; scales past the first 64 are copied here
+// with `scale(k)`, one dependent round trip each 32 (only rows wider than 8192 have them).
+template <typename Scale>
+__device__ __forceinline__ void store_meta(const LaneMeta& m, const MetaDst& dst, int num_topk, int num_scales,
+                                           bool with_topk, bool with_scales, int lane, Scale scale) {
+    if (lane == 0) *dst.src_idx = m.src_idx;
+    if (with_topk && lane < num_topk) {
+        dst.topk_idx[lane] = m.topk_idx;
+        dst.topk_weights[lane] = m.topk_weight;
+    }
+    if (with_scales) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            if (lane + 32 * j < num_scales) dst.scales[lane + 32 * j] = m.scales[j];
+        }
+        for (int k = lane + 64; k < num_scales; k += 32) dst.scales[k] = scale(k);
     }
 }
 
@@ -167,27 +226,22 @@ __device__ void scatter_send(const Workspace& ws, const ScatterArgs& a, uint64_t
         for (int j = g.member; alive && j < count; j += g.size) {
             const int token = w0 + __fns(mask, 0, j + 1);  // the j-th selected token of the window
             const uint64_t k = pos + j;
-            uint8_t *row, *meta_base = nullptr;
-            int* src_idx;
-            int64_t* topk_idx;
-            float *topk_weights, *scales;
+            const LaneMeta m = load_meta(a, token, d, n, lane);
+            uint8_t* row;
+            MetaDst dst;
             if (to_self) {
                 const int64_t r = self_first + int64_t(k - base);
                 row = a.recv_x + r * a.slot.hidden_bytes;
-                src_idx = a.recv_src_idx + r;
-                topk_idx = a.recv_topk_idx + r * a.slot.num_topk;
-                topk_weights = a.recv_topk_weights + r * a.slot.num_topk;
-                scales = a.recv_x_scales + r * a.slot.num_scales;
+                dst = {a.recv_src_idx + r, a.recv_topk_idx + r * a.slot.num_topk, a.recv_topk_weights + r * a.slot.num_topk,
+                       a.recv_x_scales + r * a.slot.num_scales};
             } else {
                 row = ring + int64_t(k % a.ring_tokens) * a.slot.bytes;
-                meta_base = row;
-                src_idx = reinterpret_cast<int*>(meta_base + a.slot.meta());
-                topk_idx = reinterpret_cast<int64_t*>(meta_base + a.slot.topk_idx());
-                topk_weights = reinterpret_cast<float*>(meta_base + a.slot.topk_weights());
-                scales = reinterpret_cast<float*>(meta_base + a.slot.scales());
+                dst = {reinterpret_cast<int*>(row + a.slot.meta()), reinterpret_cast<int64_t*>(row + a.slot.topk_idx()),
+                       reinterpret_cast<float*>(row + a.slot.topk_weights()), reinterpret_cast<float*>(row + a.slot.scales())};
             }
-            warp_copy(row, a.x + int64_t(token) * a.slot.hidden_bytes, a.slot.hidden_bytes, lane);
-            write_meta(a, token, d, n, lane, src_idx, topk_idx, topk_weights, scales);
+            warp_copy<false, 4>(row, a.x + int64_t(token) * a.slot.hidden_bytes, a.slot.hidden_bytes, lane);
+            store_meta(m, dst, a.slot.num_topk, a.slot.num_scales, a.topk_idx != nullptr, a.x_scales != nullptr, lane,
+                       [&](int k) { return a.x_scales[int64_t(token) * a.scale_token_stride + int64_t(k) * a.scale_hidden_stride]; });
         }
         pos += count;
         if (!to_self) {
@@ -224,17 +278,13 @@ __device__ void scatter_receive(const Workspace& ws, const ScatterArgs& a, uint6
         for (uint64_t k = head + g.member; alive && k < new_tail; k += g.size) {
             const uint8_t* slot = ring + int64_t(k % a.ring_tokens) * a.slot.bytes;
             const int64_t r = first + int64_t(k - base);
-            warp_copy(a.recv_x + r * a.slot.hidden_bytes, slot, a.slot.hidden_bytes, lane);
-            if (lane == 0) a.recv_src_idx[r] = *reinterpret_cast<const int*>(slot + a.slot.meta());
-            if (a.recv_topk_idx != nullptr && lane < a.slot.num_topk) {
-                a.recv_topk_idx[r * a.slot.num_topk + lane] =
-                    reinterpret_cast<const int64_t*>(slot + a.slot.topk_idx())[lane];
-                a.recv_topk_weights[r * a.slot.num_topk + lane] =
-                    reinterpret_cast<const float*>(slot + a.slot.topk_weights())[lane];
-            }
-            for (int i = lane; a.recv_x_scales != nullptr && i < a.slot.num_scales; i += 32) {
-                a.recv_x_scales[r * a.slot.num_scales + i] = reinterpret_cast<const float*>(slot + a.slot.scales())[i];
-            }
+            const bool with_topk = a.recv_topk_idx != nullptr, with_scales = a.recv_x_scales != nullptr;
+            const LaneMeta m = load_slot_meta(a, slot, with_topk, with_scales, lane);
+            warp_copy<true, 4>(a.recv_x + r * a.slot.hidden_bytes, slot, a.slot.hidden_bytes, lane);
+            const MetaDst dst{a.recv_src_idx + r, a.recv_topk_idx + r * a.slot.num_topk, a.recv_topk_weights + r * a.slot.num_topk,
+                              a.recv_x_scales + r * a.slot.num_scales};
+            store_meta(m, dst, a.slot.num_topk, a.slot.num_scales, with_topk, with_scales, lane,
+                       [&](int k) { return __ldcg(reinterpret_cast<const float*>(slot + a.slot.scales()) + k); });
         }
         g.sync();  // every slot up to new_tail has been read
         if (g.member == 0 && lane == 0 && alive) st_release_sys(peer(ws, a.heads + c * MAX_PES + me, s), new_tail);
@@ -290,7 +340,7 @@ __device__ void gather_send(const Workspace& ws, const GatherArgs& a, uint64_t e
         for (int j = g.member; alive && j < window; j += g.size) {
             const int64_t r = first + w0 + j;
             uint8_t* slot = ring + int64_t((pos + j) % a.ring_tokens) * a.slot_bytes;
-            warp_copy(slot, a.x + r * a.hidden_bytes, a.hidden_bytes, lane);
+            warp_copy<false, 4>(slot, a.x + r * a.hidden_bytes, a.hidden_bytes, lane);
             if (lane < a.num_topk) {
                 reinterpret_cast<float*>(slot + weights_at)[lane] =
                     a.topk_weights != nullptr ? a.topk_weights[r * a.num_topk + lane] : 0.0f;

@@ -156,7 +156,7 @@ __device__ __forceinline__ void combine_send(const Workspace& ws, const LlCombin
             continue;  // s's flag still rises: completion counts blocks, not rows
         }
         uint8_t* slot = peer(ws, a.region.data[h] + (static_cast<int64_t>(me * L + e) * T + t) * row_bytes, s);
-        warp_copy_deep<false>(slot, a.x + packed * row_bytes, row_bytes, lane);
+        warp_copy<false>(slot, a.x + packed * row_bytes, row_bytes, lane);
     }
     finish_sends(ws, a.state, [&](int pe) {
         if (threadIdx.x == 0) st_release_sys(peer(ws, a.region.flags[h] + me, pe), k);

@@ -303,7 +303,7 @@ __device__ __forceinline__ void dispatch_recv(const Workspace& ws, const LlDispa
             const float* scales = reinterpret_cast<const float*>(m + 16 + row_bytes);
             const float scale0 = lane < num_scales ? __ldcg(scales + lane) : 0.0f;
             const float scale1 = lane + 32 < num_scales ? __ldcg(scales + lane + 32) : 0.0f;
-            warp_copy_deep<true, 8>(a.recv_x + packed * row_bytes, m + 16, row_bytes, lane);
+            warp_copy<true, 8>(a.recv_x + packed * row_bytes, m + 16, row_bytes, lane);
             if (lane == 0) a.recv_src_info[packed] = token;
             if (num_scales == 0) continue;
             void* column = a.use_ue8m0 ? static_cast<void*>(static_cast<uint8_t*>(a.recv_scales) +

@@ -67,6 +67,7 @@
 namespace nvshmem_tutorial {
 
 using namespace coll;
+using moe::warp_copy;
 
 constexpr int PHASE_SEND = 1;
 constexpr int PHASE_RECV = 2;
@@ -92,30 +93,6 @@ struct LlRegion {
     uint64_t* counts[2];
     uint64_t* flags[2];
 };
-
-// Copies `num_bytes` (a multiple of 16) with the 32 lanes of a warp, kDepth loads in flight
-// per lane before the first store: a decode-sized row is a few such rounds, so the copy costs
-// a few memory latencies rather than one per 512 bytes. `kCoherent` reads through L2 only
-// (data a peer wrote during this kernel); otherwise through the read-only path (inputs).
-template <bool kCoherent, int kDepth = 8>
-__device__ __forceinline__ void warp_copy_deep(uint8_t* dst, const uint8_t* src, int num_bytes, int lane) {
-    const uint4* s = reinterpret_cast<const uint4*>(src);
-    uint4* d = reinterpret_cast<uint4*>(dst);
-    const int n = num_bytes / 16;
-    for (int base = 0; base < n; base += 32 * kDepth) {
-        uint4 v[kDepth];
-#pragma unroll
-        for (int j = 0; j < kDepth; ++j) {
-            const int i = base + j * 32 + lane;
-            if (i < n) v[j] = kCoherent ? __ldcg(s + i) : __ldg(s + i);
-        }
-#pragma unroll
-        for (int j = 0; j < kDepth; ++j) {
-            const int i = base + j * 32 + lane;
-            if (i < n) d[i] = v[j];
-        }
-    }
-}
 
 // After this block's stores to every PE: the grid's last block to get here for PE d publishes
 // d's part of the call (`publish(d)`, run by the whole block, its stores release stores).

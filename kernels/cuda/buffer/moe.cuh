@@ -92,20 +92,28 @@ struct PeerGroup {
     }
 };
 
-// Copies `num_bytes` (a multiple of 16) from `src` to `dst` with the 32 lanes of a warp.
-__device__ __forceinline__ void warp_copy(uint8_t* dst, const uint8_t* src, uint64_t num_bytes, int lane) {
+// Copies `num_bytes` (a multiple of 16) with the 32 lanes of a warp, kDepth loads in flight
+// per lane before the first store: a decode-sized row is a few such rounds, so the copy costs
+// a few memory latencies rather than one per 512 bytes. `kCoherent` reads through L2 only
+// (data a peer wrote during this kernel); otherwise through the read-only path (inputs).
+template <bool kCoherent, int kDepth = 8>
+__device__ __forceinline__ void warp_copy(uint8_t* dst, const uint8_t* src, int num_bytes, int lane) {
     const uint4* s = reinterpret_cast<const uint4*>(src);
     uint4* d = reinterpret_cast<uint4*>(dst);
-    const uint64_t n = num_bytes / 16;
-    uint64_t i = lane;
-    for (; i + 96 < n; i += 128) {
-        const uint4 a = s[i], b = s[i + 32], c = s[i + 64], e = s[i + 96];
-        d[i] = a;
-        d[i + 32] = b;
-        d[i + 64] = c;
-        d[i + 96] = e;
+    const int n = num_bytes / 16;
+    for (int base = 0; base < n; base += 32 * kDepth) {
+        uint4 v[kDepth];
+#pragma unroll
+        for (int j = 0; j < kDepth; ++j) {
+            const int i = base + j * 32 + lane;
+            if (i < n) v[j] = kCoherent ? __ldcg(s + i) : __ldg(s + i);
+        }
+#pragma unroll
+        for (int j = 0; j < kDepth; ++j) {
+            const int i = base + j * 32 + lane;
+            if (i < n) d[i] = v[j];
+        }
     }
-    for (; i < n; i += 32) d[i] = s[i];
 }
 
 }  // namespace moe
