@@ -48,14 +48,20 @@ extern "C" __global__ void __launch_bounds__(512) coll_broadcast_ll(const __grid
 //
 // Rounds are grouped into at most MAX_STEPS steps. After each step the root's block b fences
 // once and raises its done word on every forwarder to the step's number; forwarder f's block b
-// waits for each step and forwards that step's chunks of part f. At the end the forwarders
+// waits for each step and forwards that step's pieces of part f. The forwarding trails the
+// root by one step, so with forwarders the pieces are cut small enough for up to TARGET_STEPS
+// rounds, but not below MIN_PIECE_BYTES: each step costs every root block a fence, and
+// pieces of a few KiB leave most of a block's threads without a full round of loads (at
+// N = 4, 4-5 KiB pieces in 32 steps made 64 MiB a third slower). At the end the forwarders
 // tell each other they are done (FINAL_STEP), since each one's output is complete only when
-// every other forwarder's part has arrived. At n = 2 there is nothing to forward, and one step
-// (one fence per block) is all the one forwarder needs.
+// every other forwarder's part has arrived. At n = 2 there is nothing to forward, and one
+// step (one fence per block) is all the one forwarder needs.
 // In place (out == input on the root) skips the root's local copy.
 // input: local [num_bytes] (read on the root only); out: symmetric [num_bytes].
-constexpr uint64_t MAX_STEPS = 14;          // steps 1 .. 14 of the root's done word
-constexpr uint64_t FINAL_STEP = 15;         // < STEPS_PER_EPOCH
+constexpr uint64_t MAX_STEPS = STEPS_PER_EPOCH - 2;  // steps 1 .. MAX_STEPS of the root's done word
+constexpr uint64_t FINAL_STEP = STEPS_PER_EPOCH - 1;
+constexpr uint64_t TARGET_STEPS = 16;
+constexpr uint64_t MIN_PIECE_BYTES = 32 << 10;  // one round of 4 vectors per thread of a 512-thread block
 extern "C" __global__ void __launch_bounds__(512) coll_broadcast_scatter(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out,
                                                   uint64_t num_bytes, int root) {
     const uint64_t epoch = begin_call(ws);
@@ -69,7 +75,9 @@ extern "C" __global__ void __launch_bounds__(512) coll_broadcast_scatter(const _
     // Part 0 is the longest: its size sets the piece and the number of rounds for every part.
     uint64_t longest_begin, longest_end;
     part_bounds(num_bytes, forwarders, 0, &longest_begin, &longest_end);
-    const uint64_t longest = longest_end - longest_begin, grid = gridDim.x, piece = piece_bytes(longest);
+    const uint64_t longest = longest_end - longest_begin, grid = gridDim.x;
+    const uint64_t pipelined = max(MIN_PIECE_BYTES, (longest + 16 * grid * TARGET_STEPS - 1) / (16 * grid * TARGET_STEPS) * 16);
+    const uint64_t piece = forwarders > 1 ? min(piece_bytes(longest), pipelined) : piece_bytes(longest);
     const uint64_t rounds = (longest + grid * piece - 1) / (grid * piece);
     const uint64_t steps = forwarders > 1 ? min(MAX_STEPS, rounds) : 1;
     // This block's bytes of part f in round r (empty past the part's end).

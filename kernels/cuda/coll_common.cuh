@@ -48,7 +48,7 @@ constexpr int MAX_BLOCKS = 256;
 // [STATE_EPOCHS], MAX_BLOCKS slots of the last finished call. Host mirror: workspace.rs.
 constexpr int STATE_FAILED = 2;
 constexpr int STATE_EPOCHS = 4;
-constexpr uint64_t STEPS_PER_EPOCH = 16;
+constexpr uint64_t STEPS_PER_EPOCH = 64;
 
 // What a failed wait was waiting for (error record word 4). The host mirror is
 // ch04_collectives::WaitKind.

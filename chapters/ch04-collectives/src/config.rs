@@ -7,7 +7,7 @@ pub const MAX_PES: usize = 8;
 /// (`MAX_BLOCKS` in coll_common.cuh).
 pub const MAX_BLOCKS: u32 = 256;
 /// Steps one call may number in its tickets (`STEPS_PER_EPOCH` in coll_common.cuh).
-pub const STEPS_PER_EPOCH: u64 = 16;
+pub const STEPS_PER_EPOCH: u64 = 64;
 
 /// Threads per block of every collective but the barrier. 512 threads x 132 SMs keep enough
 /// 16-byte stores in flight to fill NVLink (chapter 3's benchmark), and the heaviest kernel
