@@ -81,7 +81,7 @@ extern "C" __global__ void __launch_bounds__(512) coll_broadcast_scatter(const _
     const uint64_t rounds = (longest + grid * piece - 1) / (grid * piece);
     const uint64_t steps = forwarders > 1 ? min(MAX_STEPS, rounds) : 1;
     // This block's bytes of part f in round r (empty past the part's end).
-    auto chunk = [&](int f, uint64_t r, uint64_t* begin, uint64_t* end) {
+    auto piece_in_round = [&](int f, uint64_t r, uint64_t* begin, uint64_t* end) {
         uint64_t part_begin, part_end;
         part_bounds(num_bytes, forwarders, f, &part_begin, &part_end);
         *begin = min(part_end, part_begin + (r * grid + blockIdx.x) * piece);
@@ -99,7 +99,7 @@ extern "C" __global__ void __launch_bounds__(512) coll_broadcast_scatter(const _
                         const int f = static_cast<int>((blockIdx.x + i) % forwarders);
                         dsts[0] = peer(ws, out, pe_of(f));
                         dsts[1] = out;
-                        chunk(f, r, &begin, &end);
+                        piece_in_round(f, r, &begin, &end);
                         copy_to_many(dsts, local_copy ? 2 : 1, input, begin, end, threadIdx.x, blockDim.x);
                     }
                 }
@@ -114,7 +114,7 @@ extern "C" __global__ void __launch_bounds__(512) coll_broadcast_scatter(const _
             for (uint64_t step = 0; step < steps && arrived; ++step) {
                 arrived = block_wait_at_least(ws, from_root, ticket(epoch, 1 + step), WAIT_DONE, root, epoch);
                 for (uint64_t r = first_round(step); arrived && num > 0 && r < first_round(step + 1); ++r) {
-                    chunk(f, r, &begin, &end);
+                    piece_in_round(f, r, &begin, &end);
                     copy_to_many(dsts, num, out, begin, end, threadIdx.x, blockDim.x);
                 }
             }

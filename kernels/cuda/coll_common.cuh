@@ -405,7 +405,7 @@ __device__ __forceinline__ void copy_to_many(uint8_t* const (&dsts)[MAX_PES], in
 // ANCHOR_END: copy_to_many
 
 // Bytes [begin, end) of a range of `num_bytes` split into `num_parts` equal, 16-byte rounded
-// parts. Host mirror: ch04_collectives::part_bounds.
+// parts.
 __device__ __forceinline__ void part_bounds(uint64_t num_bytes, uint64_t num_parts, uint64_t part, uint64_t* begin,
                                             uint64_t* end) {
     const uint64_t per_part = ((num_bytes + 15) / 16 + num_parts - 1) / num_parts * 16;

@@ -143,7 +143,7 @@ __device__ __forceinline__ void all_reduce_two_shot(const Workspace& ws, const u
                 dsts[p] = p == me ? out : peer(ws, out, p);
             }
         }
-        // Chunk me: this PE's to sum. Host mirror of the cut: ch04_collectives::chunk_bounds.
+        // Chunk me: the part of every input this PE sums.
         uint64_t chunk_begin, chunk_end;
         part_bounds(count * sizeof(T), n, me, &chunk_begin, &chunk_end);
         for_each_piece(chunk_end - chunk_begin, [&](uint64_t begin, uint64_t end) {
