@@ -295,16 +295,18 @@ __device__ void scatter_receive(const Workspace& ws, const ScatterArgs& a, uint6
 // ANCHOR_END: scatter_receive
 
 // Dispatch. Grid 2 x num_channels: blocks [0, C) send, [C, 2C) receive. Blocks of 32 x k
-// warps, k >= n_pes (k / n_pes warps per peer).
+// warps, k >= n_pes: a sender has k / n_pes warps per PE (itself included), a receiver
+// k / (n_pes - 1) per peer.
 extern "C" __global__ void __launch_bounds__(1024) moe_scatter(const __grid_constant__ Workspace ws,
                                                                const __grid_constant__ ScatterArgs a) {
     const uint64_t epoch = begin_call(ws);
-    const PeerGroup g(ws.n_pes);
     const int c = blockIdx.x % a.num_channels;
     if (blockIdx.x < a.num_channels) {
-        if (g.active(ws.n_pes)) scatter_send(ws, a, epoch, c, g);
+        const PeerGroup g(ws.n_pes);  // our own tokens are a group's work too
+        if (g.active()) scatter_send(ws, a, epoch, c, g);
     } else {
-        if (g.active(ws.n_pes)) scatter_receive(ws, a, epoch, c, g);
+        const PeerGroup g(ws.n_pes, ws.my_pe);  // our own tokens were written by the sender
+        if (g.active()) scatter_receive(ws, a, epoch, c, g);
         // Worst-case outputs: rows past the ones received hold no expert.
         const int received = a.rank_prefix_matrix[(ws.n_pes - 1) * ws.n_pes + ws.my_pe];
         if (a.recv_topk_idx != nullptr) {
@@ -446,8 +448,8 @@ extern "C" __global__ void __launch_bounds__(1024) moe_gather(const __grid_const
     const uint64_t epoch = begin_call(ws);
     const int c = blockIdx.x % a.num_channels;
     if (blockIdx.x < a.num_channels) {
-        const PeerGroup g(ws.n_pes);
-        if (g.active(ws.n_pes)) gather_send(ws, a, epoch, c, g);
+        const PeerGroup g(ws.n_pes, ws.my_pe);  // the owner reads our own rows in place
+        if (g.active()) gather_send(ws, a, epoch, c, g);
     } else {
         gather_receive(ws, a, epoch, c);
     }

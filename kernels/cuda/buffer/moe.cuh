@@ -77,18 +77,22 @@ __device__ __forceinline__ void channel_range(int num_tokens, int num_channels, 
     *end = min(*begin + per, num_tokens);
 }
 
-// Warps of a block split into one group per peer; `member` is this warp's index in it.
+// Warps of a block split into groups, one per PE, or, with `skip` = a PE, one per PE but
+// that one (a side with nothing to do for its own PE, e.g. a receiver, should not leave a
+// group of warps idle). `peer` is the group's PE, `member` this warp's index in it.
 struct PeerGroup {
-    int peer, member, size;
-    __device__ PeerGroup(int n_pes) {
-        size = (blockDim.x / 32) / n_pes;
-        peer = (threadIdx.x / 32) / size;
-        member = (threadIdx.x / 32) % size;
+    int peer, member, size, index, groups;
+    __device__ PeerGroup(int n_pes, int skip = -1) {
+        groups = skip >= 0 ? n_pes - 1 : n_pes;
+        size = groups > 0 ? int(blockDim.x / 32) / groups : 0;
+        index = size > 0 ? int(threadIdx.x / 32) / size : groups;
+        member = size > 0 ? int(threadIdx.x / 32) % size : 0;
+        peer = skip >= 0 && index >= skip ? index + 1 : index;
     }
-    __device__ bool active(int n_pes) const { return size > 0 && peer < n_pes; }
-    // A barrier over just this group's warps (named barrier 1 + peer; 0 is __syncthreads).
+    __device__ bool active() const { return size > 0 && index < groups; }
+    // A barrier over just this group's warps (named barrier 1 + index; 0 is __syncthreads).
     __device__ void sync() const {
-        asm volatile("bar.sync %0, %1;" ::"r"(1 + peer), "r"(size * 32) : "memory");
+        asm volatile("bar.sync %0, %1;" ::"r"(1 + index), "r"(size * 32) : "memory");
     }
 };
 
