@@ -10,7 +10,8 @@ each). An op that cannot be captured is timed eagerly and marked `eager`.
 torch's all_to_all_vdev loads its own NVSHMEM: run `torch_nvshmem` in a process of its own,
 apart from `ours` (nvshmem_tutorial through Python, the size table choosing).
 Sizes and busbw follow nccl-tests (all-reduce and broadcast: the buffer; all-gather: its
-output; reduce-scatter: its input; all-to-all: one rank's input).
+output; reduce-scatter: its input; all-to-all: one rank's input). COLL_ONLY (collective
+names, comma-separated) times only those, as in ch04-coll-bench.
 """
 
 import argparse
@@ -28,6 +29,11 @@ HEADER = "collective,algorithm,method,timing,n_pes,num_bytes,us,busbw_gb_per_s"
 
 def calls_per_graph(size: int) -> int:
     return max(1, min(100, -(-(256 << 20) // max(size, 1))))
+
+
+def wanted(collective: str) -> bool:
+    only = os.environ.get("COLL_ONLY")
+    return only is None or collective in only.split(",")
 
 
 def busbw_factor(collective: str, n: int) -> float:
@@ -99,9 +105,11 @@ def nccl_and_torch(rows, timer, n, rank, with_torch: bool):
             "all_to_all": lambda: dist.all_to_all_single(y, x),
         }
         for collective, call in cases.items():
+            if not wanted(collective):
+                continue
             us, timing = timer.time(size, call)
             rows.append((collective, "nccl", "nccl", timing, n, size, us, size / (us * 1e-6) / 1e9 * busbw_factor(collective, n)))
-        if with_torch:
+        if with_torch and wanted("all_reduce"):
             import torch.distributed._symmetric_memory as symm_mem
 
             buffer = symm_mem.empty(count, dtype=torch.bfloat16, device="cuda").fill_(1)
@@ -143,6 +151,8 @@ def ours_from_python(rows, timer, n, rank):
             "all_to_all": lambda: nv.all_to_all(y, x),
         }
         for collective, call in cases.items():
+            if not wanted(collective):
+                continue
             us, timing = timer.time(size, call)
             rows.append((collective, "auto_python", "ours", timing, n, size, us, size / (us * 1e-6) / 1e9 * busbw_factor(collective, n)))
         x = y = part = None  # release the tensors (the lambdas hold the names, not copies)
@@ -191,7 +201,7 @@ def main():
         nccl_and_torch(rows, timer, n, rank, with_torch="torch" in peers)
     if "ours" in peers:
         ours_from_python(rows, timer, n, rank)
-    if "torch_nvshmem" in peers:
+    if "torch_nvshmem" in peers and wanted("all_to_all_v"):
         with torch.cuda.device(device):
             torch_nvshmem(rows, timer, n, rank, device)
     if rank == 0:

@@ -193,24 +193,28 @@ __device__ __forceinline__ bool block_wait_ready(const Workspace& ws, uint64_t e
     return all_ready;
 }
 
-// After this block's stores into `pe`'s buffers: make them visible system-wide, then raise
-// done[my_pe][block] on `pe` to `value`. Every thread fences its own stores before the
-// barrier, so thread 0's release covers the whole block's writes.
+// ANCHOR: block_signal
+// After this block's stores into `pe`'s buffers: raise done[my_pe][block] on `pe` to
+// `value`, so that whoever acquires the value sees every store of the block. One barrier,
+// then one release store: a release is cumulative, it publishes everything that happens
+// before it, and the barrier puts every thread's stores before it (chapter 3's put_stores,
+// cooperative groups' grid sync and NCCL's step counters rely on the same causality order).
+// What this replaced, a system fence in every thread before the barrier, cost 1.1-2.3 us
+// more per signal (benchmarks/notes/collectives.md, v6).
 __device__ __forceinline__ void block_signal_done(const Workspace& ws, int pe, uint64_t value) {
-    __threadfence_system();
     __syncthreads();
     if (threadIdx.x == 0) st_release_sys(peer(ws, ws.done + ws.my_pe * MAX_BLOCKS + blockIdx.x, pe), value);
 }
 
 // The same, to every peer but `skip_pe` at once (thread t signals peer t).
 __device__ __forceinline__ void block_signal_done_all(const Workspace& ws, uint64_t value, int skip_pe = -1) {
-    __threadfence_system();
     __syncthreads();
     const int pe = threadIdx.x;
     if (pe < ws.n_pes && pe != ws.my_pe && pe != skip_pe) {
         st_release_sys(peer(ws, ws.done + ws.my_pe * MAX_BLOCKS + blockIdx.x, pe), value);
     }
 }
+// ANCHOR_END: block_signal
 
 // Thread t < n_pes waits until peer t's block of our index raised done to `value` (every
 // peer but `skip_pe`).

@@ -9,7 +9,9 @@
 //!
 //! Writes PE 0's rows (`collective,algorithm,method,timing,n_pes,num_bytes,us,busbw_gb_per_s`)
 //! to OUT_CSV (default `coll_ours.csv`); `benchmarks/run_coll.sh` adds NCCL and torch from
-//! `benchmarks/coll_bench.py` and plots. Sizes and busbw follow nccl-tests.
+//! `benchmarks/coll_bench.py` and plots. Sizes and busbw follow nccl-tests. `COLL_ONLY`
+//! (collective names, comma-separated, e.g. `all_reduce,broadcast`) times only those, for
+//! short experiments.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -128,6 +130,12 @@ fn run() -> Result<bool, AnyError> {
     let cs = stream.cu_stream();
     let (input_ptr, out_ptr) = (input.device_ptr(), out.device_ptr());
 
+    let only = std::env::var("COLL_ONLY").ok();
+    let wanted = |name: &str| {
+        only.as_deref()
+            .is_none_or(|list| list.split(',').any(|c| c == name))
+    };
+
     let mut rows = Vec::new();
     let mut add = |collective: &str,
                    algorithm: &str,
@@ -168,6 +176,9 @@ fn run() -> Result<bool, AnyError> {
             Collective::Broadcast,
             Collective::AllToAll,
         ] {
+            if !wanted(collective.name()) {
+                continue;
+            }
             for &algorithm in collective.algorithms() {
                 if comm
                     .plan(collective, Some(algorithm), size, Some(DType::Bf16))
@@ -208,7 +219,12 @@ fn run() -> Result<bool, AnyError> {
         }
     }
     // The MoE shape of ANCHORS.md: tokens x 7168 bf16 per PE, equal splits, all-to-all-v.
-    for tokens in [128usize, 4096] {
+    let moe_tokens: &[usize] = if wanted("all_to_all_v") {
+        &[128, 4096]
+    } else {
+        &[]
+    };
+    for &tokens in moe_tokens {
         let row_bytes = 7168 * 2;
         let splits: Vec<i64> = (0..n)
             .map(|q| (tokens / n + usize::from(q < tokens % n)) as i64)

@@ -83,8 +83,7 @@ extern "C" __global__ void __launch_bounds__(256) moe_notify_finish(const int* r
         for (int i = 0; i < n; ++i) sum += rows[i * row_len + n + my_pe * num_local + e];
         host[1 + e] = (sum + expert_alignment - 1) / expert_alignment * expert_alignment;
     }
-    __threadfence_system();  // every thread's counts visible before word 0 says they are there
-    __syncthreads();
+    __syncthreads();  // every thread's counts before thread 0's fence: it publishes them all
     if (threadIdx.x == 0) {
         int total = 0;
         for (int i = 0; i < n; ++i) total += rows[i * row_len + my_pe];
