@@ -60,8 +60,16 @@ extern "C" __global__ void __launch_bounds__(512) coll_broadcast_ll(const __grid
 // input: local [num_bytes] (read on the root only); out: symmetric [num_bytes].
 constexpr uint64_t MAX_STEPS = STEPS_PER_EPOCH - 2;  // steps 1 .. MAX_STEPS of the root's done word
 constexpr uint64_t FINAL_STEP = STEPS_PER_EPOCH - 1;
-constexpr uint64_t TARGET_STEPS = 16;
-constexpr uint64_t MIN_PIECE_BYTES = 32 << 10;  // one round of 4 vectors per thread of a 512-thread block
+// Overridable at build time (NVCC_FLAGS=-DBROADCAST_TARGET_STEPS=32 ...) for the sweeps in
+// benchmarks/notes/collectives.md.
+#ifndef BROADCAST_TARGET_STEPS
+#define BROADCAST_TARGET_STEPS 16
+#endif
+#ifndef BROADCAST_MIN_PIECE_BYTES
+#define BROADCAST_MIN_PIECE_BYTES (32 << 10)  // one round of 4 vectors per thread of a 512-thread block
+#endif
+constexpr uint64_t TARGET_STEPS = BROADCAST_TARGET_STEPS;
+constexpr uint64_t MIN_PIECE_BYTES = BROADCAST_MIN_PIECE_BYTES;
 extern "C" __global__ void __launch_bounds__(512) coll_broadcast_scatter(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out,
                                                   uint64_t num_bytes, int root) {
     const uint64_t epoch = begin_call(ws);
