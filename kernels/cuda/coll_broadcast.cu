@@ -68,6 +68,9 @@ constexpr uint64_t FINAL_STEP = STEPS_PER_EPOCH - 1;
 #ifndef BROADCAST_MIN_PIECE_BYTES
 #define BROADCAST_MIN_PIECE_BYTES (32 << 10)  // one round of 4 vectors per thread of a 512-thread block
 #endif
+#ifndef BROADCAST_MAX_BLOCKS
+#define BROADCAST_MAX_BLOCKS MAX_BLOCKS  // blocks that move data when there are forwarders
+#endif
 constexpr uint64_t TARGET_STEPS = BROADCAST_TARGET_STEPS;
 constexpr uint64_t MIN_PIECE_BYTES = BROADCAST_MIN_PIECE_BYTES;
 extern "C" __global__ void __launch_bounds__(512) coll_broadcast_scatter(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out,
@@ -83,9 +86,14 @@ extern "C" __global__ void __launch_bounds__(512) coll_broadcast_scatter(const _
     // Part 0 is the longest: its size sets the piece and the number of rounds for every part.
     uint64_t longest_begin, longest_end;
     part_bounds(num_bytes, forwarders, 0, &longest_begin, &longest_end);
-    const uint64_t longest = longest_end - longest_begin, grid = gridDim.x;
+    const uint64_t longest = longest_end - longest_begin;
+    const uint64_t grid = forwarders > 1 ? min(uint64_t(gridDim.x), uint64_t(BROADCAST_MAX_BLOCKS)) : gridDim.x;
+    if (blockIdx.x >= grid) {  // same grid on every PE: the idle blocks are idle everywhere
+        end_call(ws, epoch);
+        return;
+    }
     const uint64_t pipelined = max(MIN_PIECE_BYTES, (longest + 16 * grid * TARGET_STEPS - 1) / (16 * grid * TARGET_STEPS) * 16);
-    const uint64_t piece = forwarders > 1 ? min(piece_bytes(longest), pipelined) : piece_bytes(longest);
+    const uint64_t piece = forwarders > 1 ? min(piece_bytes(longest, grid), pipelined) : piece_bytes(longest, grid);
     const uint64_t rounds = (longest + grid * piece - 1) / (grid * piece);
     const uint64_t steps = forwarders > 1 ? min(MAX_STEPS, rounds) : 1;
     // This block's bytes of part f in round r (empty past the part's end).

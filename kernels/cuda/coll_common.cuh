@@ -426,10 +426,11 @@ __device__ __forceinline__ void part_bounds(uint64_t num_bytes, uint64_t num_par
 // MAX_PIECE_BYTES, so a range of up to G x 64 KiB is cut exactly as G slices would cut it.
 constexpr uint64_t MAX_PIECE_BYTES = 64 << 10;  // two rounds of 4 vectors per thread of a 512-thread block
 
-__device__ __forceinline__ uint64_t piece_bytes(uint64_t num_bytes) {
-    const uint64_t share = (num_bytes + 16 * uint64_t(gridDim.x) - 1) / (16 * uint64_t(gridDim.x)) * 16;
+__device__ __forceinline__ uint64_t piece_bytes(uint64_t num_bytes, uint64_t num_blocks) {
+    const uint64_t share = (num_bytes + 16 * num_blocks - 1) / (16 * num_blocks) * 16;
     return max(uint64_t(16), min(MAX_PIECE_BYTES, share));
 }
+__device__ __forceinline__ uint64_t piece_bytes(uint64_t num_bytes) { return piece_bytes(num_bytes, gridDim.x); }
 
 // Calls piece(begin, end) for each of this block's pieces of [0, num_bytes), in order.
 template <typename Piece>
