@@ -46,16 +46,17 @@ extern "C" __global__ void __launch_bounds__(512) coll_broadcast_ll(const __grid
 // block b moves piece r x G + b (G blocks) of every part. The root's block b starts each
 // round at part b mod (n - 1), so that every forwarder has data from the first round on.
 //
-// Rounds are grouped into at most MAX_STEPS steps. After each step the root's block b fences
-// once and raises its done word on every forwarder to the step's number; forwarder f's block b
-// waits for each step and forwards that step's pieces of part f. The forwarding trails the
-// root by one step, so with forwarders the pieces are cut small enough for up to TARGET_STEPS
-// rounds, but not below MIN_PIECE_BYTES: each step costs every root block a fence, and
-// pieces of a few KiB leave most of a block's threads without a full round of loads (at
-// N = 4, 4-5 KiB pieces in 32 steps made 64 MiB a third slower). At the end the forwarders
-// tell each other they are done (FINAL_STEP), since each one's output is complete only when
-// every other forwarder's part has arrived. At n = 2 there is nothing to forward, and one
-// step (one fence per block) is all the one forwarder needs.
+// Rounds are grouped into at most MAX_STEPS steps. After each step the root's block b raises
+// its done word on every forwarder to the step's number (block_signal_done_all: a barrier and
+// a release); forwarder f's block b waits for each step and forwards that step's pieces of
+// part f. The forwarding trails the root by one step, so with forwarders the pieces are cut
+// small enough for up to TARGET_STEPS rounds, but not below MIN_PIECE_BYTES: each step stops
+// the root's block at a barrier and its signalling warp at a release, and pieces of a few
+// KiB leave most of a block's threads without a full round of loads (at N = 4, with a fence
+// in every thread per step, 4-5 KiB pieces in 32 steps made 64 MiB a third slower). At the
+// end the forwarders tell each other they are done (FINAL_STEP), since each one's output is
+// complete only when every other forwarder's part has arrived. At n = 2 there is nothing to
+// forward, and one step (one signal per block) is all the one forwarder needs.
 // In place (out == input on the root) skips the root's local copy.
 // input: local [num_bytes] (read on the root only); out: symmetric [num_bytes].
 constexpr uint64_t MAX_STEPS = STEPS_PER_EPOCH - 2;  // steps 1 .. MAX_STEPS of the root's done word
@@ -119,7 +120,7 @@ extern "C" __global__ void __launch_bounds__(512) coll_broadcast_scatter(const _
                         copy_to_many(dsts, local_copy ? 2 : 1, input, begin, end, threadIdx.x, blockDim.x);
                     }
                 }
-                block_signal_done_all(ws, ticket(epoch, 1 + step));  // one fence per step
+                block_signal_done_all(ws, ticket(epoch, 1 + step));  // one signal per step
             }
         } else {
             const int f = (me - root - 1 + n) % n;
