@@ -430,12 +430,11 @@ __device__ __forceinline__ uint64_t piece_bytes(uint64_t num_bytes, uint64_t num
     const uint64_t share = (num_bytes + 16 * num_blocks - 1) / (16 * num_blocks) * 16;
     return max(uint64_t(16), min(MAX_PIECE_BYTES, share));
 }
-__device__ __forceinline__ uint64_t piece_bytes(uint64_t num_bytes) { return piece_bytes(num_bytes, gridDim.x); }
 
 // Calls piece(begin, end) for each of this block's pieces of [0, num_bytes), in order.
 template <typename Piece>
 __device__ __forceinline__ void for_each_piece(uint64_t num_bytes, Piece piece) {
-    const uint64_t bytes = piece_bytes(num_bytes), stride = bytes * gridDim.x;
+    const uint64_t bytes = piece_bytes(num_bytes, gridDim.x), stride = bytes * gridDim.x;
 #pragma unroll 1
     for (uint64_t begin = blockIdx.x * bytes; begin < num_bytes; begin += stride) piece(begin, min(num_bytes, begin + bytes));
 }

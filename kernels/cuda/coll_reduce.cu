@@ -50,10 +50,11 @@ __device__ __forceinline__ void reduce_ll(const Workspace& ws, uint64_t epoch, c
 // ANCHOR: reduce_chunk
 // dsts[d][i] = sum over p of srcs[p][i], for elements [begin, end), summed in PE order.
 // srcs: n_pes pointers (this PE's and its peers' copies); dsts: num_dsts <= n_pes pointers.
-// 16-byte vectors when every pointer allows it. The sum is bound by the latency of the
-// peers' loads, so each thread keeps loads in flight: UNROLL vectors of each of the NP PEs
-// (NP, the PE count rounded up, is a template argument so that the loads stay in
-// registers). At two PEs that is 2 vectors per thread; more would spill registers.
+// 16-byte vectors when every pointer allows it. Each thread keeps UNROLL vectors of each of
+// the NP PEs in flight (NP, the PE count rounded up, is a template argument so that the
+// loads stay in registers). At two PEs that is 2 vectors per thread; more would spill. It
+// measured no faster than 1 (16 warps per SM already hide the peers' load latency) and no
+// slower, so it stays (benchmarks/notes/collectives.md, v5).
 template <typename T, int NP, int UNROLL>
 __device__ __forceinline__ void reduce_vectors(const uint8_t* const (&srcs)[MAX_PES], int n, uint8_t* const (&dsts)[MAX_PES],
                                                int num_dsts, uint64_t begin, uint64_t num_vectors) {
