@@ -10,6 +10,12 @@
 #   GPU_TEST_NPROCS  process counts to run, e.g. "2" (default: those of 1 2 4 8 <= GPU count)
 #   TORCHRUN         launcher command (default: torchrun on PATH, else python3 -m torch.distributed.run)
 #   GPU_TEST_TIMEOUT_S  wall-clock limit of one run, in seconds (default: 300)
+#   GPU_TEST_PES_PER_GPU  allow up to this many PEs per GPU (default: 1). Process counts above
+#                    the GPU count then run the Rust chapters 2-8 with several PEs sharing a
+#                    GPU (scripts/fold_pes.sh): the code paths of 4 and 8 PEs on a 2-GPU
+#                    machine, correctness only. Chapter 1 (it checks that NVSHMEM's place of
+#                    each PE is torchrun's) and Python (NCCL takes one rank per GPU) are
+#                    skipped there.
 # The last line printed is "<P> passed, <F> failed" over all runs; the exit code is 0 only
 # when every run passed.
 set -euo pipefail
@@ -43,12 +49,14 @@ if command -v nvidia-smi >/dev/null; then
 fi
 ((num_gpus >= 1)) || die "no NVIDIA GPU visible (nvidia-smi -L lists none); these tests need GPUs"
 
+pes_per_gpu=${GPU_TEST_PES_PER_GPU:-1}
+[[ "$pes_per_gpu" =~ ^[1-9][0-9]*$ ]] || die "GPU_TEST_PES_PER_GPU: '$pes_per_gpu' is not a positive integer"
 nprocs=()
 for n in ${GPU_TEST_NPROCS:-1 2 4 8}; do
   [[ "$n" =~ ^[1-9][0-9]*$ ]] || die "GPU_TEST_NPROCS: '$n' is not a positive integer"
-  if ((n <= num_gpus)); then nprocs+=("$n"); fi
+  if ((n <= num_gpus * pes_per_gpu)); then nprocs+=("$n"); fi
 done
-((${#nprocs[@]} > 0)) || die "no process count in '${GPU_TEST_NPROCS:-}' fits $num_gpus GPU(s)"
+((${#nprocs[@]} > 0)) || die "no process count in '${GPU_TEST_NPROCS:-}' fits $num_gpus GPU(s) x $pes_per_gpu PE(s)"
 
 BIN_DIR=${BIN_DIR:-target/release}
 timeout_s=${GPU_TEST_TIMEOUT_S:-300}
@@ -85,13 +93,20 @@ for bin in "${bins[@]}"; do
   fi
   for n in "${nprocs[@]}"; do
     log="$LOG_DIR/$bin-n$n.log"
-    step "$bin on $n GPU(s) -> $log"
+    fold=()
+    where="$n GPU(s)"
+    if ((n > num_gpus)); then
+      [[ "$bin" != ch01-bootstrap ]] || continue
+      fold=(env "FOLD_GPUS=$num_gpus" scripts/fold_pes.sh)
+      where="$num_gpus GPU(s), folded: correctness only"
+    fi
+    step "$bin, $n PEs on $where -> $log"
     rc=0
     timeout --kill-after=30 "$timeout_s" "${torchrun[@]}" --standalone --nproc_per_node="$n" \
-      --no-python "$BIN_DIR/$bin" 2>&1 | tee "$log" || rc=$?
+      --no-python "${fold[@]}" "$BIN_DIR/$bin" 2>&1 | tee "$log" || rc=$?
     if ((rc == 0)) && grep -Eq '^[0-9]+ passed, 0 failed' "$log"; then
       passed=$((passed + 1))
-      results+=("PASS  $bin n=$n")
+      results+=("PASS  $bin n=$n${fold:+ (folded onto $num_gpus GPUs)}")
     else
       failed=$((failed + 1))
       if ((rc == 0)); then
@@ -123,6 +138,7 @@ if [[ "${GPU_TEST_PYTHON:-1}" == 1 ]]; then
       "ch08_low_latency.py:python3 scripts/ch08_low_latency.py")
     for n in "${nprocs[@]}"; do
       ((n >= 2)) || continue # the suite and the scripts exchange data between PEs
+      ((n <= num_gpus)) || continue # NCCL takes one rank per GPU: no folded runs
       for entry in "${py_runs[@]}"; do
         name=${entry%%:*}
         read -r -a cmd <<<"${entry#*:}"

@@ -195,8 +195,11 @@ fn check_all_to_all_v(
     let world = comm.world();
     let (me, n, stream) = (world.my_pe(), world.n_pes(), world.stream());
     let row_len = 7168;
-    let input = Buffer::<u8>::new(world, 64 * row_len)?;
-    let out = Buffer::<u8>::new(world, 64 * row_len)?;
+    // Random: up to 8 rows from each PE. All to PE 0: 5 + p rows from PE p, so PE 0 receives
+    // 5n + n(n - 1)/2 (68 at n = 8).
+    let max_rows = (8 * n).max(5 * n + n * (n - 1) / 2);
+    let input = Buffer::<u8>::new(world, max_rows * row_len)?;
+    let out = Buffer::<u8>::new(world, max_rows * row_len)?;
     for shape in ["random", "all to pe 0"] {
         let rows = |p: usize, q: usize| match shape {
             "random" => (kernels::pattern_word(p, q as u64, seed) % 9) as usize,
