@@ -88,6 +88,15 @@ __device__ __forceinline__ uint64_t space_needed(uint64_t end, int ring_tokens) 
     return end > uint64_t(ring_tokens) ? end - ring_tokens : 0;
 }
 
+// Rows a combine sender stores before it publishes its tail (at most a ring). The grain of
+// the pipeline: the receiver sums a token only once every PE's row of it is published, and a
+// channel carries a few hundred rows per peer, so a smaller window starts the receiver
+// sooner, even with some of a 32-warp group idle per window. Measured at EP2 (build-time
+// override, benchmarks/notes/buffer.md): 128 rows 295 us, 64 260, 32 232, 16 221, 8 296.
+#ifndef COMBINE_WINDOW
+#define COMBINE_WINDOW 16
+#endif
+
 // acc[u][i] += element i of 8-element bf16 vector v0 + 32u of `row` (vectors past
 // `num_vectors` skipped): the loads first, then the adds.
 template <int UNROLL>
@@ -332,8 +341,9 @@ __device__ void gather_send(const Workspace& ws, const GatherArgs& a, uint64_t e
     const int weights_at = (a.hidden_bytes + 15) / 16 * 16;
     bool alive = lane != 0 || wait_counter(ws, ws.ready + s, epoch, WAIT_READY, s, epoch);
     alive = __shfl_sync(0xffffffff, alive, 0);
-    for (int w0 = 0; w0 < count; w0 += WINDOW) {
-        const int window = min(WINDOW, count - w0);
+    const int full_window = min(COMBINE_WINDOW, a.ring_tokens);
+    for (int w0 = 0; w0 < count; w0 += full_window) {
+        const int window = min(full_window, count - w0);
         const uint64_t pos = base + w0;
         if (alive && lane == 0) {
             alive = wait_counter(ws, a.heads + c * MAX_PES + s, space_needed(pos + window, a.ring_tokens), WAIT_RING_SPACE, s, epoch);
