@@ -10,7 +10,8 @@ pub const DEFAULT_NUM_SMS: u32 = 20;
 pub const MAX_CHANNELS: usize = 64;
 /// Threads per block of the dispatch and combine kernels: 32 warps, split among the peers.
 pub const THREADS_PER_BLOCK: u32 = 1024;
-/// Tokens a sender publishes at once (`WINDOW` in moe.cuh): a ring must hold at least this.
+/// Tokens a dispatch sender publishes at once (`WINDOW` in moe.cuh; combine publishes fewer):
+/// a ring must hold at least this.
 pub const WINDOW_TOKENS: u32 = 32;
 /// Most experts the notify rows are sized for (DeepEP allows 1024 per rank at 8 ranks).
 pub const MAX_EXPERTS: usize = 8192;
@@ -23,8 +24,9 @@ pub const DEFAULT_TIMEOUT_MS: u64 = 10_000;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Config {
     pub num_sms: u32,
-    /// DeepEP's sender chunk. Our senders publish every 32 tokens (a warp's ballot), so this
-    /// only has to be valid.
+    /// DeepEP's sender chunk. Our senders publish every 32 tokens in dispatch (a warp's
+    /// ballot) and every 16 rows in combine (`COMBINE_WINDOW`, measured), so this only has to
+    /// be valid.
     pub num_max_nvl_chunked_send_tokens: u32,
     /// Slots of each (channel, peer) ring.
     pub num_max_nvl_chunked_recv_tokens: u32,

@@ -24,9 +24,10 @@
 //   hidden size, dtype, ring size); that is safe because a sender writes into a peer's region
 //   only after the peer announced this call (chapter 4's ready flags), i.e. after the peer's
 //   previous kernel, which drained every ring it was reading, has finished.
-// - A sender publishes its tail after a window of up to 32 tokens, from one thread, after a
-//   named barrier over the warps that wrote the window: the barrier orders their stores before
-//   the releasing thread's store (the pattern DeepEP also relies on).
+// - A sender publishes its tail after a window (dispatch: the tokens of one 32-token ballot;
+//   combine: COMBINE_WINDOW rows, intranode.cu), from one thread, after a named barrier over
+//   the warps that wrote the window: the barrier orders their stores before the releasing
+//   thread's store (the pattern DeepEP also relies on).
 // ANCHOR_END: ring_notes
 #pragma once
 
@@ -37,7 +38,7 @@ namespace moe {
 using namespace coll;
 
 constexpr int MAX_CHANNELS = 64;
-constexpr int WINDOW = 32;  // tokens per ballot, per published tail
+constexpr int WINDOW = 32;  // tokens per ballot (one lane each): dispatch's published window
 
 // Failure kinds beyond chapter 4's (error record word 4). Host mirror: src/error.rs.
 constexpr uint64_t WAIT_RING_SPACE = 7;  // a sender waited for the receiver to free slots
