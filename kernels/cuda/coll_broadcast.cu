@@ -74,90 +74,6 @@ constexpr uint64_t FINAL_STEP = STEPS_PER_EPOCH - 1;
 #endif
 constexpr uint64_t TARGET_STEPS = BROADCAST_TARGET_STEPS;
 constexpr uint64_t MIN_PIECE_BYTES = BROADCAST_MIN_PIECE_BYTES;
-// With forwarders (n > 2), optionally: the same scatter and forward, with each warp its own
-// pipeline instead of each block. Warp w of block b (unit u = b x warps + w, at most
-// MAX_BLOCKS units, so the root's row of done words holds one per unit) moves chunk
-// r x U + u of every part in round r; after each step the root's warp raises its word on
-// every forwarder (a warp barrier, then a release by one lane per forwarder), and the
-// forwarder's warp u waits for that word alone. No block barrier inside the loop: a warp
-// waiting for its stores to be acknowledged leaves the SM to the other warps.
-#ifndef BROADCAST_WARP_STEPS
-#define BROADCAST_WARP_STEPS 0
-#endif
-#ifndef BROADCAST_WARP_BLOCKS
-#define BROADCAST_WARP_BLOCKS 16
-#endif
-#ifndef BROADCAST_WARP_TARGET_STEPS
-#define BROADCAST_WARP_TARGET_STEPS 16
-#endif
-#ifndef BROADCAST_WARP_MIN_CHUNK
-#define BROADCAST_WARP_MIN_CHUNK 2048  // 4 vectors per lane
-#endif
-constexpr uint64_t WARP_MAX_CHUNK = 64 << 10;
-__device__ __forceinline__ void broadcast_steps_by_warp(const Workspace& ws, const uint8_t* input, uint8_t* out,
-                                                     uint64_t num_bytes, int root, uint64_t epoch) {
-    const int me = ws.my_pe, n = ws.n_pes, forwarders = n - 1;
-    const uint64_t warps = blockDim.x / 32, blocks = min(uint64_t(gridDim.x), uint64_t(BROADCAST_WARP_BLOCKS));
-    if (blockIdx.x >= blocks || blocks * warps > MAX_BLOCKS) return;  // same grid on every PE
-    const unsigned lane = threadIdx.x % 32;
-    const uint64_t units = blocks * warps, unit = blockIdx.x * warps + threadIdx.x / 32;
-    uint64_t longest_begin, longest_end;
-    part_bounds(num_bytes, forwarders, 0, &longest_begin, &longest_end);
-    const uint64_t longest = longest_end - longest_begin;
-    const uint64_t wanted = (longest + units * BROADCAST_WARP_TARGET_STEPS - 1) / (units * BROADCAST_WARP_TARGET_STEPS);
-    const uint64_t chunk = min(WARP_MAX_CHUNK, max(uint64_t(BROADCAST_WARP_MIN_CHUNK), (wanted + 511) / 512 * 512));
-    const uint64_t rounds = (longest + units * chunk - 1) / (units * chunk);
-    const uint64_t steps = min(MAX_STEPS, rounds);
-    auto chunk_in_round = [&](int f, uint64_t r, uint64_t* begin, uint64_t* end) {
-        uint64_t part_begin, part_end;
-        part_bounds(num_bytes, forwarders, f, &part_begin, &part_end);
-        *begin = min(part_end, part_begin + (r * units + unit) * chunk);
-        *end = min(part_end, *begin + chunk);
-    };
-    auto first_round = [&](uint64_t step) { return step * rounds / steps; };
-    auto pe_of = [&](int f) { return (root + 1 + f) % n; };
-    uint64_t begin, end;
-    uint8_t* dsts[MAX_PES];
-    if (!block_wait_ready(ws, epoch)) return;
-    if (me == root) {
-        const bool local_copy = out != input;
-        for (uint64_t step = 0; step < steps; ++step) {
-            for (uint64_t r = first_round(step); r < first_round(step + 1); ++r) {
-                for (int i = 0; i < forwarders; ++i) {
-                    const int f = static_cast<int>((unit + i) % forwarders);
-                    dsts[0] = peer(ws, out, pe_of(f));
-                    dsts[1] = out;
-                    chunk_in_round(f, r, &begin, &end);
-                    copy_to_many(dsts, local_copy ? 2 : 1, input, begin, end, lane, 32);
-                }
-            }
-            __syncwarp();  // orders every lane's stores before the releases below
-            if (lane < static_cast<unsigned>(forwarders)) {
-                st_release_sys(peer(ws, ws.done + root * MAX_BLOCKS + unit, pe_of(lane)), ticket(epoch, 1 + step));
-            }
-        }
-        return;
-    }
-    const int f = (me - root - 1 + n) % n;
-    int num = 0;
-    for (int i = 1; i < forwarders; ++i) dsts[num++] = peer(ws, out, pe_of((f + i) % forwarders));
-    const uint64_t* from_root = ws.done + root * MAX_BLOCKS + unit;
-    int arrived = 1;
-    for (uint64_t step = 0; step < steps && arrived; ++step) {
-        if (lane == 0) arrived = wait_at_least(ws, from_root, ticket(epoch, 1 + step), WAIT_DONE, root, epoch);
-        arrived = __shfl_sync(0xffffffffu, arrived, 0);
-        __syncwarp();  // lane 0's acquire before every lane's loads
-        for (uint64_t r = first_round(step); arrived && r < first_round(step + 1); ++r) {
-            chunk_in_round(f, r, &begin, &end);
-            copy_to_many(dsts, num, out, begin, end, lane, 32);
-        }
-    }
-    if (__syncthreads_and(arrived)) {
-        block_signal_done_all(ws, ticket(epoch, FINAL_STEP), root);
-        block_wait_done_all(ws, ticket(epoch, FINAL_STEP), epoch, root);
-    }
-}
-
 extern "C" __global__ void __launch_bounds__(512) coll_broadcast_scatter(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out,
                                                   uint64_t num_bytes, int root) {
     const uint64_t epoch = begin_call(ws);
@@ -190,11 +106,6 @@ extern "C" __global__ void __launch_bounds__(512) coll_broadcast_scatter(const _
     };
     auto first_round = [&](uint64_t step) { return step * rounds / steps; };
     auto pe_of = [&](int f) { return (root + 1 + f) % n; };
-    if (BROADCAST_WARP_STEPS && forwarders > 1) {
-        broadcast_steps_by_warp(ws, input, out, num_bytes, root, epoch);
-        end_call(ws, epoch);
-        return;
-    }
     uint64_t begin, end;
     uint8_t* dsts[MAX_PES];
     if (block_wait_ready(ws, epoch)) {
