@@ -7,11 +7,17 @@
 #
 # Why: a machine with 2 GPUs can then run the code paths of 4 and 8 PEs (the forwarding of a
 # broadcast, the peer loops of the buffer at EP8). NVSHMEM accepts several PEs per GPU and
-# its peer pointers work between them; the kernels of different processes take turns on the
-# GPU, so such a run checks correctness and says nothing about speed. NCCL refuses two ranks
-# on one GPU, so this is for programs that do not use it.
+# its peer pointers work between them. Without MPS the processes take turns on the GPU; under
+# MPS (scripts/gpu_test.sh starts it for folded runs) they run at once, each on its share of
+# the SMs: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE is set here to 100 / PEs per GPU (unless set
+# already), which is also what NVSHMEM needs to allow teams and collectives. Either way such a
+# run checks correctness and says nothing about speed. NCCL refuses two ranks on one GPU, so
+# this is for programs that do not use it.
 set -euo pipefail
 gpus=${FOLD_GPUS:?FOLD_GPUS must say how many GPUs to fold the local ranks onto}
 [[ "$gpus" =~ ^[1-9][0-9]*$ ]] || { echo "fold_pes: FOLD_GPUS='$gpus' is not a positive integer" >&2; exit 2; }
+local_world=${LOCAL_WORLD_SIZE:?not started by torchrun: LOCAL_WORLD_SIZE is not set}
+pes_per_gpu=$(((local_world + gpus - 1) / gpus))
+export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=${CUDA_MPS_ACTIVE_THREAD_PERCENTAGE:-$((100 / pes_per_gpu))}
 export LOCAL_RANK=$((${LOCAL_RANK:?not started by torchrun: LOCAL_RANK is not set} % gpus))
 exec "$@"

@@ -16,6 +16,10 @@
 #                    machine, correctness only. Chapter 1 (it checks that NVSHMEM's place of
 #                    each PE is torchrun's) and Python (NCCL takes one rank per GPU) are
 #                    skipped there.
+#   GPU_TEST_MPS     1 (default): folded runs run under CUDA MPS, so that the PEs of a GPU
+#                    run at once (each on its share of the SMs, see scripts/fold_pes.sh), as
+#                    NVSHMEM's teams and collectives need; this script starts the MPS daemon
+#                    for them and stops it after. 0: folded PEs take turns on the GPU instead.
 # The last line printed is "<P> passed, <F> failed" over all runs; the exit code is 0 only
 # when every run passed.
 set -euo pipefail
@@ -82,6 +86,31 @@ echo "binaries: $BIN_DIR"
 echo "logs:     $LOG_DIR"
 echo "launcher: ${torchrun[*]}"
 
+# ---- CUDA MPS for folded runs ----------------------------------------------------------------
+use_mps=${GPU_TEST_MPS:-1}
+[[ "$use_mps" == 0 || "$use_mps" == 1 ]] || die "GPU_TEST_MPS: '$use_mps' is not 0 or 1"
+mps_on=0
+mps_start() {
+  ((use_mps == 1 && mps_on == 0)) || return 0
+  command -v nvidia-cuda-mps-control >/dev/null ||
+    die "GPU_TEST_MPS=1 but nvidia-cuda-mps-control is not on PATH (GPU_TEST_MPS=0 runs folded PEs without MPS)"
+  export CUDA_MPS_PIPE_DIRECTORY="$LOG_DIR/mps-pipe" CUDA_MPS_LOG_DIRECTORY="$LOG_DIR/mps-log"
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  nvidia-cuda-mps-control -d || die "could not start the MPS daemon (logs: $CUDA_MPS_LOG_DIRECTORY)"
+  mps_on=1
+  echo "MPS daemon started (pipe $CUDA_MPS_PIPE_DIRECTORY)"
+}
+mps_stop() {
+  ((mps_on == 1)) || return 0
+  echo quit | nvidia-cuda-mps-control || true
+  # The daemon exits once its clients are gone; later runs must not connect to it.
+  for _ in $(seq 50); do pgrep -f nvidia-cuda-mps-control >/dev/null || break; sleep 0.1; done
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  mps_on=0
+}
+trap mps_stop EXIT
+# ------------------------------------------------------------------------------------------
+
 passed=0
 failed=0
 results=()
@@ -99,14 +128,24 @@ for bin in "${bins[@]}"; do
       [[ "$bin" != ch01-bootstrap ]] || continue
       fold=(env "FOLD_GPUS=$num_gpus" scripts/fold_pes.sh)
       where="$num_gpus GPU(s), folded: correctness only"
+      mps_start
+      ((mps_on == 0)) || where="$where, under MPS"
+    else
+      mps_stop
     fi
     step "$bin, $n PEs on $where -> $log"
     rc=0
+    started=$SECONDS
     timeout --kill-after=30 "$timeout_s" "${torchrun[@]}" --standalone --nproc_per_node="$n" \
       --no-python "${fold[@]}" "$BIN_DIR/$bin" 2>&1 | tee "$log" || rc=$?
+    took="$((SECONDS - started)) s"
+    if ((${#fold[@]} > 0)); then
+      took="$took; folded onto $num_gpus GPU(s)"
+      ((mps_on == 0)) || took="$took, MPS"
+    fi
     if ((rc == 0)) && grep -Eq '^[0-9]+ passed, 0 failed' "$log"; then
       passed=$((passed + 1))
-      results+=("PASS  $bin n=$n${fold:+ (folded onto $num_gpus GPUs)}")
+      results+=("PASS  $bin n=$n ($took)")
     else
       failed=$((failed + 1))
       if ((rc == 0)); then
@@ -116,10 +155,12 @@ for bin in "${bins[@]}"; do
       else
         why="exit code $rc"
       fi
-      results+=("FAIL  $bin n=$n ($why; log $log)")
+      results+=("FAIL  $bin n=$n ($why; $took; log $log)")
     fi
   done
 done
+
+mps_stop
 
 # ---- GPU pytest (Python package under torchrun) -----------------------------------------
 # The nvshmem_tutorial package, installed or on PYTHONPATH (on the GPU machine: the wheel

@@ -334,14 +334,42 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         args: &A,
         stream: sys::CUstream,
     ) -> Result<(), BufferError> {
+        let num_blocks = 2 * channels as u32;
         let spec = LaunchSpec {
             kernel,
-            num_blocks: 2 * channels as u32,
-            threads_per_block: crate::config::THREADS_PER_BLOCK,
+            num_blocks,
+            threads_per_block: self.channel_threads(kernel, num_blocks)?,
             shared_mem_bytes: 0,
         };
         let ws = self.workspace();
         self.launch(spec, stream, &mut [arg(&ws), arg(args)])
+    }
+
+    /// Threads per block of a dispatch or combine grid of `num_blocks`: `THREADS_PER_BLOCK`,
+    /// or half as many (down to one warp per PE, which the kernels need) while this PE's SMs
+    /// cannot hold the grid. Only a PE with a small share of a GPU that several PEs share
+    /// gets fewer: its blocks then fit two or four to an SM.
+    fn channel_threads(&self, kernel: &'static str, num_blocks: u32) -> Result<u32, BufferError> {
+        let min_threads = 32 * self.world().n_pes() as u32;
+        let mut threads = crate::config::THREADS_PER_BLOCK;
+        while threads / 2 >= min_threads
+            && self.kernels.max_co_resident(kernel, threads, 0)? < num_blocks
+        {
+            threads /= 2;
+        }
+        Ok(threads)
+    }
+
+    /// The largest `Config::num_sms` whose dispatch and combine grids this PE can launch (an
+    /// even number): the GPU's SMs with one PE per GPU, far fewer for a PE that shares its GPU
+    /// with others.
+    pub fn max_num_sms(&self) -> Result<u32, BufferError> {
+        let mut max = 2 * crate::config::MAX_CHANNELS as u32;
+        for kernel in ["moe_scatter", "moe_gather"] {
+            let threads = self.channel_threads(kernel, max)?;
+            max = max.min(self.kernels.max_co_resident(kernel, threads, 0)?);
+        }
+        Ok(max & !1)
     }
 }
 

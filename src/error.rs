@@ -84,21 +84,26 @@ pub(crate) fn describe(error: CollError) -> BufferError {
         }
         DeviceFailureKind::Unknown(8) => "a receiver waited for tokens that never came",
         DeviceFailureKind::Unknown(kind @ (10 | 11)) => {
-            let op = if kind == 10 { "dispatch" } else { "combine" };
+            // Dispatch waits for a count word, (call << 32) | tokens; combine for a flag that
+            // holds the call itself.
+            let (op, flag_call) = if kind == 10 {
+                ("dispatch", failure.seen >> 32)
+            } else {
+                ("combine", failure.seen)
+            };
             return BufferError::Ring(format!(
                 "rank {}: low-latency {op} (call {} of this buffer, slot half {}), block {}: timed \
                  out after {} ms waiting for rank {}'s tokens for this rank's experts (its flag \
-                 holds call {}). Did every rank make the same low-latency calls with the same \
-                 num_max_dispatch_tokens_per_rank, hidden and num_experts, and call every \
+                 holds call {flag_call}). Did every rank make the same low-latency calls with the \
+                 same num_max_dispatch_tokens_per_rank, hidden and num_experts, and call every \
                  receive hook? The buffer is unusable from here on: destroy it and create a new \
                  one",
                 failure.me,
-                failure.expected,
-                failure.expected & 1,
+                failure.call,
+                failure.call & 1,
                 failure.block,
                 failure.timeout_ms,
                 failure.pe,
-                failure.seen
             ));
         }
         _ => return error.into(),

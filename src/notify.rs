@@ -111,7 +111,9 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         }
         let spec = LaunchSpec {
             kernel: "moe_layout",
-            num_blocks: num_tokens.div_ceil(256).clamp(1, 132) as u32,
+            num_blocks: num_tokens
+                .div_ceil(256)
+                .clamp(1, self.kernels.num_sms() as usize) as u32,
             threads_per_block: 256,
             shared_mem_bytes: ((n + num_experts) * 4) as u32,
         };

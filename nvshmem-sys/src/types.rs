@@ -165,6 +165,11 @@ pub const TEAM_WORLD: Team = 0;
 pub const TEAM_SHARED: Team = 1;
 /// `NVSHMEMX_TEAM_NODE`: PEs on this host.
 pub const TEAM_NODE: Team = 2;
+/// `NVSHMEMI_TEAM_SAME_GPU`: PEs that share this PE's GPU (more than one when PEs are folded
+/// onto fewer GPUs). NVSHMEM makes it at init beside the public teams; its handle is the
+/// internal enum value of `device_host/nvshmem_common.cuh` in 3.4.5, which is why the
+/// library's version is pinned and `World` checks the size it reports.
+pub const TEAM_SAME_GPU: Team = 4;
 
 /// `NVSHMEMX_INIT_WITH_UNIQUEID`.
 pub const INIT_WITH_UNIQUEID: u32 = 1 << 3;

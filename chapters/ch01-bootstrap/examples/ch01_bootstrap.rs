@@ -145,6 +145,14 @@ fn check_place_in_job(world: &World, tally: &mut Tally) -> Result<(), BootstrapE
             )
         },
     );
+    // torchrun gives every local rank a GPU of its own (LOCAL_RANK is the ordinal).
+    tally.check(me, world.gpu_pes() == 1, || {
+        format!(
+            "NVSHMEM counts {} PEs on cuda:{}, expected 1 (one GPU per local rank)",
+            world.gpu_pes(),
+            world.context().ordinal()
+        )
+    });
     Ok(())
 }
 

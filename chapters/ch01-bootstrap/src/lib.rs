@@ -17,7 +17,9 @@ pub mod world;
 
 pub use launch_env::{EnvError, LaunchEnv};
 pub use rendezvous::{RendezvousConfig, RendezvousError};
-pub use world::{InitSpec, World, create_unique_id, load_library, probe_driver, share_unique_id};
+pub use world::{
+    InitSpec, World, create_unique_id, load_library, probe_driver, share_unique_id, sm_share,
+};
 
 /// Everything that can stop a process from joining the job.
 #[derive(Debug, thiserror::Error)]

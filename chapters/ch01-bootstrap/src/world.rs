@@ -31,6 +31,8 @@ pub struct World {
     n_pes: usize,
     node_pe: usize,
     node_size: usize,
+    gpu_pes: usize,
+    num_sms: u32,
     init_time: Duration,
     job_seed: u64,
 }
@@ -86,14 +88,29 @@ impl World {
         init_with_unique_id(nvshmem, spec)?;
         let init_time = started.elapsed();
         // SAFETY: NVSHMEM is initialised from here on.
-        let (my_pe, n_pes, node_pe, node_size) = unsafe {
+        let (my_pe, n_pes, node_pe, node_size, gpu_pes) = unsafe {
             (
                 (nvshmem.my_pe)(),
                 (nvshmem.n_pes)(),
                 (nvshmem.team_my_pe)(nvshmem_sys::TEAM_NODE),
                 (nvshmem.team_n_pes)(nvshmem_sys::TEAM_NODE),
+                (nvshmem.team_n_pes)(nvshmem_sys::TEAM_SAME_GPU),
             )
         };
+        if gpu_pes < 1 || gpu_pes > node_size {
+            return Err(BootstrapError::Nvshmem(format!(
+                "NVSHMEM's same-GPU team reports {gpu_pes} PEs on this GPU, outside 1..={node_size} \
+                 (the PEs of this node): this build expects NVSHMEM {}",
+                kernels::NVSHMEM_DEVICE_VERSION
+            )));
+        }
+        let device_sms = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .map_err(BootstrapError::cuda("reading the SM count"))? as u32;
+        let context_sms = context_sm_count()?.min(device_sms);
+        let num_sms = sm_share(context_sms, gpu_pes as usize);
         Ok(Self {
             nvshmem,
             ctx,
@@ -102,6 +119,8 @@ impl World {
             n_pes: n_pes as usize,
             node_pe: node_pe as usize,
             node_size: node_size as usize,
+            gpu_pes: gpu_pes as usize,
+            num_sms,
             init_time,
             job_seed: spec.unique_id.fingerprint(),
         })
@@ -120,6 +139,18 @@ impl World {
     }
     pub fn node_size(&self) -> usize {
         self.node_size
+    }
+    /// How many PEs share this PE's GPU, this one included: 1 unless PEs are folded onto
+    /// fewer GPUs. Kernels whose blocks wait for each other's PEs must then leave room on the
+    /// GPU for the other PEs' blocks (chapter 4, `Kernels`).
+    pub fn gpu_pes(&self) -> usize {
+        self.gpu_pes
+    }
+    /// The SMs this PE's kernels may occupy at once: the GPU's, or this PE's share when
+    /// several PEs share the GPU ([`sm_share`]). Kernels whose blocks wait for other PEs'
+    /// blocks size their grids from it (chapters 3 and 4).
+    pub fn num_sms(&self) -> u32 {
+        self.num_sms
     }
     /// Wall time of `nvshmemx_hostlib_init_attr` (after the rendezvous).
     pub fn init_time(&self) -> Duration {
@@ -208,6 +239,42 @@ fn init_with_unique_id(nvshmem: &Nvshmem, spec: &InitSpec) -> Result<(), Bootstr
 }
 // ANCHOR_END: init
 
+// ANCHOR: sm_share
+/// How many SMs one PE's kernels may occupy at once, when `gpu_pes` PEs share a GPU of which
+/// this PE's CUDA context may use `context_sms`.
+///
+/// A block that spins on a flag another PE raises makes progress only if the block that
+/// raises it runs too. With one PE per GPU, a cooperative launch proves that the PE's own
+/// grid fits, and the other PEs have GPUs of their own. PEs that share a GPU under MPS run at
+/// the same time and compete for its SMs: a PE whose grid fills the GPU keeps the others'
+/// kernels from starting, and every PE then waits until it times out. So each PE keeps to an
+/// equal part of the SMs it may use. `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` caps how many SMs a
+/// client uses (the context reports the cap), but outside MPS's static partitioning it does
+/// not give clients SMs of their own: two PEs at 50% of one H100, each filling its 66 SMs
+/// with one block per SM, waited for each other until they timed out.
+pub fn sm_share(context_sms: u32, gpu_pes: usize) -> u32 {
+    (context_sms / u32::try_from(gpu_pes.max(1)).unwrap_or(u32::MAX)).max(1)
+}
+// ANCHOR_END: sm_share
+
+/// The SMs the current context may use (`cuCtxGetExecAffinity`): all of the GPU's, unless
+/// MPS gave this process a share.
+fn context_sm_count() -> Result<u32, BootstrapError> {
+    use cudarc::driver::sys;
+    let mut affinity = std::mem::MaybeUninit::<sys::CUexecAffinityParam>::zeroed();
+    // SAFETY: the caller made a context current on this thread; the driver fills `affinity`.
+    unsafe {
+        sys::cuCtxGetExecAffinity(
+            affinity.as_mut_ptr(),
+            sys::CUexecAffinityType::CU_EXEC_AFFINITY_TYPE_SM_COUNT,
+        )
+    }
+    .result()
+    .map_err(BootstrapError::cuda("reading the context's SM count"))?;
+    // SAFETY: filled by the driver, for the SM-count type.
+    Ok(unsafe { affinity.assume_init().param.smCount.val })
+}
+
 /// Opens the host library, requiring the release the embedded kernels were linked against.
 pub fn load_library() -> Result<&'static Nvshmem, BootstrapError> {
     Ok(nvshmem_sys::load(kernels::NVSHMEM_DEVICE_VERSION)?)
@@ -275,4 +342,30 @@ pub fn probe_driver() -> Result<(), BootstrapError> {
     unsafe { libloading::Library::new("libcuda.so.1") }
         .map(drop)
         .map_err(|e| BootstrapError::NoDriver(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sm_share;
+
+    #[test]
+    fn one_pe_per_gpu_gets_its_context() {
+        assert_eq!(sm_share(132, 1), 132);
+        assert_eq!(sm_share(66, 1), 66);
+    }
+
+    #[test]
+    fn pes_sharing_a_gpu_split_what_each_may_use() {
+        // MPS without a percentage: every client may use every SM.
+        assert_eq!(sm_share(132, 2), 66);
+        assert_eq!(sm_share(132, 8), 16);
+        // 25% of an H100 at 4 PEs: each client is capped at 32 SMs, which may be the same 32.
+        assert_eq!(sm_share(32, 4), 8);
+    }
+
+    #[test]
+    fn never_zero() {
+        assert_eq!(sm_share(14, 16), 1);
+        assert_eq!(sm_share(0, 1), 1);
+    }
 }

@@ -96,7 +96,7 @@ enum Landing {
 fn move_bytes(ops: &DeviceOps, b: &mut Buffers, variant: Variant) -> Result<Landing, AnyError> {
     let world = ops.world();
     let (next, previous) = ring_neighbours(world);
-    let shape = LaunchShape::default();
+    let shape = LaunchShape::one_per_sm(world);
     // My words into the next PE's inbox, at an offset; the next PE's words into my buffer.
     let put = Put::new(&b.inbox, OFFSET, &b.src_local, b.count, next)?;
     let get = Get::new(&b.dst_local, &b.src_sym, OFFSET, b.count, next)?;

@@ -5,10 +5,10 @@
 /// it; a peer that never comes must not hang the job.
 pub const WAIT_TIMEOUT_MS: u64 = 10_000;
 
-/// Launch shape of the chapter's device variants: one block per SM of an H100/H200 and 256
-/// threads, a shape that moves a few MiB at close to link speed (the benchmark tunes it).
-pub const DEFAULT_NUM_BLOCKS: u32 = 132;
-pub const DEFAULT_THREADS_PER_BLOCK: u32 = 256;
+/// Threads per block of the chapter's device variants, launched one block per SM
+/// (`LaunchShape::one_per_sm`): a shape that moves a few MiB at close to link speed (the
+/// benchmark tunes it).
+pub const THREADS_PER_BLOCK: u32 = 256;
 
 /// Largest block CUDA allows.
 pub const MAX_THREADS_PER_BLOCK: u32 = 1024;

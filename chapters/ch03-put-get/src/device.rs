@@ -41,16 +41,16 @@ pub struct LaunchShape {
     pub threads_per_block: u32,
 }
 
-impl Default for LaunchShape {
-    fn default() -> Self {
+impl LaunchShape {
+    /// One block of `config::THREADS_PER_BLOCK` threads per SM this PE may fill
+    /// (`World::num_sms`: the whole GPU, or this PE's share when PEs share it).
+    pub fn one_per_sm(world: &World) -> Self {
         Self {
-            num_blocks: config::DEFAULT_NUM_BLOCKS,
-            threads_per_block: config::DEFAULT_THREADS_PER_BLOCK,
+            num_blocks: world.num_sms(),
+            threads_per_block: config::THREADS_PER_BLOCK,
         }
     }
-}
 
-impl LaunchShape {
     /// `Err` unless CUDA can launch it and every warp is whole (the warp variants split work
     /// by warp; a partial warp would leave threads out of a collective call).
     pub fn checked(self) -> Result<LaunchConfig, PutGetError> {
@@ -140,10 +140,6 @@ impl<'w> DeviceOps<'w> {
             sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CLOCK_RATE,
             "reading the SM clock rate",
         )?;
-        let num_sms = attribute(
-            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-            "reading the SM count",
-        )?;
         let compute_capability = ctx
             .compute_capability()
             .map_err(PutGetError::cuda("reading the compute capability"))?;
@@ -162,7 +158,7 @@ impl<'w> DeviceOps<'w> {
             error_ptr,
             timeout_cycles: (config::WAIT_TIMEOUT_MS as i64) * clock_khz as i64,
             compute_capability,
-            num_sms: num_sms as u32,
+            num_sms: world.num_sms(),
         })
     }
 
@@ -338,7 +334,11 @@ mod tests {
 
     #[test]
     fn launch_shapes_are_checked() {
-        assert!(LaunchShape::default().checked().is_ok());
+        let one_per_sm = LaunchShape {
+            num_blocks: 132,
+            threads_per_block: crate::config::THREADS_PER_BLOCK,
+        };
+        assert!(one_per_sm.checked().is_ok());
         for (num_blocks, threads_per_block, expected) in [
             (0, 256, "block count"),
             (4, 100, "multiple of 32"),

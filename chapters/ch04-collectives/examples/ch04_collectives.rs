@@ -39,6 +39,12 @@ fn run() -> Result<bool, AnyError> {
     // ANCHOR: setup
     let comm = Communicator::new(&world, CollectivesConfig::default())?;
     // ANCHOR_END: setup
+    println!(
+        "pe {}: grids of up to {} blocks, one per SM this PE may fill ({} PE(s) on this GPU)",
+        world.my_pe(),
+        world.num_sms(),
+        world.gpu_pes()
+    );
     let mut check = Checker::new(&comm);
     let bytes = (
         Buffer::<u8>::new(&world, MAX_ELEMENTS)?,
@@ -90,6 +96,7 @@ fn check_byte_collectives(
         let (root, inputs) = (count % n, inputs_of(count));
         let expected = reference::broadcast(&inputs, root);
         check.case(
+            comm,
             Collective::Broadcast,
             algorithm,
             "u8",
@@ -102,6 +109,7 @@ fn check_byte_collectives(
         let inputs = inputs_of(count);
         let expected = reference::all_gather(&inputs);
         check.case(
+            comm,
             Collective::AllGather,
             algorithm,
             "u8",
@@ -114,6 +122,7 @@ fn check_byte_collectives(
         let inputs = inputs_of(n * count);
         let expected = reference::all_to_all(&inputs, me, count);
         check.case(
+            comm,
             Collective::AllToAll,
             algorithm,
             "u8",
@@ -152,6 +161,7 @@ where
         let inputs = inputs_of(count);
         let expected = reference::all_reduce(&inputs, count);
         check.case(
+            comm,
             Collective::AllReduce,
             algorithm,
             dtype,
@@ -161,6 +171,7 @@ where
         )?;
         // In place: the output is the input.
         check.case(
+            comm,
             Collective::AllReduce,
             algorithm,
             "in place",
@@ -173,6 +184,7 @@ where
         let inputs = inputs_of(n * count);
         let expected = reference::reduce_scatter(&inputs, me, count);
         check.case(
+            comm,
             Collective::ReduceScatter,
             algorithm,
             dtype,
@@ -220,6 +232,7 @@ fn check_all_to_all_v(
             stream.clone_htod(&splits[me].iter().map(|&r| r as i64).collect::<Vec<_>>())?;
         let mut out_splits_offsets = stream.alloc_zeros::<i64>(2 * n)?;
         check.case(
+            comm,
             Collective::AllToAllV,
             Algorithm::Direct,
             shape,
@@ -252,6 +265,7 @@ fn check_many_calls(
         .collect();
     let expected = reference::all_reduce(&inputs, count);
     check.case(
+        comm,
         Collective::AllReduce,
         Algorithm::OneShot,
         "after 1000 calls",
@@ -298,6 +312,7 @@ fn check_graph_replay(
             .collect();
         let expected = reference::all_reduce(&inputs, count).repeat(n);
         check.case(
+            comm,
             Collective::AllGather,
             Algorithm::Direct,
             "graph replay",
@@ -463,8 +478,10 @@ impl Checker {
     /// Uploads this PE's input, poisons the output, runs `call`, and compares the output
     /// with `expected`. A call refused because its algorithm cannot take the size (LL past
     /// its scratch) is not a case.
+    #[allow(clippy::too_many_arguments)]
     fn case<T: DeviceRepr + ValidAsZeroBits + Default + Clone + PartialEq + std::fmt::Debug>(
         &mut self,
+        comm: &Communicator<&World>,
         collective: Collective,
         algorithm: Algorithm,
         variant: &str,
@@ -483,6 +500,9 @@ impl Checker {
         // No barrier before the next case: its upload and poison are safe because a call
         // returns only after every peer is done with this PE's buffers (the tickets).
         let got = out.copy_to_host_range(0, expected.len())?;
+        // The copy waited for the call, so its failure record is final: a call that gave up
+        // left its output unwritten, and that is its error, not a wrong result.
+        comm.check()?;
         self.record(collective, algorithm, variant, &got, expected);
         Ok(())
     }

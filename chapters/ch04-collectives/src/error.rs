@@ -136,12 +136,15 @@ pub enum CollError {
     Device(DeviceFailure),
     #[error(
         "kernel `{kernel}` needs {grid} blocks resident at once (its blocks wait for each \
-         other's peers), but this GPU holds at most {max} of them"
+         other's peers), but this PE's {num_sms} SMs hold at most {max} of them (a PE gets \
+         an equal share of a GPU that several PEs share): use fewer blocks (a smaller \
+         num_sms), or fewer PEs per GPU"
     )]
     NotCoResident {
         kernel: &'static str,
         grid: u32,
         max: u32,
+        num_sms: u32,
     },
     #[error("CUDA driver error while {what}: {source}")]
     Cuda {

@@ -34,8 +34,7 @@ impl From<&Plan> for LaunchSpec {
 
 struct Kernel {
     function: CudaFunction,
-    /// Blocks of (threads, shared bytes) one SM holds, measured at the first launch of each
-    /// shape (the occupancy query costs microseconds; a launch should not).
+    /// Blocks of (threads, shared bytes) one SM holds, measured once per shape.
     per_sm: std::sync::Mutex<HashMap<(u32, u32), u32>>,
 }
 
@@ -49,10 +48,7 @@ pub struct Kernels {
 
 impl Kernels {
     pub fn load(world: &World, modules: &[&'static str]) -> Result<Self, CollError> {
-        let num_sms = world
-            .context()
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .map_err(CollError::cuda("reading the SM count"))? as u32;
+        let num_sms = world.num_sms();
         let mut by_name = HashMap::new();
         let mut loaded = Vec::new();
         for &name in modules {
@@ -80,16 +76,56 @@ impl Kernels {
         })
     }
 
-    /// The GPU's SM count.
+    /// The SMs this PE's kernels may fill (`World::num_sms`: the GPU's, or this PE's share of
+    /// it when several PEs share the GPU). Grids are sized from it.
     pub fn num_sms(&self) -> u32 {
         self.num_sms
+    }
+
+    /// The most blocks of `threads` threads and `shared_mem_bytes` of `kernel` that can be
+    /// resident at once on this PE's SMs: blocks per SM (the occupancy query, measured once
+    /// per shape: it costs microseconds, a launch should not) times `num_sms()`.
+    pub fn max_co_resident(
+        &self,
+        kernel: &'static str,
+        threads: u32,
+        shared_mem_bytes: u32,
+    ) -> Result<u32, CollError> {
+        let kernel = self.kernel(kernel)?;
+        let shape = (threads, shared_mem_bytes);
+        let mut cache = kernel.per_sm.lock().unwrap_or_else(|p| p.into_inner());
+        let per_sm = match cache.get(&shape) {
+            Some(&per_sm) => per_sm,
+            None => {
+                let per_sm = kernel
+                    .function
+                    .occupancy_max_active_blocks_per_multiprocessor(
+                        threads,
+                        shared_mem_bytes as usize,
+                        None,
+                    )
+                    .map_err(CollError::cuda("reading a kernel's occupancy"))?;
+                *cache.entry(shape).or_insert(per_sm)
+            }
+        };
+        Ok(per_sm * self.num_sms)
+    }
+
+    fn kernel(&self, name: &'static str) -> Result<&Kernel, CollError> {
+        let names = || self.by_name.keys().copied().collect::<Vec<_>>().join(", ");
+        Ok(self
+            .by_name
+            .get(name)
+            .ok_or_else(|| kernels::KernelError::UnknownModule(name.into(), names()))?)
     }
 
     // ANCHOR: launch
     /// Launches `spec` on `stream`. Every block may wait for a peer's block, so all of them
     /// must be resident at once: a cooperative launch guarantees it (and fails instead of
     /// hanging when the grid is too large). Inside a stream capture, which may not take
-    /// cooperative launches, the occupancy check stands in for that guarantee.
+    /// cooperative launches, the occupancy check stands in for that guarantee. The check
+    /// counts this PE's share of the SMs, not the GPU's: that is what leaves room for the
+    /// blocks of the other PEs on a shared GPU.
     ///
     /// # Safety
     /// `args` must match the kernel's parameters and stay alive for the call.
@@ -99,35 +135,15 @@ impl Kernels {
         stream: sys::CUstream,
         args: &mut [*mut c_void],
     ) -> Result<(), CollError> {
-        let names = || self.by_name.keys().copied().collect::<Vec<_>>().join(", ");
-        let kernel = self
-            .by_name
-            .get(spec.kernel)
-            .ok_or_else(|| kernels::KernelError::UnknownModule(spec.kernel.into(), names()))?;
-        let shape = (spec.threads_per_block, spec.shared_mem_bytes);
-        let per_sm = {
-            let mut cache = kernel.per_sm.lock().unwrap_or_else(|p| p.into_inner());
-            match cache.get(&shape) {
-                Some(&per_sm) => per_sm,
-                None => {
-                    let per_sm = kernel
-                        .function
-                        .occupancy_max_active_blocks_per_multiprocessor(
-                            shape.0,
-                            shape.1 as usize,
-                            None,
-                        )
-                        .map_err(CollError::cuda("reading a kernel's occupancy"))?;
-                    *cache.entry(shape).or_insert(per_sm)
-                }
-            }
-        };
-        let max = per_sm * self.num_sms;
+        let kernel = self.kernel(spec.kernel)?;
+        let max =
+            self.max_co_resident(spec.kernel, spec.threads_per_block, spec.shared_mem_bytes)?;
         if spec.num_blocks > max {
             return Err(CollError::NotCoResident {
                 kernel: spec.kernel,
                 grid: spec.num_blocks,
                 max,
+                num_sms: self.num_sms,
             });
         }
         let (grid, block) = ((spec.num_blocks, 1, 1), (spec.threads_per_block, 1, 1));
