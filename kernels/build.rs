@@ -38,6 +38,16 @@
 #[path = "build_support/names.rs"]
 mod names;
 
+// The host/device contract (kernels/contract): the build script needs only its C++ text.
+macro_rules! device_repr {
+    ($name:ident) => {};
+}
+include!("contract/macros.rs");
+#[allow(dead_code)]
+mod contract {
+    include!("contract/defs.rs");
+}
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -77,6 +87,19 @@ fn build() -> Result<(), String> {
         println!("cargo:rerun-if-changed={}", path.display());
     }
     let cuda_dir = manifest_dir.join("cuda");
+    // contract.cuh, generated from the Rust declaration, on every source's include path.
+    for file in ["contract/macros.rs", "contract/defs.rs"] {
+        println!(
+            "cargo:rerun-if-changed={}",
+            manifest_dir.join(file).display()
+        );
+    }
+    let generated_include = out_dir.join("include");
+    std::fs::create_dir_all(&generated_include).map_err(|e| e.to_string())?;
+    write_if_changed(
+        &generated_include.join("contract.cuh"),
+        &contract::c_header(),
+    )?;
 
     let archs: Vec<String> = env("KERNEL_ARCHS")
         .unwrap_or_else(|| DEFAULT_ARCHS.into())
@@ -95,6 +118,8 @@ fn build() -> Result<(), String> {
     let python_paths = build_python_paths();
     let nvcc = find_nvcc(&python_paths, &project_venv)?;
     let nvshmem = find_nvshmem(&python_paths, &project_venv)?;
+    // The contract's tests compile headers with the same nvcc.
+    println!("cargo:rustc-env=KERNELS_NVCC={}", nvcc.display());
     let cccl = nvcc
         .parent()
         .and_then(Path::parent)
@@ -116,6 +141,7 @@ fn build() -> Result<(), String> {
         nvshmem: &nvshmem,
         cccl: cccl.as_deref(),
         include: &cuda_dir,
+        generated_include: &generated_include,
         out_dir: &out_dir,
         extra_flags: &extra_flags,
     };
@@ -162,6 +188,14 @@ fn build() -> Result<(), String> {
     Ok(())
 }
 
+/// Writes `text` to `path` unless it holds it already (an unchanged header keeps its time).
+fn write_if_changed(path: &Path, text: &str) -> Result<(), String> {
+    if std::fs::read_to_string(path).is_ok_and(|old| old == text) {
+        return Ok(());
+    }
+    std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))
+}
+
 /// Everything a compile needs besides the source and the architecture.
 struct Toolchain<'a> {
     nvcc: &'a Path,
@@ -169,6 +203,8 @@ struct Toolchain<'a> {
     cccl: Option<&'a Path>,
     /// `kernels/cuda`: on the include path, so every source finds `common.cuh` by that name.
     include: &'a Path,
+    /// `OUT_DIR/include`: the generated `contract.cuh`.
+    generated_include: &'a Path,
     out_dir: &'a Path,
     extra_flags: &'a [String],
 }
@@ -188,6 +224,8 @@ impl Toolchain<'_> {
             .args(["-rdc=true", "-O3", "-std=c++17", "-lineinfo", "-Xptxas=-v"])
             .arg("-I")
             .arg(self.include)
+            .arg("-I")
+            .arg(self.generated_include)
             .arg("-I")
             .arg(&self.nvshmem.include);
         if let Some(cccl) = self.cccl {

@@ -15,6 +15,7 @@ use crate::config::{DEFAULT_TIMEOUT_MS, MAX_CHANNELS};
 use crate::error::{BufferError, describe};
 use crate::layout::Regions;
 use ch04_collectives::config::MAX_PES;
+use kernels::contract::{Failure, InputError};
 
 const MODULES: [&str; 5] = [
     "buffer/layout",
@@ -23,10 +24,6 @@ const MODULES: [&str; 5] = [
     "buffer/ll_dispatch",
     "buffer/ll_combine",
 ];
-/// moe.cuh's BAD_HANDLE: a low-latency handle's row named no source rank or a token >= T.
-const BAD_HANDLE: u64 = 12;
-/// moe.cuh's SLOTS_FULL: a low-latency expert got more than T tokens from one rank.
-const SLOTS_FULL: u64 = 13;
 /// Words of the notify step's host-mapped counts: [0] tokens to receive (i32), then one i32
 /// per local expert.
 const COUNT_WORDS: usize = 1 + crate::config::MAX_EXPERTS / 2;
@@ -131,14 +128,14 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         };
         let kernels = Kernels::load(&world, &MODULES)?;
         let num_sms = kernels.num_sms() as usize;
-        if options.low_latency_mode && num_sms > crate::low_latency::MAX_BLOCKS {
+        if options.low_latency_mode && num_sms > kernels::contract::MAX_LL_BLOCKS {
             return Err(BufferError::invalid(
                 "Buffer",
                 format!(
                     "this GPU has {num_sms} SMs, and low-latency mode keeps one call count per SM \
-                     for at most {}: raise MAX_BLOCKS (src/low_latency/mod.rs) and MAX_LL_BLOCKS \
+                     for at most {}: raise MAX_LL_BLOCKS in kernels/contract/defs.rs \
                      (kernels/cuda/buffer/low_latency.cuh) together",
-                    crate::low_latency::MAX_BLOCKS
+                    kernels::contract::MAX_LL_BLOCKS
                 ),
             ));
         }
@@ -217,24 +214,37 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         }
         // Clear after the report: the claim word first (device), then the record.
         self.clear_input_error()?;
-        Err(if kind == BAD_HANDLE {
-            BufferError::BadHandle {
+        Err(match Failure::from_code(kind) {
+            Ok(Failure::BadHandle) => BufferError::BadHandle {
                 row: token,
                 token: value as i32 as i64,
                 max_tokens: limit,
-            }
-        } else if kind == SLOTS_FULL {
-            BufferError::SlotsFull {
+            },
+            Ok(Failure::SlotsFull) => BufferError::SlotsFull {
                 token,
                 expert: value,
                 max_tokens: limit,
-            }
-        } else {
-            BufferError::BadExpert {
+            },
+            Ok(Failure::BadExpert) => BufferError::BadExpert {
                 token,
                 value: value as i64,
                 num_experts: limit,
-            }
+            },
+            Ok(other) => BufferError::invalid(
+                "input",
+                format!(
+                    "the kernels recorded {} ({}) as bad input",
+                    other.meaning(),
+                    other.device_name()
+                ),
+            ),
+            Err(code) => BufferError::invalid(
+                "input",
+                format!(
+                    "the input-error record holds kind {code}, which this build does not know: \
+                     were the kernels built from another kernels/contract/defs.rs?"
+                ),
+            ),
         })
     }
 
@@ -261,10 +271,13 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         Ok(())
     }
 
-    /// moe.cuh's InputError, for the layout kernel.
-    pub(crate) fn input_error_args(&self) -> [u64; 2] {
+    /// Where the kernels record bad input (the contract's `InputError`).
+    pub(crate) fn input_error_args(&self) -> InputError {
         let (claim, _) = self.input_claim.device_ptr(self.world().stream());
-        [claim, self.input_error.device_ptr()]
+        InputError {
+            claim,
+            words: self.input_error.device_ptr(),
+        }
     }
 
     /// Device address of one (channel, peer) progress array.
@@ -345,13 +358,13 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         self.launch(spec, stream, &mut [arg(&ws), arg(args)])
     }
 
-    /// Threads per block of a dispatch or combine grid of `num_blocks`: `THREADS_PER_BLOCK`,
+    /// Threads per block of a dispatch or combine grid of `num_blocks`: `CHANNEL_THREADS`,
     /// or half as many (down to one warp per PE, which the kernels need) while this PE's SMs
     /// cannot hold the grid. Only a PE with a small share of a GPU that several PEs share
     /// gets fewer: its blocks then fit two or four to an SM.
     fn channel_threads(&self, kernel: &'static str, num_blocks: u32) -> Result<u32, BufferError> {
         let min_threads = 32 * self.world().n_pes() as u32;
-        let mut threads = crate::config::THREADS_PER_BLOCK;
+        let mut threads = crate::config::CHANNEL_THREADS;
         while threads / 2 >= min_threads
             && self.kernels.max_co_resident(kernel, threads, 0)? < num_blocks
         {

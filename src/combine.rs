@@ -4,7 +4,8 @@
 use std::ops::Deref;
 
 use ch01_bootstrap::World;
-use cudarc::driver::{DeviceRepr, sys};
+use cudarc::driver::sys;
+use kernels::contract::GatherArgs;
 
 use crate::buffer::{NvshmemBuffer, Progress};
 use crate::config::Config;
@@ -30,35 +31,6 @@ pub struct CombineOutputs {
     pub combined_x: View,
     pub combined_topk_weights: Option<View>,
 }
-
-/// `GatherArgs` of intranode.cu, field for field.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-struct GatherArgs {
-    x: u64,
-    topk_weights: u64,
-    bias0: u64,
-    bias1: u64,
-    rank_prefix_matrix: u64,
-    recv_channel_prefix_matrix: u64,
-    send_head: u64,
-    combined_x: u64,
-    combined_topk_weights: u64,
-    nvl: u64,
-    tails: u64,
-    heads: u64,
-    sent: u64,
-    received: u64,
-    num_tokens: i32,
-    hidden_bytes: i32,
-    num_topk: i32,
-    num_channels: i32,
-    ring_tokens: i32,
-    slot_bytes: i32,
-}
-
-// SAFETY: plain old data laid out as the kernel parameter.
-unsafe impl DeviceRepr for GatherArgs {}
 
 impl<W: Deref<Target = World>> NvshmemBuffer<W> {
     // ANCHOR: combine
@@ -154,14 +126,4 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         self.launch_channels("moe_gather", c, &args, stream)
     }
     // ANCHOR_END: combine
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn gather_args_match_the_kernel_struct() {
-        assert_eq!(std::mem::size_of::<GatherArgs>(), 14 * 8 + 6 * 4);
-    }
 }

@@ -2,17 +2,16 @@
 //! buffer's own limits, and the size hints that tell a caller how many bytes to ask for.
 
 use crate::error::BufferError;
-use crate::layout::{DispatchSlot, MAX_TOPK, combine_slot_bytes};
+use crate::layout::{combine_slot_bytes, dispatch_slot};
+use kernels::contract::MAX_TOPK;
 
 /// `Buffer.num_sms` before `set_num_sms`: DeepEP's default.
 pub const DEFAULT_NUM_SMS: u32 = 20;
-/// Most channels (num_sms / 2) the ring counters are sized for (`MAX_CHANNELS` in moe.cuh).
-pub const MAX_CHANNELS: usize = 64;
-/// Threads per block of the dispatch and combine kernels: 32 warps, split among the peers.
-pub const THREADS_PER_BLOCK: u32 = 1024;
-/// Tokens a dispatch sender publishes at once (`WINDOW` in moe.cuh; combine publishes fewer):
-/// a ring must hold at least this.
-pub const WINDOW_TOKENS: u32 = 32;
+/// The limits the kernels share (the host/device contract, `kernels/contract/defs.rs`):
+/// `MAX_CHANNELS` channels (num_sms / 2) the ring counters are sized for, `CHANNEL_THREADS`
+/// threads per dispatch or combine block (32 warps, split among the peers), `WINDOW_TOKENS`
+/// tokens a dispatch sender publishes at once (a ring must hold at least this).
+pub use kernels::contract::{CHANNEL_THREADS, MAX_CHANNELS, WINDOW_TOKENS};
 /// Most experts the notify rows are sized for (DeepEP allows 1024 per rank at 8 ranks).
 pub const MAX_EXPERTS: usize = 8192;
 /// Default bound on every wait, on the device and on the host, in milliseconds.
@@ -92,10 +91,10 @@ impl Config {
                 self.num_max_nvl_chunked_recv_tokens
             ));
         }
-        if (THREADS_PER_BLOCK / 32) < n_pes as u32 {
+        if (CHANNEL_THREADS / 32) < n_pes as u32 {
             return invalid(format!(
                 "{n_pes} PEs need more than {} warps per block",
-                THREADS_PER_BLOCK / 32
+                CHANNEL_THREADS / 32
             ));
         }
         Ok(())
@@ -112,7 +111,7 @@ impl Config {
     pub fn get_nvl_buffer_size_hint(&self, hidden_bytes: usize, num_ranks: usize) -> usize {
         let hidden = hidden_bytes / 2; // DeepEP's callers pass H * max(element size, 2)
         let scales = hidden.div_ceil(128);
-        let dispatch = DispatchSlot::new(hidden_bytes, MAX_TOPK, scales).bytes as usize;
+        let dispatch = dispatch_slot(hidden_bytes, MAX_TOPK, scales).bytes as usize;
         let slot = dispatch.max(combine_slot_bytes(hidden * 2, MAX_TOPK));
         (self.num_channels() * num_ranks * self.num_max_nvl_chunked_recv_tokens as usize * slot)
             .next_multiple_of(128)

@@ -5,13 +5,14 @@
 use std::ops::Deref;
 
 use ch01_bootstrap::World;
-use cudarc::driver::{DeviceRepr, sys};
+use cudarc::driver::sys;
+use kernels::contract::{MAX_TOPK, ScatterArgs};
 
 use crate::buffer::{NvshmemBuffer, Progress};
 use crate::config::Config;
 use crate::error::BufferError;
 use crate::handle::Handle;
-use crate::layout::{DispatchSlot, MAX_TOPK, Regions};
+use crate::layout::{Regions, dispatch_slot};
 use crate::view::{ElemType, View};
 
 /// What a dispatch sends. `x` is [N, H] bf16, or fp8 e4m3 with `x_scales` [N, H / 128] f32
@@ -38,42 +39,6 @@ pub struct DispatchOutputs {
     pub recv_topk_idx: Option<View>,
     pub recv_topk_weights: Option<View>,
 }
-
-/// `ScatterArgs` of intranode.cu, field for field.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-struct ScatterArgs {
-    x: u64,
-    x_scales: u64,
-    scale_token_stride: i64,
-    scale_hidden_stride: i64,
-    topk_idx: u64,
-    topk_weights: u64,
-    is_token_in_rank: u64,
-    channel_prefix_matrix: u64,
-    send_head: u64,
-    rank_prefix_matrix: u64,
-    recv_channel_prefix_matrix: u64,
-    recv_x: u64,
-    recv_x_scales: u64,
-    recv_src_idx: u64,
-    recv_topk_idx: u64,
-    recv_topk_weights: u64,
-    nvl: u64,
-    tails: u64,
-    heads: u64,
-    sent: u64,
-    received: u64,
-    slot: DispatchSlot,
-    num_tokens: i32,
-    num_experts: i32,
-    num_channels: i32,
-    ring_tokens: i32,
-    num_recv_rows: i32,
-}
-
-// SAFETY: plain old data laid out as the kernel parameter.
-unsafe impl DeviceRepr for ScatterArgs {}
 
 fn ptr_or_null(view: Option<&View>) -> u64 {
     view.map_or(0, |v| v.ptr)
@@ -214,7 +179,7 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
                 ),
             ));
         }
-        let slot = DispatchSlot::new(hidden_bytes, num_topk, num_scales);
+        let slot = dispatch_slot(hidden_bytes, num_topk, num_scales);
         let ring_tokens = config.num_max_nvl_chunked_recv_tokens as usize;
         self.check_rings_fit(WHAT, c, ring_tokens, slot.bytes as usize)?;
         let (token_stride, hidden_stride) = inputs
@@ -252,16 +217,4 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         self.launch_channels("moe_scatter", c, &args, stream)
     }
     // ANCHOR_END: dispatch
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn scatter_args_match_the_kernel_struct() {
-        // 21 pointers/int64s, a DispatchSlot of 4 ints, 5 ints, padded to 8.
-        assert_eq!(std::mem::size_of::<ScatterArgs>(), 21 * 8 + 16 + 5 * 4 + 4);
-        assert_eq!(std::mem::offset_of!(ScatterArgs, slot), 21 * 8);
-    }
 }

@@ -1,6 +1,7 @@
 //! What can go wrong in the buffer, each with what to do about it.
 
-use ch04_collectives::{CollError, DeviceFailureKind};
+use ch04_collectives::CollError;
+use kernels::contract::Failure;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BufferError {
@@ -79,14 +80,12 @@ pub(crate) fn describe(error: CollError) -> BufferError {
         return error.into();
     };
     let what = match failure.kind {
-        DeviceFailureKind::Unknown(7) => {
-            "a sender waited for ring space that the receiver never freed"
-        }
-        DeviceFailureKind::Unknown(8) => "a receiver waited for tokens that never came",
-        DeviceFailureKind::Unknown(kind @ (10 | 11)) => {
+        Failure::RingSpace => "a sender waited for ring space that the receiver never freed",
+        Failure::RingData => "a receiver waited for tokens that never came",
+        Failure::LlDispatch | Failure::LlCombine => {
             // Dispatch waits for a count word, (call << 32) | tokens; combine for a flag that
             // holds the call itself.
-            let (op, flag_call) = if kind == 10 {
+            let (op, flag_call) = if failure.kind == Failure::LlDispatch {
                 ("dispatch", failure.seen >> 32)
             } else {
                 ("combine", failure.seen)

@@ -15,11 +15,9 @@
 //! A dispatch slot is a token row then its metadata; a combine slot a result row then its
 //! top-k weights (below). Every region starts at a multiple of 256 bytes.
 
-use crate::config::{MAX_CHANNELS, MAX_EXPERTS};
+use crate::config::MAX_EXPERTS;
 use ch04_collectives::config::MAX_PES;
-
-/// Most experts per token the hints assume (DeepEP's intranode limit).
-pub const MAX_TOPK: usize = 32;
+use kernels::contract::{DispatchSlot, MAX_CHANNELS};
 
 fn align16(bytes: usize) -> usize {
     bytes.next_multiple_of(16)
@@ -27,26 +25,16 @@ fn align16(bytes: usize) -> usize {
 
 // ANCHOR: slots
 /// One dispatch slot: `[row: hidden_bytes][src_idx: i32][pad: i32][topk_idx: i64 x K]
-/// [topk_weights: f32 x K][scales: f32 x S]`, each part 16-byte aligned. The device mirror is
-/// `DispatchSlot` in kernels/cuda/buffer/intranode.cu.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DispatchSlot {
-    pub hidden_bytes: i32,
-    pub num_topk: i32,
-    pub num_scales: i32,
-    pub bytes: i32,
-}
-
-impl DispatchSlot {
-    pub fn new(hidden_bytes: usize, num_topk: usize, num_scales: usize) -> Self {
-        let bytes = align16(hidden_bytes) + align16(8 + 12 * num_topk + 4 * num_scales);
-        Self {
-            hidden_bytes: hidden_bytes as i32,
-            num_topk: num_topk as i32,
-            num_scales: num_scales as i32,
-            bytes: bytes as i32,
-        }
+/// [topk_weights: f32 x K][scales: f32 x S]`, each part 16-byte aligned. `DispatchSlot` is in
+/// the host/device contract; the kernels find the parts from it (`slot_meta` and the rest in
+/// intranode.cu).
+pub fn dispatch_slot(hidden_bytes: usize, num_topk: usize, num_scales: usize) -> DispatchSlot {
+    let bytes = align16(hidden_bytes) + align16(8 + 12 * num_topk + 4 * num_scales);
+    DispatchSlot {
+        hidden_bytes: hidden_bytes as i32,
+        num_topk: num_topk as i32,
+        num_scales: num_scales as i32,
+        bytes: bytes as i32,
     }
 }
 
@@ -142,9 +130,9 @@ mod tests {
     #[test]
     fn slots_hold_their_parts() {
         // bf16 7168 with top-8: 14336 + align16(8 + 96) = 14448.
-        assert_eq!(DispatchSlot::new(14336, 8, 0).bytes, 14448);
+        assert_eq!(dispatch_slot(14336, 8, 0).bytes, 14448);
         // fp8 7168 with top-8 and 56 scales: 7168 + align16(8 + 96 + 224) = 7504.
-        assert_eq!(DispatchSlot::new(7168, 8, 56).bytes, 7504);
+        assert_eq!(dispatch_slot(7168, 8, 56).bytes, 7504);
         assert_eq!(combine_slot_bytes(14336, 8), 14368);
     }
 

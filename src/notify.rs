@@ -10,8 +10,9 @@ use cudarc::driver::sys;
 use crate::buffer::{NvshmemBuffer, arg};
 use crate::config::{Config, MAX_EXPERTS};
 use crate::error::BufferError;
-use crate::layout::{MAX_TOPK, Regions, row_ints};
+use crate::layout::{Regions, row_ints};
 use crate::view::{ElemType, View};
+use kernels::contract::MAX_TOPK;
 
 /// What `get_dispatch_layout` fills: tokens per rank [R] i32, per expert [E] i32, and the
 /// routing [N, R] bool.

@@ -6,14 +6,14 @@
 using namespace coll;
 
 // input: local [num_bytes]; out: local [n_pes * num_bytes].
-extern "C" __global__ void __launch_bounds__(512) coll_all_gather_ll(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out, uint64_t num_bytes) {
+extern "C" __global__ void __launch_bounds__(COLL_THREADS) coll_all_gather_ll(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out, uint64_t num_bytes) {
     const uint64_t epoch = begin_call(ws);
     exchange_ll(ws, epoch, input, 0, out, num_bytes);
     end_call(ws, epoch);
 }
 
 // input: local [num_bytes]; out: symmetric [n_pes * num_bytes].
-extern "C" __global__ void __launch_bounds__(512) coll_all_gather_direct(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out,
+extern "C" __global__ void __launch_bounds__(COLL_THREADS) coll_all_gather_direct(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out,
                                                   uint64_t num_bytes) {
     const uint64_t epoch = begin_call(ws);
     exchange_direct(ws, epoch, input, 0, out, num_bytes);
@@ -27,7 +27,7 @@ extern "C" __global__ void __launch_bounds__(512) coll_all_gather_direct(const _
 // links between neighbours only. Block b of the grid forwards the same pieces (for_each_piece) of
 // every block, so it only ever waits for block b of the previous PE (ticket(epoch, s)).
 // input: local [num_bytes]; out: symmetric [n_pes * num_bytes].
-extern "C" __global__ void __launch_bounds__(512) coll_all_gather_ring(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out,
+extern "C" __global__ void __launch_bounds__(COLL_THREADS) coll_all_gather_ring(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out,
                                                 uint64_t num_bytes) {
     const uint64_t epoch = begin_call(ws);
     const int me = ws.my_pe, n = ws.n_pes;

@@ -6,14 +6,14 @@
 using namespace coll;
 
 // input: local [n_pes * num_bytes]; out: local [n_pes * num_bytes].
-extern "C" __global__ void __launch_bounds__(512) coll_all_to_all_ll(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out, uint64_t num_bytes) {
+extern "C" __global__ void __launch_bounds__(COLL_THREADS) coll_all_to_all_ll(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out, uint64_t num_bytes) {
     const uint64_t epoch = begin_call(ws);
     exchange_ll(ws, epoch, input, num_bytes, out, num_bytes);
     end_call(ws, epoch);
 }
 
 // input: local [n_pes * num_bytes]; out: symmetric [n_pes * num_bytes].
-extern "C" __global__ void __launch_bounds__(512) coll_all_to_all_direct(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out,
+extern "C" __global__ void __launch_bounds__(COLL_THREADS) coll_all_to_all_direct(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out,
                                                   uint64_t num_bytes) {
     const uint64_t epoch = begin_call(ws);
     exchange_direct(ws, epoch, input, num_bytes, out, num_bytes);
@@ -35,7 +35,7 @@ constexpr uint64_t BAD_ROW = 0xFFFFFFFFull;  // a count row whose sender found i
 // input: local [in_rows, row_bytes]; out: symmetric [out_rows, row_bytes];
 // in_splits: local int64 [n_pes]; out_splits_offsets: local int64 [2, n_pes] (written:
 // rows received from each PE, and where they start in out).
-extern "C" __global__ void __launch_bounds__(512) coll_all_to_all_v(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out, const int64_t* in_splits,
+extern "C" __global__ void __launch_bounds__(COLL_THREADS) coll_all_to_all_v(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out, const int64_t* in_splits,
                                              int64_t* out_splits_offsets, uint64_t row_bytes, uint64_t in_rows,
                                              uint64_t out_rows) {
     const uint64_t epoch = begin_call(ws);

@@ -8,7 +8,7 @@ using namespace coll;
 // their slot and unpack it. Nobody but the root sends, and nobody waits for the root to be
 // ready beyond the slot-reuse check.
 // input: local [num_bytes] (read on the root only); out: local [num_bytes].
-extern "C" __global__ void __launch_bounds__(512) coll_broadcast_ll(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out, uint64_t num_bytes,
+extern "C" __global__ void __launch_bounds__(COLL_THREADS) coll_broadcast_ll(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out, uint64_t num_bytes,
                                              int root) {
     const uint64_t epoch = begin_call(ws);
     const uint32_t flag = static_cast<uint32_t>(epoch);
@@ -74,7 +74,7 @@ constexpr uint64_t FINAL_STEP = STEPS_PER_EPOCH - 1;
 #endif
 constexpr uint64_t TARGET_STEPS = BROADCAST_TARGET_STEPS;
 constexpr uint64_t MIN_PIECE_BYTES = BROADCAST_MIN_PIECE_BYTES;
-extern "C" __global__ void __launch_bounds__(512) coll_broadcast_scatter(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out,
+extern "C" __global__ void __launch_bounds__(COLL_THREADS) coll_broadcast_scatter(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out,
                                                   uint64_t num_bytes, int root) {
     const uint64_t epoch = begin_call(ws);
     const int me = ws.my_pe, n = ws.n_pes, forwarders = n - 1;

@@ -39,46 +39,13 @@
 #include <type_traits>
 
 #include "common.cuh"
+#include "contract.cuh"
 
 namespace coll {
 
-constexpr int MAX_PES = 8;
-constexpr int MAX_BLOCKS = 256;
-// Workspace::state, local device u64 words: [STATE_FAILED] this PE failed (0 or 1); from
-// [STATE_EPOCHS], MAX_BLOCKS slots of the last finished call. Host mirror: workspace.rs.
-constexpr int STATE_FAILED = 2;
-constexpr int STATE_EPOCHS = 4;
-constexpr uint64_t STEPS_PER_EPOCH = 64;
-
-// What a failed wait was waiting for (error record word 4). The host mirror is
-// ch04_collectives::WaitKind.
-enum Wait : uint64_t {
-    WAIT_READY = 1,    // a peer to announce call e
-    WAIT_DONE = 2,     // a peer's block to finish writing into our buffer
-    WAIT_LL = 3,       // an LL line of call e from a peer
-    WAIT_COUNTS = 4,   // a peer's row of all-to-all-v counts
-    BAD_SPLITS = 5,    // all-to-all-v: a PE's splits are negative or exceed its input
-    OUT_TOO_SMALL = 6, // all-to-all-v: a PE would receive more rows than its output holds
-};
-
-// The communicator as a kernel sees it. Passed by value to every kernel; the host mirror is
-// ch04_collectives::Workspace (same field order, `#[repr(C)]`).
-struct Workspace {
-    uint64_t* state;          // local device [STATE_EPOCHS + MAX_BLOCKS] u64: failed at STATE_FAILED, epochs per block slot
-    uint64_t* error;          // host-mapped [8] u64: failed, pe, expected, seen, what, block, epoch, -
-    uint64_t* ready;          // symmetric [MAX_PES] u64: ready[p] = last call p announced
-    uint64_t* done;           // symmetric [MAX_PES][MAX_BLOCKS] u64: tickets, by writer and block
-    uint64_t* counts;         // symmetric [2][MAX_PES][MAX_PES] u64: (epoch << 32 | rows), by parity, sender
-    uint8_t* ll;              // symmetric [2][n_pes][ll_slot_bytes]: LL lines, by parity and sender
-    uint64_t ll_slot_bytes;   // bytes of one LL slot: twice the largest LL payload
-    long long timeout_cycles; // bound on every wait, in SM clock cycles
-    int my_pe;
-    int n_pes;
-    // Where each peer's symmetric heap appears in our address space, relative to our own:
-    // what nvshmem_ptr(ptr, p) computes, taken once on the host so the kernels' address
-    // arithmetic needs no load from NVSHMEM's device state.
-    int64_t peer_delta[MAX_PES];
-};
+// The limits, the failure kinds and `Workspace` (the communicator as a kernel sees it) are
+// the host/device contract: kernels/contract/defs.rs, generated into contract.cuh.
+using namespace contract;
 
 __host__ __device__ constexpr uint64_t ticket(uint64_t epoch, uint64_t step) { return epoch * STEPS_PER_EPOCH + step; }
 
@@ -111,7 +78,7 @@ __device__ __forceinline__ bool failed(const Workspace& ws) { return ld_volatile
 
 // First failure wins: it claims state[2] (device memory, where atomics are cheap), fills the
 // host-mapped record and raises its word 0 last, so a host that sees word 0 sees the rest.
-__device__ __noinline__ void record_failure(const Workspace& ws, uint64_t what, int pe, uint64_t expected,
+__device__ __noinline__ void record_failure(const Workspace& ws, Failure what, int pe, uint64_t expected,
                                             uint64_t seen, uint64_t epoch) {
     if (atomicCAS(reinterpret_cast<unsigned long long*>(ws.state + STATE_FAILED), 0ull, 1ull) != 0ull) return;
     volatile uint64_t* record = ws.error;
@@ -127,7 +94,7 @@ __device__ __noinline__ void record_failure(const Workspace& ws, uint64_t what, 
 
 // Waits until `*flag >= target` (acquire: what was written before the flag is visible after).
 // False when this PE has failed, or after the timeout, recording it.
-__device__ __forceinline__ bool wait_at_least(const Workspace& ws, const uint64_t* flag, uint64_t target, Wait what,
+__device__ __forceinline__ bool wait_at_least(const Workspace& ws, const uint64_t* flag, uint64_t target, Failure what,
                                               int pe, uint64_t epoch, uint64_t* value = nullptr) {
     uint64_t seen = ld_acquire_sys(flag);
     if (seen < target) {
@@ -170,7 +137,7 @@ __device__ __forceinline__ void end_call(const Workspace& ws, uint64_t epoch) {
 
 // Block-wide wait by thread 0 for a peer's flag; every thread learns the outcome.
 __device__ __forceinline__ bool block_wait_at_least(const Workspace& ws, const uint64_t* flag, uint64_t target,
-                                                    Wait what, int pe, uint64_t epoch) {
+                                                    Failure what, int pe, uint64_t epoch) {
     __shared__ int arrived;
     __syncthreads();
     if (threadIdx.x == 0) arrived = wait_at_least(ws, flag, target, what, pe, epoch);

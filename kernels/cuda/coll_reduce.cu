@@ -185,36 +185,36 @@ __device__ __forceinline__ void reduce_scatter_pull(const Workspace& ws, const u
 // The entry points, one per algorithm and element type (the driver looks kernels up by
 // their unmangled names).
 // input, out: as the functions above, __nv_bfloat16 elements.
-extern "C" __global__ void __launch_bounds__(512) coll_all_reduce_one_shot_bf16(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out, uint64_t count) {
+extern "C" __global__ void __launch_bounds__(COLL_THREADS) coll_all_reduce_one_shot_bf16(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out, uint64_t count) {
     const uint64_t epoch = begin_call(ws);
     reduce_ll<__nv_bfloat16>(ws, epoch, input, 0, out, count);
     end_call(ws, epoch);
 }
-extern "C" __global__ void __launch_bounds__(512) coll_all_reduce_two_shot_bf16(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out, uint64_t count) {
+extern "C" __global__ void __launch_bounds__(COLL_THREADS) coll_all_reduce_two_shot_bf16(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out, uint64_t count) {
     all_reduce_two_shot<__nv_bfloat16>(ws, input, out, count);
 }
-extern "C" __global__ void __launch_bounds__(512) coll_reduce_scatter_ll_bf16(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out, uint64_t count) {
+extern "C" __global__ void __launch_bounds__(COLL_THREADS) coll_reduce_scatter_ll_bf16(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out, uint64_t count) {
     const uint64_t epoch = begin_call(ws);
     reduce_ll<__nv_bfloat16>(ws, epoch, input, count * sizeof(__nv_bfloat16), out, count);
     end_call(ws, epoch);
 }
-extern "C" __global__ void __launch_bounds__(512) coll_reduce_scatter_pull_bf16(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out, uint64_t count) {
+extern "C" __global__ void __launch_bounds__(COLL_THREADS) coll_reduce_scatter_pull_bf16(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out, uint64_t count) {
     reduce_scatter_pull<__nv_bfloat16>(ws, input, out, count);
 }
 // input, out: as the functions above, float elements.
-extern "C" __global__ void __launch_bounds__(512) coll_all_reduce_one_shot_f32(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out, uint64_t count) {
+extern "C" __global__ void __launch_bounds__(COLL_THREADS) coll_all_reduce_one_shot_f32(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out, uint64_t count) {
     const uint64_t epoch = begin_call(ws);
     reduce_ll<float>(ws, epoch, input, 0, out, count);
     end_call(ws, epoch);
 }
-extern "C" __global__ void __launch_bounds__(512) coll_all_reduce_two_shot_f32(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out, uint64_t count) {
+extern "C" __global__ void __launch_bounds__(COLL_THREADS) coll_all_reduce_two_shot_f32(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out, uint64_t count) {
     all_reduce_two_shot<float>(ws, input, out, count);
 }
-extern "C" __global__ void __launch_bounds__(512) coll_reduce_scatter_ll_f32(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out, uint64_t count) {
+extern "C" __global__ void __launch_bounds__(COLL_THREADS) coll_reduce_scatter_ll_f32(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out, uint64_t count) {
     const uint64_t epoch = begin_call(ws);
     reduce_ll<float>(ws, epoch, input, count * sizeof(float), out, count);
     end_call(ws, epoch);
 }
-extern "C" __global__ void __launch_bounds__(512) coll_reduce_scatter_pull_f32(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out, uint64_t count) {
+extern "C" __global__ void __launch_bounds__(COLL_THREADS) coll_reduce_scatter_pull_f32(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out, uint64_t count) {
     reduce_scatter_pull<float>(ws, input, out, count);
 }

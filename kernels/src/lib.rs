@@ -28,6 +28,22 @@ pub struct Cubin {
 
 include!(concat!(env!("OUT_DIR"), "/cubins.rs"));
 
+/// What the host and the kernels share, defined once (`kernels/contract/defs.rs`): limits,
+/// the failure kinds, and the argument structs the kernels take by value. The kernels see the
+/// same declarations as `contract.cuh`, which the build generates with a `static_assert` on
+/// every struct's size and field offsets.
+pub mod contract {
+    macro_rules! device_repr {
+        ($name:ident) => {
+            // SAFETY: a `#[repr(C)]` struct of plain numbers, laid out as its C++ twin (the
+            // generated header asserts every offset).
+            unsafe impl cudarc::driver::DeviceRepr for $name {}
+        };
+    }
+    include!("../contract/macros.rs");
+    include!("../contract/defs.rs");
+}
+
 /// Why a module could not be loaded or a kernel found.
 #[derive(Debug, thiserror::Error)]
 pub enum KernelError {
@@ -259,6 +275,10 @@ fn module_handle(module: &Arc<CudaModule>, name: &str) -> Result<sys::CUmodule, 
         .map_err(KernelError::driver("cuFuncGetModule"))?;
     Ok(cu_module)
 }
+
+/// The contract's header, compiled by nvcc as it is and with deliberate mistakes.
+#[cfg(test)]
+mod contract_tests;
 
 /// The build's own naming rules (`build_support/names.rs`), checked here because build
 /// scripts have no tests of their own.

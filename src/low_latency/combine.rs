@@ -4,9 +4,10 @@
 use std::ops::Deref;
 
 use ch01_bootstrap::World;
-use cudarc::driver::{DeviceRepr, sys};
+use cudarc::driver::sys;
+use kernels::contract::LlCombineArgs;
 
-use super::{COMBINE_KERNEL, LlRegion, PendingReceive, Phases, invalid, optional_vector};
+use super::{COMBINE_KERNEL, PendingReceive, Phases, invalid, optional_vector};
 use crate::buffer::NvshmemBuffer;
 use crate::error::BufferError;
 use crate::view::{ElemType, View};
@@ -30,30 +31,6 @@ pub struct LlCombineInputs {
     pub topk_weights: View,
     pub combine_wait_recv_cost_stats: Option<View>,
 }
-
-/// `LlCombineArgs` of ll_combine.cu, field for field.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-struct LlCombineArgs {
-    x: u64,
-    src_info: u64,
-    layout_range: u64,
-    topk_idx: u64,
-    topk_weights: u64,
-    out: u64,
-    wait_recv_cost: u64,
-    region: LlRegion,
-    state: u64,
-    bad_input: [u64; 2],
-    num_tokens: i32,
-    hidden: i32,
-    num_topk: i32,
-    num_experts: i32,
-    max_tokens: i32,
-}
-
-// SAFETY: plain old data laid out as the kernel parameter.
-unsafe impl DeviceRepr for LlCombineArgs {}
 
 impl<W: Deref<Target = World>> NvshmemBuffer<W> {
     // ANCHOR: ll_combine
@@ -153,7 +130,6 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
             ElemType::I64,
             n,
         )?;
-        let [claim, words] = self.input_error_args();
         let args = LlCombineArgs {
             x,
             src_info: handle.src_info.ptr,
@@ -164,7 +140,7 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
             wait_recv_cost: wait_cost,
             region: self.ll_region(),
             state: self.ll_state(),
-            bad_input: [claim, words],
+            bad_input: self.input_error_args(),
             num_tokens: num_tokens as i32,
             hidden: hidden as i32,
             num_topk: num_topk as i32,
@@ -178,17 +154,4 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         self.ll_launch(&COMBINE_KERNEL, &args, phases, pending, stream)
     }
     // ANCHOR_END: ll_combine
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn args_match_the_kernel_struct() {
-        assert_eq!(
-            std::mem::size_of::<LlCombineArgs>(),
-            7 * 8 + 6 * 8 + 8 + 16 + 24
-        );
-    }
 }

@@ -4,9 +4,10 @@
 use std::ops::Deref;
 
 use ch01_bootstrap::World;
-use cudarc::driver::{DeviceRepr, sys};
+use cudarc::driver::sys;
+use kernels::contract::LlDispatchArgs;
 
-use super::{DISPATCH_KERNEL, LlRegion, PendingReceive, Phases, invalid, optional_vector};
+use super::{DISPATCH_KERNEL, PendingReceive, Phases, invalid, optional_vector};
 use crate::buffer::NvshmemBuffer;
 use crate::error::BufferError;
 use crate::view::{ElemType, View};
@@ -46,35 +47,6 @@ pub struct LlDispatchOutputs {
     pub recv_layout_range: View,
     pub recv_count: View,
 }
-
-/// `LlDispatchArgs` of ll_dispatch.cu, field for field.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-struct LlDispatchArgs {
-    x: u64,
-    topk_idx: u64,
-    recv_x: u64,
-    recv_scales: u64,
-    recv_src_info: u64,
-    recv_layout_range: u64,
-    recv_count: u64,
-    cumulative_recv_stats: u64,
-    wait_recv_cost: u64,
-    region: LlRegion,
-    state: u64,
-    bad_input: [u64; 2],
-    num_tokens: i32,
-    hidden: i32,
-    num_topk: i32,
-    num_experts: i32,
-    max_tokens: i32,
-    use_fp8: i32,
-    round_scale: i32,
-    use_ue8m0: i32,
-}
-
-// SAFETY: plain old data laid out as the kernel parameter.
-unsafe impl DeviceRepr for LlDispatchArgs {}
 
 impl<W: Deref<Target = World>> NvshmemBuffer<W> {
     // ANCHOR: ll_dispatch
@@ -194,7 +166,6 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
             ElemType::I64,
             n,
         )?;
-        let [claim, words] = self.input_error_args();
         let args = LlDispatchArgs {
             x: x.ptr,
             topk_idx: inputs.topk_idx.ptr,
@@ -207,7 +178,7 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
             wait_recv_cost: wait_cost,
             region: self.ll_region(),
             state: self.ll_state(),
-            bad_input: [claim, words],
+            bad_input: self.input_error_args(),
             num_tokens: num_tokens as i32,
             hidden: hidden as i32,
             num_topk: num_topk as i32,
@@ -224,17 +195,4 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         self.ll_launch(&DISPATCH_KERNEL, &args, phases, pending, stream)
     }
     // ANCHOR_END: ll_dispatch
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn args_match_the_kernel_struct() {
-        assert_eq!(
-            std::mem::size_of::<LlDispatchArgs>(),
-            9 * 8 + 6 * 8 + 8 + 16 + 8 * 4
-        );
-    }
 }

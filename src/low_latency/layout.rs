@@ -9,7 +9,7 @@
 //! ```text
 //! control   CONTROL_BYTES:
 //!             flags  [2][MAX_PES] u64        the last combine each source finished, per half
-//!             counts [2][MAX_EXPERTS] u64    counts[h][s * L + e]: (dispatch call << 32) |
+//!             counts [2][MAX_LL_EXPERTS] u64    counts[h][s * L + e]: (dispatch call << 32) |
 //!                                            tokens from s for expert e
 //! half 0    P / 3 >= E x T x (16 + 2H)       dispatch slots (a bf16 message is the largest),
 //! half 1    P / 3                            or combine rows of 2H: call k uses half k & 1
@@ -26,15 +26,12 @@ use ch04_collectives::config::MAX_PES;
 
 use crate::error::BufferError;
 
-/// Most experts (global) a low-latency call takes (`MAX_EXPERTS` in low_latency.cuh).
-pub const MAX_EXPERTS: usize = 2048;
-/// Most experts per token.
-pub const MAX_TOPK: usize = 32;
-/// Widest row a low-latency call takes: the send phase stages a row's fp8 scales in shared
-/// memory (`MAX_LL_HIDDEN` in low_latency.cuh).
-pub const MAX_HIDDEN: usize = 32768;
+// The limits are the contract's (kernels/contract/defs.rs): MAX_LL_EXPERTS experts (global)
+// per call, MAX_TOPK per token, and rows up to MAX_LL_HIDDEN wide (the send phase stages a
+// row's fp8 scales in shared memory).
+use kernels::contract::{MAX_LL_EXPERTS, MAX_LL_HIDDEN, MAX_TOPK};
 /// Bytes of the control words at the start of the region.
-pub const CONTROL_BYTES: usize = (2 * MAX_PES * 8 + 2 * MAX_EXPERTS * 8).next_multiple_of(256);
+pub const CONTROL_BYTES: usize = (2 * MAX_PES * 8 + 2 * MAX_LL_EXPERTS * 8).next_multiple_of(256);
 
 fn align256(bytes: usize) -> usize {
     bytes.next_multiple_of(256)
@@ -92,7 +89,7 @@ impl LlParts {
         h * MAX_PES * 8
     }
     pub fn counts(h: usize) -> usize {
-        2 * MAX_PES * 8 + h * MAX_EXPERTS * 8
+        2 * MAX_PES * 8 + h * MAX_LL_EXPERTS * 8
     }
     pub fn half(&self, h: usize) -> usize {
         CONTROL_BYTES + h * self.part_bytes
@@ -144,21 +141,21 @@ pub(super) fn check_shape(
             "num_max_dispatch_tokens_per_rank must be positive".into(),
         ));
     }
-    if num_experts == 0 || !num_experts.is_multiple_of(num_ranks) || num_experts > MAX_EXPERTS {
+    if num_experts == 0 || !num_experts.is_multiple_of(num_ranks) || num_experts > MAX_LL_EXPERTS {
         return Err(invalid(
             what,
             format!(
                 "num_experts = {num_experts} must be a positive multiple of the {num_ranks} \
-                 ranks and at most {MAX_EXPERTS}"
+                 ranks and at most {MAX_LL_EXPERTS}"
             ),
         ));
     }
-    if hidden == 0 || !hidden.is_multiple_of(128) || hidden > MAX_HIDDEN {
+    if hidden == 0 || !hidden.is_multiple_of(128) || hidden > MAX_LL_HIDDEN {
         return Err(invalid(
             what,
             format!(
                 "hidden = {hidden} is not supported: the kernels take any multiple of 128 (one \
-                 fp8 scale per 128 channels) up to {MAX_HIDDEN}, e.g. 2048, 2560, 4096, 5120, \
+                 fp8 scale per 128 channels) up to {MAX_LL_HIDDEN}, e.g. 2048, 2560, 4096, 5120, \
                  6144, 7168, 8192"
             ),
         ));
@@ -219,7 +216,7 @@ mod tests {
         for offset in [parts.half(0), parts.half(1), parts.staging()] {
             assert_eq!(offset % 256, 0);
         }
-        assert!(LlParts::counts(1) + MAX_EXPERTS * 8 <= CONTROL_BYTES);
+        assert!(LlParts::counts(1) + MAX_LL_EXPERTS * 8 <= CONTROL_BYTES);
         // A smaller shape in the same region uses the same parts.
         let small = LlLayout {
             hidden: 2048,
@@ -237,8 +234,8 @@ mod tests {
             num_experts: 288,
         };
         let room = |hidden| get_low_latency_rdma_size_hint(128, hidden, 2, 288);
-        assert!(check_shape("dispatch", &layout(MAX_HIDDEN), 8, room(MAX_HIDDEN)).is_ok());
-        for hidden in [0, 2000, MAX_HIDDEN + 128] {
+        assert!(check_shape("dispatch", &layout(MAX_LL_HIDDEN), 8, room(MAX_LL_HIDDEN)).is_ok());
+        for hidden in [0, 2000, MAX_LL_HIDDEN + 128] {
             let error = check_shape("dispatch", &layout(hidden), 8, room(hidden))
                 .unwrap_err()
                 .to_string();

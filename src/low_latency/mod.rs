@@ -14,10 +14,7 @@ mod layout;
 
 pub use combine::{LlCombineInputs, LlHandle};
 pub use dispatch::{LlDispatchInputs, LlDispatchOptions, LlDispatchOutputs};
-pub use layout::{
-    CONTROL_BYTES, LlLayout, LlParts, MAX_EXPERTS, MAX_HIDDEN, MAX_TOPK,
-    get_low_latency_rdma_size_hint,
-};
+pub use layout::{CONTROL_BYTES, LlLayout, LlParts, get_low_latency_rdma_size_hint};
 use layout::{check_shape, invalid};
 
 use std::ops::Deref;
@@ -29,17 +26,11 @@ use cudarc::driver::{DevicePtr, sys};
 use crate::buffer::{NvshmemBuffer, arg};
 use crate::error::BufferError;
 use crate::view::{ElemType, View};
-use ch04_collectives::config::MAX_PES;
 use ch04_collectives::{CollError, LaunchSpec};
+use kernels::contract::{LL_THREADS, LlRegion, LlState};
 
-/// Threads per block of both kernels.
-pub const THREADS_PER_BLOCK: u32 = 512;
-/// Most blocks a low-latency launch has (one per SM; `MAX_LL_BLOCKS` in low_latency.cuh): each
-/// block keeps its own call count.
-pub const MAX_BLOCKS: usize = 256;
-/// u64 words of the per-rank device state (`LlState` in low_latency.cuh: calls[MAX_BLOCKS],
-/// finish[MAX_PES], slots[MAX_EXPERTS]).
-pub(crate) const STATE_WORDS: usize = (8 * MAX_BLOCKS + 4 * MAX_PES + 4 * MAX_EXPERTS).div_ceil(8);
+/// u64 words of the per-rank device state (`LlState` of the contract).
+pub(crate) const STATE_WORDS: usize = std::mem::size_of::<LlState>().div_ceil(8);
 
 /// The two kernels, each one symbol launched with a phase argument; their mangled names are
 /// looked up once, not on every call.
@@ -86,15 +77,6 @@ pub enum Phases {
     SendAndReceive = 3,
     Send = 1,
     Receive = 2,
-}
-
-/// `LlRegion` of low_latency.cuh.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-struct LlRegion {
-    data: [u64; 2],
-    counts: [u64; 2],
-    flags: [u64; 2],
 }
 
 fn optional_vector(
@@ -231,7 +213,7 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         let spec = LaunchSpec {
             kernel: kernel.symbol()?,
             num_blocks: self.kernels.num_sms(),
-            threads_per_block: THREADS_PER_BLOCK,
+            threads_per_block: LL_THREADS,
             shared_mem_bytes: 0,
         };
         let ws = self.workspace();
@@ -319,16 +301,5 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
             .lock()
             .unwrap_or_else(|p| p.into_inner()) = None;
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn state_words_cover_the_kernel_state() {
-        // calls (8 x MAX_BLOCKS) + finish (4 x MAX_PES) + slots (4 x MAX_EXPERTS)
-        const { assert!(STATE_WORDS * 8 >= 8 * MAX_BLOCKS + 4 * MAX_PES + 4 * MAX_EXPERTS) };
     }
 }

@@ -1,7 +1,7 @@
 //! Which algorithm runs a call, and with how many blocks: pure functions of the call's size,
 //! the PE count and the GPU, so the whole choice is testable without a GPU.
 
-use crate::config::{MAX_BLOCKS, SYNC_THREADS, THREADS_PER_BLOCK};
+use crate::config::{COLL_THREADS, MAX_BLOCKS, SYNC_THREADS};
 use crate::error::CollError;
 
 /// The collectives of this chapter.
@@ -221,22 +221,22 @@ pub fn plan(
             ),
         });
     }
-    let max_blocks = num_sms.clamp(1, MAX_BLOCKS);
+    let max_blocks = num_sms.clamp(1, MAX_BLOCKS as u32);
     let (num_blocks, threads_per_block) = match algorithm {
         Algorithm::Signal => (1, SYNC_THREADS),
         // One 8-byte payload word per thread and peer.
         Algorithm::OneShot => (
             per_peer
                 .div_ceil(8)
-                .div_ceil(THREADS_PER_BLOCK as usize)
+                .div_ceil(COLL_THREADS as usize)
                 .clamp(1, max_blocks as usize) as u32,
-            THREADS_PER_BLOCK,
+            COLL_THREADS,
         ),
         _ => (
             per_peer
                 .div_ceil(BYTES_PER_BLOCK)
                 .clamp(1, max_blocks as usize) as u32,
-            THREADS_PER_BLOCK,
+            COLL_THREADS,
         ),
     };
     Ok(Plan {
@@ -366,7 +366,7 @@ mod tests {
             1000,
         )
         .unwrap();
-        assert_eq!(p.num_blocks, MAX_BLOCKS);
+        assert_eq!(p.num_blocks, MAX_BLOCKS as u32);
         assert_eq!(
             plan(
                 Collective::AllReduce,

@@ -1,18 +1,12 @@
 //! Tunables and limits of chapter 4, in one place.
 
-/// Most PEs one communicator spans: the flag arrays are sized for it (`MAX_PES` in
-/// `kernels/cuda/coll_common.cuh`). One NVLink domain of a DGX/HGX node.
-pub const MAX_PES: usize = 8;
-/// Most blocks one collective launches: the per-block ticket array is sized for it
-/// (`MAX_BLOCKS` in coll_common.cuh).
-pub const MAX_BLOCKS: u32 = 256;
-/// Steps one call may number in its tickets (`STEPS_PER_EPOCH` in coll_common.cuh).
-pub const STEPS_PER_EPOCH: u64 = 64;
-
-/// Threads per block of every collective but the barrier. 512 threads x 132 SMs keep enough
-/// 16-byte stores in flight to fill NVLink (chapter 3's benchmark), and the heaviest kernel
-/// (two-shot all-reduce, 126 registers) still fits one block per SM.
-pub const THREADS_PER_BLOCK: u32 = 512;
+/// The limits the kernels share (the host/device contract, `kernels/contract/defs.rs`):
+/// `MAX_PES` PEs per communicator (one NVLink domain of a DGX/HGX node), `MAX_BLOCKS` blocks
+/// per launch, `STEPS_PER_EPOCH` steps per call, and `COLL_THREADS` threads per block of every
+/// collective but the barrier: 512 threads x 132 SMs keep enough 16-byte stores in flight to
+/// fill NVLink (chapter 3's benchmark), and the heaviest kernel (two-shot all-reduce, 128
+/// registers) still fits one block per SM.
+pub use kernels::contract::{COLL_THREADS, MAX_BLOCKS, MAX_PES, STEPS_PER_EPOCH};
 /// The barrier is one warp: thread t waits for PE t.
 pub const SYNC_THREADS: u32 = 32;
 

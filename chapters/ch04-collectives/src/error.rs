@@ -5,38 +5,9 @@ use ch01_bootstrap::BootstrapError;
 use ch02_symmetric_memory::SymmetricError;
 use ch03_put_get::PutGetError;
 
-/// What a kernel was doing when it gave up: word 4 of the error record. The device mirror
-/// is `enum Wait` in `kernels/cuda/coll_common.cuh`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DeviceFailureKind {
-    /// Waiting for a peer to enter the call.
-    Ready,
-    /// Waiting for a peer's block to finish writing into our buffers.
-    Done,
-    /// Waiting for a peer's LL lines.
-    Ll,
-    /// Waiting for a peer's row of all-to-all-v counts.
-    Counts,
-    /// A PE's all-to-all-v splits are negative or larger than its input.
-    BadSplits,
-    /// A PE would receive more all-to-all-v rows than its output holds.
-    OutputTooSmall,
-    Unknown(u64),
-}
-
-impl DeviceFailureKind {
-    pub fn from_code(code: u64) -> Self {
-        match code {
-            1 => Self::Ready,
-            2 => Self::Done,
-            3 => Self::Ll,
-            4 => Self::Counts,
-            5 => Self::BadSplits,
-            6 => Self::OutputTooSmall,
-            other => Self::Unknown(other),
-        }
-    }
-}
+/// What a kernel was doing when it gave up: word 4 of the failure record. One table for
+/// host and device, every chapter's kinds in it: the host/device contract's `Failure`.
+pub use kernels::contract::Failure as DeviceFailureKind;
 
 /// The device's error record, decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -91,9 +62,14 @@ impl std::fmt::Display for DeviceFailure {
                  holds {}; pass a larger output",
                 self.seen, self.expected
             ),
-            DeviceFailureKind::Unknown(code) => {
-                format!("pe {me}: call {call}: device error code {code}")
-            }
+            // A later chapter's kind: it describes its own (chapter 7's buffer).
+            other => format!(
+                "pe {me}: call {call}, block {block}: {} ({}; pe {pe}, expected {}, seen {})",
+                other.meaning(),
+                other.device_name(),
+                self.expected,
+                self.seen
+            ),
         };
         f.write_str(&text)
     }
@@ -146,6 +122,11 @@ pub enum CollError {
         max: u32,
         num_sms: u32,
     },
+    #[error(
+        "pe {me}: a kernel's failure record holds kind {code}, which this build does not know: \
+         were the kernels built from another version of kernels/contract/defs.rs? Rebuild both"
+    )]
+    UnknownFailureKind { me: usize, code: u64 },
     #[error("CUDA driver error while {what}: {source}")]
     Cuda {
         what: &'static str,
@@ -203,9 +184,6 @@ mod tests {
         );
         let text = failure(DeviceFailureKind::BadSplits).to_string();
         assert!(text.contains("pe 0's in_splits"), "{text}");
-        assert_eq!(
-            DeviceFailureKind::from_code(9),
-            DeviceFailureKind::Unknown(9)
-        );
+        assert_eq!(DeviceFailureKind::from_code(99), Err(99));
     }
 }

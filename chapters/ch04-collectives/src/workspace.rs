@@ -20,47 +20,17 @@ use std::ops::Deref;
 
 use ch01_bootstrap::World;
 use ch02_symmetric_memory::SymmetricBuffer;
-use cudarc::driver::{CudaSlice, DeviceRepr, sys};
+use cudarc::driver::{CudaSlice, sys};
 
 use crate::config::{CollectivesConfig, MAX_BLOCKS, MAX_PES};
 use crate::error::{CollError, DeviceFailure, DeviceFailureKind};
 
-// ANCHOR: workspace
-/// The communicator as every kernel receives it (by value, first argument). Mirrors
-/// `coll::Workspace` in kernels/cuda/coll_common.cuh field by field.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct Workspace {
-    /// Local device [4] u64: last finished call, blocks arrived, failed, unused.
-    pub state: u64,
-    /// Host-mapped [8] u64: failed, pe, expected, seen, what, block, call, unused.
-    pub error: u64,
-    /// Symmetric [MAX_PES] u64.
-    pub ready: u64,
-    /// Symmetric [MAX_PES][MAX_BLOCKS] u64.
-    pub done: u64,
-    /// Symmetric [2][MAX_PES][MAX_PES] u64.
-    pub counts: u64,
-    /// Symmetric [2][n_pes][ll_slot_bytes] bytes.
-    pub ll: u64,
-    pub ll_slot_bytes: u64,
-    pub timeout_cycles: i64,
-    pub my_pe: i32,
-    pub n_pes: i32,
-    /// peer_delta[p]: nvshmem_ptr(x, p) - x for any symmetric x, the offset at which PE p's
-    /// heap is mapped into ours (0 for ourselves and for PEs past n_pes).
-    pub peer_delta: [i64; MAX_PES],
-}
-// ANCHOR_END: workspace
-
-// SAFETY: plain old data whose layout matches the kernel parameter.
-unsafe impl DeviceRepr for Workspace {}
+// The communicator as every kernel receives it (by value, first argument) is `Workspace`
+// of the host/device contract (kernels/contract/defs.rs): one definition for Rust and CUDA.
+pub use kernels::contract::{STATE_WORDS, Workspace};
 
 const READY_BYTES: usize = MAX_PES * 8;
-const DONE_BYTES: usize = MAX_PES * MAX_BLOCKS as usize * 8;
-/// u64 words of the local call state (coll_common.cuh: the failed word at `STATE_FAILED` = 2,
-/// the epochs from `STATE_EPOCHS` = 4, one per block slot).
-pub const STATE_WORDS: usize = 4 + MAX_BLOCKS as usize;
+const DONE_BYTES: usize = MAX_PES * MAX_BLOCKS * 8;
 const COUNTS_BYTES: usize = 2 * MAX_PES * MAX_PES * 8;
 
 /// Bytes of the symmetric allocation for `n_pes` PEs and LL payloads up to `ll_max_bytes`.
@@ -236,9 +206,12 @@ impl<W: Deref<Target = World>> Memory<W> {
         if word[0] == 0 {
             return Ok(());
         }
+        let me = self.workspace.my_pe as usize;
+        let kind = DeviceFailureKind::from_code(word[4])
+            .map_err(|code| CollError::UnknownFailureKind { me, code })?;
         Err(CollError::Device(DeviceFailure {
-            me: self.workspace.my_pe as usize,
-            kind: DeviceFailureKind::from_code(word[4]),
+            me,
+            kind,
             pe: word[1],
             expected: word[2],
             seen: word[3],

@@ -13,62 +13,15 @@
 
 using namespace moe;
 
-// Where one token's metadata sits in a dispatch slot, after its hidden bytes:
+// A dispatch slot's parts (DispatchSlot in the contract: the row, then the metadata):
 //   [src_idx: int32][pad: int32][topk_idx: int64 x K][topk_weights: f32 x K][scales: f32 x S]
-// Host mirror: src/layout.rs DispatchSlot.
-struct DispatchSlot {
-    int hidden_bytes, num_topk, num_scales, bytes;
-    __device__ int meta() const { return (hidden_bytes + 15) / 16 * 16; }
-    __device__ int topk_idx() const { return meta() + 8; }
-    __device__ int topk_weights() const { return topk_idx() + 8 * num_topk; }
-    __device__ int scales() const { return topk_weights() + 4 * num_topk; }
-};
+__device__ __forceinline__ int slot_meta(const DispatchSlot& s) { return (s.hidden_bytes + 15) / 16 * 16; }
+__device__ __forceinline__ int slot_topk_idx(const DispatchSlot& s) { return slot_meta(s) + 8; }
+__device__ __forceinline__ int slot_topk_weights(const DispatchSlot& s) { return slot_topk_idx(s) + 8 * s.num_topk; }
+__device__ __forceinline__ int slot_scales(const DispatchSlot& s) { return slot_topk_weights(s) + 4 * s.num_topk; }
 
-struct ScatterArgs {
-    // What this PE sends.
-    const uint8_t* x;                  // local [num_tokens, hidden_bytes] (bf16 or fp8 rows)
-    const float* x_scales;             // local, scale k of token t at t * scale_token_stride + k * scale_hidden_stride; null for bf16
-    int64_t scale_token_stride, scale_hidden_stride;
-    const int64_t* topk_idx;           // local [num_tokens, num_topk], global expert ids or -1; null: no top-k
-    const float* topk_weights;         // local [num_tokens, num_topk]; null with topk_idx
-    const bool* is_token_in_rank;      // local [num_tokens, n_pes]
-    const int* channel_prefix_matrix;  // local [n_pes, num_channels]: tokens to PE d in channels 0..c (handle 1)
-    int* send_head;                    // local [num_tokens, n_pes], written: position in ring (c, d), -1 if not sent (handle 5)
-    // What this PE receives.
-    const int* rank_prefix_matrix;          // [n_pes, n_pes]: column my_pe used (handle 0)
-    const int* recv_channel_prefix_matrix;  // [n_pes, num_channels]: channel c's start among PE s's tokens (handle 2)
-    uint8_t* recv_x;                   // local [num_recv_rows, hidden_bytes]
-    float* recv_x_scales;              // local [num_recv_rows, num_scales] or null
-    int* recv_src_idx;                 // local [num_recv_rows]
-    int64_t* recv_topk_idx;            // local [num_recv_rows, num_topk] (local expert ids or -1) or null
-    float* recv_topk_weights;          // local [num_recv_rows, num_topk] or null
-    // The rings (see moe.cuh).
-    uint8_t* nvl;                      // symmetric: ring (c, s) at ((c * n_pes + s) * ring_tokens) slots
-    uint64_t* tails;                   // symmetric [MAX_CHANNELS][MAX_PES]
-    uint64_t* heads;                   // symmetric [MAX_CHANNELS][MAX_PES]
-    uint64_t* sent;                    // local [MAX_CHANNELS][MAX_PES]
-    uint64_t* received;                // local [MAX_CHANNELS][MAX_PES]
-    DispatchSlot slot;
-    int num_tokens, num_experts, num_channels, ring_tokens, num_recv_rows;
-};
-
-struct GatherArgs {
-    const uint8_t* x;                  // local bf16 [num_recv_rows, hidden_bytes]: results for the tokens dispatch delivered here
-    const float* topk_weights;         // local [num_recv_rows, num_topk] or null
-    const uint8_t* bias0;              // local bf16 [num_tokens, hidden_bytes] or null
-    const uint8_t* bias1;              // local bf16 [num_tokens, hidden_bytes] or null
-    const int* rank_prefix_matrix;          // handle 0
-    const int* recv_channel_prefix_matrix;  // handle 2
-    const int* send_head;              // handle 5, [num_tokens, n_pes]
-    uint8_t* combined_x;               // local bf16 [num_tokens, hidden_bytes]
-    float* combined_topk_weights;      // local [num_tokens, num_topk] or null
-    uint8_t* nvl;                      // symmetric: combine ring (c, s), slot = [row: hidden_bytes][weights: f32 x K]
-    uint64_t* tails;
-    uint64_t* heads;
-    uint64_t* sent;
-    uint64_t* received;
-    int num_tokens, hidden_bytes, num_topk, num_channels, ring_tokens, slot_bytes;
-};
+// ScatterArgs (dispatch) and GatherArgs (combine), the kernels' arguments, are the host/device
+// contract: kernels/contract/defs.rs.
 
 // Rows PE `src` delivered to us in channel c: where they start in our received rows, and how
 // many there are.
@@ -166,16 +119,16 @@ __device__ __forceinline__ LaneMeta load_meta(const ScatterArgs& a, int t, int d
 __device__ __forceinline__ LaneMeta load_slot_meta(const ScatterArgs& a, const uint8_t* slot, bool with_topk,
                                                    bool with_scales, int lane) {
     LaneMeta m{0, -1, 0.0f, {0.0f, 0.0f}};
-    if (lane == 0) m.src_idx = __ldcg(reinterpret_cast<const int*>(slot + a.slot.meta()));
+    if (lane == 0) m.src_idx = __ldcg(reinterpret_cast<const int*>(slot + slot_meta(a.slot)));
     if (with_topk && lane < a.slot.num_topk) {
-        m.topk_idx = __ldcg(reinterpret_cast<const long long*>(slot + a.slot.topk_idx()) + lane);
-        m.topk_weight = __ldcg(reinterpret_cast<const float*>(slot + a.slot.topk_weights()) + lane);
+        m.topk_idx = __ldcg(reinterpret_cast<const long long*>(slot + slot_topk_idx(a.slot)) + lane);
+        m.topk_weight = __ldcg(reinterpret_cast<const float*>(slot + slot_topk_weights(a.slot)) + lane);
     }
     if (with_scales) {
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
             const int k = lane + 32 * j;
-            if (k < a.slot.num_scales) m.scales[j] = __ldcg(reinterpret_cast<const float*>(slot + a.slot.scales()) + k);
+            if (k < a.slot.num_scales) m.scales[j] = __ldcg(reinterpret_cast<const float*>(slot + slot_scales(a.slot)) + k);
         }
     }
     return m;
@@ -219,7 +172,7 @@ __device__ void scatter_send(const Workspace& ws, const ScatterArgs& a, uint64_t
     bool alive = to_self || lane != 0 || wait_counter(ws, ws.ready + d, epoch, WAIT_READY, d, epoch);
     alive = __shfl_sync(0xffffffff, alive, 0);
     uint64_t pos = base;
-    for (int w0 = begin; w0 < end; w0 += WINDOW) {
+    for (int w0 = begin; w0 < end; w0 += WINDOW_TOKENS) {
         const int t = w0 + lane;
         const bool selected = t < end && a.is_token_in_rank[int64_t(t) * n + d];
         const uint32_t mask = __ballot_sync(0xffffffff, selected);
@@ -245,8 +198,8 @@ __device__ void scatter_send(const Workspace& ws, const ScatterArgs& a, uint64_t
                        a.recv_x_scales + r * a.slot.num_scales};
             } else {
                 row = ring + int64_t(k % a.ring_tokens) * a.slot.bytes;
-                dst = {reinterpret_cast<int*>(row + a.slot.meta()), reinterpret_cast<int64_t*>(row + a.slot.topk_idx()),
-                       reinterpret_cast<float*>(row + a.slot.topk_weights()), reinterpret_cast<float*>(row + a.slot.scales())};
+                dst = {reinterpret_cast<int*>(row + slot_meta(a.slot)), reinterpret_cast<int64_t*>(row + slot_topk_idx(a.slot)),
+                       reinterpret_cast<float*>(row + slot_topk_weights(a.slot)), reinterpret_cast<float*>(row + slot_scales(a.slot))};
             }
             warp_copy<false, 4>(row, a.x + int64_t(token) * a.slot.hidden_bytes, a.slot.hidden_bytes, lane);
             store_meta(m, dst, a.slot.num_topk, a.slot.num_scales, a.topk_idx != nullptr, a.x_scales != nullptr, lane,
@@ -293,7 +246,7 @@ __device__ void scatter_receive(const Workspace& ws, const ScatterArgs& a, uint6
             const MetaDst dst{a.recv_src_idx + r, a.recv_topk_idx + r * a.slot.num_topk, a.recv_topk_weights + r * a.slot.num_topk,
                               a.recv_x_scales + r * a.slot.num_scales};
             store_meta(m, dst, a.slot.num_topk, a.slot.num_scales, with_topk, with_scales, lane,
-                       [&](int k) { return __ldcg(reinterpret_cast<const float*>(slot + a.slot.scales()) + k); });
+                       [&](int k) { return __ldcg(reinterpret_cast<const float*>(slot + slot_scales(a.slot)) + k); });
         }
         g.sync();  // every slot up to new_tail has been read
         if (g.member == 0 && lane == 0 && alive) st_release_sys(peer(ws, a.heads + c * MAX_PES + me, s), new_tail);
@@ -306,7 +259,7 @@ __device__ void scatter_receive(const Workspace& ws, const ScatterArgs& a, uint6
 // Dispatch. Grid 2 x num_channels: blocks [0, C) send, [C, 2C) receive. Blocks of 32 x k
 // warps, k >= n_pes: a sender has k / n_pes warps per PE (itself included), a receiver
 // k / (n_pes - 1) per peer.
-extern "C" __global__ void __launch_bounds__(1024) moe_scatter(const __grid_constant__ Workspace ws,
+extern "C" __global__ void __launch_bounds__(CHANNEL_THREADS) moe_scatter(const __grid_constant__ Workspace ws,
                                                                const __grid_constant__ ScatterArgs a) {
     const uint64_t epoch = begin_call(ws);
     const int c = blockIdx.x % a.num_channels;
@@ -453,7 +406,7 @@ __device__ void gather_receive(const Workspace& ws, const GatherArgs& a, uint64_
 // ANCHOR_END: gather_receive
 
 // Combine. Grid 2 x num_channels: blocks [0, C) send, [C, 2C) receive.
-extern "C" __global__ void __launch_bounds__(1024) moe_gather(const __grid_constant__ Workspace ws,
+extern "C" __global__ void __launch_bounds__(CHANNEL_THREADS) moe_gather(const __grid_constant__ Workspace ws,
                                                               const __grid_constant__ GatherArgs a) {
     const uint64_t epoch = begin_call(ws);
     const int c = blockIdx.x % a.num_channels;

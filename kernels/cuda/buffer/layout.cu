@@ -27,7 +27,7 @@ extern "C" __global__ void __launch_bounds__(256) moe_layout(const int64_t* topk
         for (int k = 0; k < num_topk; ++k) {
             const int64_t expert = topk_idx[int64_t(t) * num_topk + k];
             if (expert < -1 || expert >= num_experts) {
-                input_error.record(BAD_EXPERT, t, uint64_t(expert), num_experts);
+                record_input_error(input_error, BAD_EXPERT, t, uint64_t(expert), num_experts);
                 continue;
             }
             if (expert < 0) continue;

@@ -57,7 +57,7 @@ __device__ __forceinline__ int find_run(const int* prefix, int n, int value) {
 
 // Thread s < n_pes waits for PE s's flag of call k in half h; adds the cycles it waited to
 // `cost[s]` (block 0 only). The block learns whether every flag came.
-__device__ __forceinline__ bool wait_all_sources(const Workspace& ws, const LlRegion& region, int h, uint64_t k, uint64_t what,
+__device__ __forceinline__ bool wait_all_sources(const Workspace& ws, const LlRegion& region, int h, uint64_t k, Failure what,
                                  int64_t* cost) {
     __shared__ int all_came;
     if (threadIdx.x == 0) all_came = 1;
@@ -65,7 +65,7 @@ __device__ __forceinline__ bool wait_all_sources(const Workspace& ws, const LlRe
     const int s = threadIdx.x;
     if (s < ws.n_pes) {
         const long long start = clock64();
-        if (!wait_at_least(ws, region.flags[h] + s, k, static_cast<Wait>(what), s, k)) all_came = 0;
+        if (!wait_at_least(ws, region.flags[h] + s, k, what, s, k)) all_came = 0;
         if (cost != nullptr && blockIdx.x == 0)
             atomicAdd(reinterpret_cast<unsigned long long*>(cost + s), static_cast<unsigned long long>(clock64() - start));
     }
@@ -85,7 +85,7 @@ struct PackedRuns {
 
     // The shared arrays of this kernel (one call per kernel).
     __device__ static PackedRuns of_kernel(int L, int n) {
-        __shared__ int begin[MAX_EXPERTS], count[MAX_EXPERTS], first_row[MAX_EXPERTS + 1];
+        __shared__ int begin[MAX_LL_EXPERTS], count[MAX_LL_EXPERTS], first_row[MAX_LL_EXPERTS + 1];
         return PackedRuns{begin, count, first_row, L, n};
     }
 
@@ -116,20 +116,6 @@ struct PackedRuns {
     }
 };
 
-struct LlCombineArgs {
-    const uint8_t* x;                  // [L][n_pes * T][hidden] bf16 (or the staging region)
-    const int* src_info;               // [L][n_pes * T]
-    const int64_t* layout_range;       // [L][n_pes]
-    const int64_t* topk_idx;           // [N][K]
-    const float* topk_weights;         // [N][K]
-    uint8_t* out;                      // [N][hidden] bf16
-    int64_t* wait_recv_cost;           // [n_pes] or null
-    LlRegion region;
-    LlState* state;
-    moe::InputError bad_input;
-    int num_tokens, hidden, num_topk, num_experts, max_tokens;
-};
-
 // ANCHOR: combine_send
 // Send phase: every warp of the grid takes packed rows; row i of local expert e goes back to
 // the source rank s it came from, into s's slot (global expert, source token).
@@ -152,7 +138,7 @@ __device__ __forceinline__ void combine_send(const Workspace& ws, const LlCombin
         const int64_t packed = static_cast<int64_t>(e) * n * T + i;
         const int t = __ldg(a.src_info + packed);
         if (s < 0 || t < 0 || t >= T) {
-            if (lane == 0) a.bad_input.record(moe::BAD_HANDLE, packed, static_cast<uint64_t>(t), T);
+            if (lane == 0) moe::record_input_error(a.bad_input, BAD_HANDLE, packed, static_cast<uint64_t>(t), T);
             continue;  // s's flag still rises: completion counts blocks, not rows
         }
         uint8_t* slot = peer(ws, a.region.data[h] + (static_cast<int64_t>(me * L + e) * T + t) * row_bytes, s);
@@ -219,7 +205,7 @@ __device__ __forceinline__ void combine_recv(const Workspace& ws, const LlCombin
 }
 // ANCHOR_END: combine_recv
 
-__global__ void __launch_bounds__(512) combine(Workspace ws, LlCombineArgs args, int phases) {
+__global__ void __launch_bounds__(LL_THREADS) combine(Workspace ws, LlCombineArgs args, int phases) {
     run_call(ws, args, phases, combine_send, combine_recv);
 }
 

@@ -5,23 +5,6 @@
 
 namespace nvshmem_tutorial {
 
-struct LlDispatchArgs {
-    const uint8_t* x;             // [N][hidden] bf16
-    const int64_t* topk_idx;      // [N][K] global expert ids or -1
-    uint8_t* recv_x;              // [L][n_pes * T][hidden] fp8 or bf16
-    void* recv_scales;            // fp8: f32 [L][hidden/128][n_pes * T]; ue8m0: u8 [L][hidden/512][n_pes * T][4]
-    int* recv_src_info;           // [L][n_pes * T]
-    int64_t* recv_layout_range;   // [L][n_pes]: (begin << 32) | count
-    int* recv_count;              // [L]
-    int* cumulative_recv_stats;   // [L] or null
-    int64_t* wait_recv_cost;      // [n_pes] or null: cycles spent waiting per source
-    LlRegion region;
-    LlState* state;
-    moe::InputError bad_input;
-    int num_tokens, hidden, num_topk, num_experts, max_tokens;
-    int use_fp8, round_scale, use_ue8m0;
-};
-
 // Rounded up to 16 bytes: every slot, and so every row in it, must be 16-byte aligned for
 // the vector copies (an fp8 message of hidden = 128 x k carries 4k bytes of scales).
 __host__ __device__ constexpr int dispatch_msg_bytes(int hidden, bool fp8) {
@@ -166,7 +149,7 @@ __device__ __forceinline__ void dispatch_send(const Workspace& ws, const LlDispa
                 if (i >= T) {
                     // Only a token naming one expert twice can get here (N <= T): the run of
                     // T slots is full. Counted as sent, so the call completes; raised later.
-                    a.bad_input.record(moe::SLOTS_FULL, t, static_cast<uint64_t>(e), T);
+                    moe::record_input_error(a.bad_input, SLOTS_FULL, t, static_cast<uint64_t>(e), T);
                 } else if (pe == me) {
                     const int64_t packed = static_cast<int64_t>(local) * rows_per_expert + i;
                     a.recv_src_info[packed] = t;
@@ -271,7 +254,7 @@ __device__ __forceinline__ void dispatch_recv(const Workspace& ws, const LlDispa
             const int source = (me + tid) % n;
             const long long start = clock64();
             uint64_t word = 0;
-            if (!wait_at_least(ws, a.region.counts[h] + source * L + e, k << 32, static_cast<Wait>(WAIT_LL_DISPATCH), source, k, &word))
+            if (!wait_at_least(ws, a.region.counts[h] + source * L + e, k << 32, WAIT_LL_DISPATCH, source, k, &word))
                 all_came[group] = 0;
             seen[tid] = min(static_cast<int>(word & 0xffffffffu), T);
             // Each source's wait counted once per expert: by its own unit, ours by the last.
@@ -319,7 +302,7 @@ __device__ __forceinline__ void dispatch_recv(const Workspace& ws, const LlDispa
 }
 // ANCHOR_END: dispatch_recv
 
-__global__ void __launch_bounds__(512) dispatch(Workspace ws, LlDispatchArgs args, int phases) {
+__global__ void __launch_bounds__(LL_THREADS) dispatch(Workspace ws, LlDispatchArgs args, int phases) {
     run_call(ws, args, phases, dispatch_send, dispatch_recv);
 }
 

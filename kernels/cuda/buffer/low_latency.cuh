@@ -14,7 +14,7 @@
 //   control  (fixed offsets, whatever the call's shape)
 //     flags[2][MAX_PES]    u64   flags[h][s]: the last combine whose rows PE s finished
 //                                 writing into half h of our region
-//     counts[2][MAX_EXPERTS]  u64   counts[h][s * L + e]: (call << 32) | tokens PE s sent our
+//     counts[2][MAX_LL_EXPERTS]  u64   counts[h][s * L + e]: (call << 32) | tokens PE s sent our
 //                                 local expert e in that dispatch (the count is the signal)
 //   half[2]   a third each of the rest of the region, at offsets fixed by the region's size
 //             (so calls of different shapes share them), each >= E x T x (16 + 2 x hidden)
@@ -69,30 +69,10 @@ namespace nvshmem_tutorial {
 using namespace coll;
 using moe::warp_copy;
 
-constexpr int PHASE_SEND = 1;
-constexpr int PHASE_RECV = 2;
-constexpr int MAX_EXPERTS = 2048;  // host mirror: low_latency::MAX_EXPERTS
-constexpr int MAX_TOPK = 32;
-constexpr int MAX_LL_HIDDEN = 32768;  // a row's fp8 scales are staged in shared memory; host mirror: low_latency::MAX_HIDDEN
-// Failure kinds beyond chapter 7's (error record word 4). Host mirror: src/error.rs.
-constexpr uint64_t WAIT_LL_DISPATCH = 10;
-constexpr uint64_t WAIT_LL_COMBINE = 11;
-
-// Per-rank device state (local memory, zeroed at creation). Host mirror: LlState in
-// src/low_latency/mod.rs (its size).
-constexpr int MAX_LL_BLOCKS = 256;  // SMs of the GPU; host mirror: low_latency::MAX_BLOCKS
-struct LlState {
-    unsigned long long calls[MAX_LL_BLOCKS];  // calls[b]: the last LL call block b finished
-    unsigned int finish[MAX_PES];             // blocks done writing to each PE in the current call
-    int slots[MAX_EXPERTS];        // tokens sent to each global expert in the current dispatch
-};
-
-// One half of every rank's region and the control words, as this rank addresses its own copy.
-struct LlRegion {
-    uint8_t* data[2];
-    uint64_t* counts[2];
-    uint64_t* flags[2];
-};
+// PHASE_SEND / PHASE_RECV, the limits (MAX_LL_EXPERTS, MAX_TOPK, MAX_LL_HIDDEN,
+// MAX_LL_BLOCKS), LlState (per-rank device state, zeroed at creation) and LlRegion (one half
+// of every rank's region and the control words, as this rank addresses its own copy) are the
+// host/device contract: kernels/contract/defs.rs.
 
 // After this block's stores to every PE: the grid's last block to get here for PE d publishes
 // d's part of the call (`publish(d)`, run by the whole block, its stores release stores).
@@ -138,9 +118,9 @@ __device__ __forceinline__ void run_call(const Workspace& ws, const Args& args, 
     }
 }
 
-__device__ __forceinline__ bool valid_expert(const moe::InputError& bad, int64_t e, int num_experts, int token) {
+__device__ __forceinline__ bool valid_expert(const InputError& bad, int64_t e, int num_experts, int token) {
     if (e >= 0 && e < num_experts) return true;
-    if (e != -1) bad.record(moe::BAD_EXPERT, token, static_cast<uint64_t>(e), num_experts);
+    if (e != -1) moe::record_input_error(bad, BAD_EXPERT, token, static_cast<uint64_t>(e), num_experts);
     return false;
 }
 

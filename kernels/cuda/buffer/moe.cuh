@@ -37,37 +37,22 @@ namespace moe {
 
 using namespace coll;
 
-constexpr int MAX_CHANNELS = 64;
-constexpr int WINDOW = 32;  // tokens per ballot (one lane each): dispatch's published window
-
-// Failure kinds beyond chapter 4's (error record word 4). Host mirror: src/error.rs.
-constexpr uint64_t WAIT_RING_SPACE = 7;  // a sender waited for the receiver to free slots
-constexpr uint64_t WAIT_RING_DATA = 8;   // a receiver waited for tokens that did not come
-constexpr uint64_t BAD_EXPERT = 9;       // topk_idx held a value outside [-1, num_experts)
-constexpr uint64_t BAD_HANDLE = 12;      // a low-latency handle's row named no source or a token >= T
-constexpr uint64_t SLOTS_FULL = 13;      // a low-latency expert got more than T tokens from one rank
-
-// Bad input found on the device (a value only the GPU holds), kept apart from the
-// communicator's failure record: the buffer stays usable, the host raises it once and clears
-// it. claim: local device u64 (first writer wins); words: host-mapped [4] u64 = kind, token,
-// value, limit (kind written last).
-struct InputError {
-    unsigned long long* claim;
-    uint64_t* words;
-    __device__ void record(uint64_t kind, uint64_t token, uint64_t value, uint64_t limit) const {
-        if (atomicCAS(claim, 0ull, 1ull) != 0ull) return;
-        volatile uint64_t* r = words;
-        r[1] = token;
-        r[2] = value;
-        r[3] = limit;
-        __threadfence_system();
-        r[0] = kind;
-    }
-};
+// Bad input found on the device: the first writer claims the record (InputError in the
+// contract), fills it and raises its kind last, so a host that sees the kind sees the rest.
+__device__ __forceinline__ void record_input_error(const InputError& e, Failure kind, uint64_t token, uint64_t value,
+                                                   uint64_t limit) {
+    if (atomicCAS(e.claim, 0ull, 1ull) != 0ull) return;
+    volatile uint64_t* r = e.words;
+    r[1] = token;
+    r[2] = value;
+    r[3] = limit;
+    __threadfence_system();
+    r[0] = kind;
+}
 
 __device__ __forceinline__ bool wait_counter(const Workspace& ws, const uint64_t* counter, uint64_t target,
-                                             uint64_t what, int pe, uint64_t epoch) {
-    return wait_at_least(ws, counter, target, static_cast<Wait>(what), pe, epoch);
+                                             Failure what, int pe, uint64_t epoch) {
+    return wait_at_least(ws, counter, target, what, pe, epoch);
 }
 
 // [begin, end) of the original tokens channel c owns: equal shares in token order. Host

@@ -1,0 +1,285 @@
+// What the host (Rust) and the kernels (CUDA) share: limits, failure kinds and the argument
+// structs the kernels take by value. The one definition of each; `contract.cuh` is generated
+// from it (kernels/contract/macros.rs says how, and how the layouts are checked).
+
+contract! {
+    constants {
+        // ---- chapter 4: the communicator ----
+        /// Most PEs one communicator spans (its flag arrays are sized for it): one NVLink domain.
+        MAX_PES: usize = 8 => "int";
+        /// Most blocks one collective launches: the per-block ticket and epoch arrays are sized for it.
+        MAX_BLOCKS: usize = 256 => "int";
+        /// Steps one call may number in its tickets: ticket = epoch x STEPS_PER_EPOCH + step.
+        STEPS_PER_EPOCH: u64 = 64 => "uint64_t";
+        /// Threads per block of every collective but the barrier.
+        COLL_THREADS: u32 = 512 => "int";
+        /// Word of the local call state that says this PE failed (0 or 1).
+        STATE_FAILED: usize = 2 => "int";
+        /// First of the MAX_BLOCKS words of the local call state: the last finished call of each block slot.
+        STATE_EPOCHS: usize = 4 => "int";
+        /// u64 words of the local call state.
+        STATE_WORDS: usize = STATE_EPOCHS + MAX_BLOCKS => "int";
+        /// u64 words of the failure record: failed, pe, expected, seen, kind, block, call, unused.
+        FAILURE_WORDS: usize = 8 => "int";
+
+        // ---- chapter 7: the buffer's normal mode ----
+        /// Most channels (num_sms / 2) the ring counters are sized for.
+        MAX_CHANNELS: usize = 64 => "int";
+        /// Threads per block of dispatch and combine (the most: a PE sharing its GPU may launch fewer).
+        CHANNEL_THREADS: u32 = 1024 => "int";
+        /// Tokens one dispatch ballot covers (one lane each): the window a sender publishes.
+        WINDOW_TOKENS: u32 = 32 => "int";
+        /// Most experts per token.
+        MAX_TOPK: usize = 32 => "int";
+        /// Channels of a row that share one fp8 scale.
+        FP8_GROUP: usize = 128 => "int";
+        /// u64 words of the input-error record: kind, token, value, limit.
+        INPUT_ERROR_WORDS: usize = 4 => "int";
+
+        // ---- chapter 8: low-latency mode ----
+        /// Threads per block of low-latency dispatch and combine.
+        LL_THREADS: u32 = 512 => "int";
+        /// Most blocks of a low-latency launch (one per SM): LlState keeps a call count per block.
+        MAX_LL_BLOCKS: usize = 256 => "int";
+        /// Most experts in low-latency mode: LlState counts slots per expert.
+        MAX_LL_EXPERTS: usize = 2048 => "int";
+        /// Largest hidden size in low-latency mode: a row's fp8 scales are staged in shared memory.
+        MAX_LL_HIDDEN: usize = 32768 => "int";
+        /// `phases` of a low-latency launch: the send half, the receive half, or both (3).
+        PHASE_SEND: i32 = 1 => "int";
+        PHASE_RECV: i32 = 2 => "int";
+    }
+
+    failures {
+        /// a peer never entered the call
+        Ready = 1 => WAIT_READY;
+        /// a peer's block never finished writing into our buffers
+        Done = 2 => WAIT_DONE;
+        /// a peer's LL lines never came
+        Ll = 3 => WAIT_LL;
+        /// a peer's row of all-to-all-v counts never came
+        Counts = 4 => WAIT_COUNTS;
+        /// a PE's all-to-all-v splits are negative or exceed its input
+        BadSplits = 5 => BAD_SPLITS;
+        /// a PE would receive more all-to-all-v rows than its output holds
+        OutputTooSmall = 6 => OUT_TOO_SMALL;
+        /// a dispatch or combine sender waited for ring space the receiver never freed
+        RingSpace = 7 => WAIT_RING_SPACE;
+        /// a dispatch or combine receiver waited for tokens that never came
+        RingData = 8 => WAIT_RING_DATA;
+        /// topk_idx held a value outside [-1, num_experts)
+        BadExpert = 9 => BAD_EXPERT;
+        /// a low-latency dispatch waited for a rank's counts
+        LlDispatch = 10 => WAIT_LL_DISPATCH;
+        /// a low-latency combine waited for a rank's results
+        LlCombine = 11 => WAIT_LL_COMBINE;
+        /// a low-latency handle's row named no source, or a token >= T
+        BadHandle = 12 => BAD_HANDLE;
+        /// a low-latency expert got more than T tokens from one rank
+        SlotsFull = 13 => SLOTS_FULL;
+    }
+
+    /// The communicator as every chapter-4 kernel receives it (by value, first argument).
+    struct Workspace {
+        /// local device [STATE_WORDS] u64: failed at STATE_FAILED, epochs per block slot from STATE_EPOCHS
+        state: u64 => "uint64_t*",
+        /// host-mapped [FAILURE_WORDS] u64: failed, pe, expected, seen, kind, block, call, -
+        error: u64 => "uint64_t*",
+        /// symmetric [MAX_PES] u64: ready[p] = the last call PE p announced
+        ready: u64 => "uint64_t*",
+        /// symmetric [MAX_PES][MAX_BLOCKS] u64: tickets, by writer and block
+        done: u64 => "uint64_t*",
+        /// symmetric [2][MAX_PES][MAX_PES] u64: (epoch << 32 | rows), by parity and sender
+        counts: u64 => "uint64_t*",
+        /// symmetric [2][n_pes][ll_slot_bytes]: LL lines, by parity and sender
+        ll: u64 => "uint8_t*",
+        /// bytes of one LL slot: twice the largest LL payload
+        ll_slot_bytes: u64 => "uint64_t",
+        /// bound on every wait, in SM clock cycles
+        timeout_cycles: i64 => "long long",
+        my_pe: i32 => "int",
+        n_pes: i32 => "int",
+        /// peer_delta[p] = nvshmem_ptr(x, p) - x for any symmetric x (0 for us and past n_pes)
+        peer_delta: [i64; MAX_PES] => "int64_t" "[MAX_PES]",
+    }
+
+    /// Bad input found on the device, kept apart from the communicator's failure record: the
+    /// buffer stays usable, and the host raises it once and clears it.
+    struct InputError {
+        /// local device u64: the first writer claims it
+        claim: u64 => "unsigned long long*",
+        /// host-mapped [INPUT_ERROR_WORDS] u64: kind (written last), token, value, limit
+        words: u64 => "uint64_t*",
+    }
+
+    /// Where one token's parts sit in a dispatch ring slot: [row: hidden_bytes][src_idx: i32]
+    /// [pad: i32][topk_idx: i64 x K][topk_weights: f32 x K][scales: f32 x S], the row and the
+    /// metadata each 16-byte aligned; `bytes` is the whole slot.
+    struct DispatchSlot {
+        hidden_bytes: i32 => "int",
+        num_topk: i32 => "int",
+        num_scales: i32 => "int",
+        bytes: i32 => "int",
+    }
+
+    /// Normal-mode dispatch (`dispatch` in intranode.cu).
+    struct ScatterArgs {
+        /// local [num_tokens, hidden_bytes] (bf16 or fp8 rows)
+        x: u64 => "const uint8_t*",
+        /// local f32, scale k of token t at t * scale_token_stride + k * scale_hidden_stride; null for bf16
+        x_scales: u64 => "const float*",
+        scale_token_stride: i64 => "int64_t",
+        scale_hidden_stride: i64 => "int64_t",
+        /// local [num_tokens, num_topk] global expert ids or -1; null: no top-k
+        topk_idx: u64 => "const int64_t*",
+        /// local [num_tokens, num_topk]; null with topk_idx
+        topk_weights: u64 => "const float*",
+        /// local [num_tokens, n_pes]
+        is_token_in_rank: u64 => "const bool*",
+        /// local [n_pes, num_channels]: tokens to PE d in channels 0..c (handle 1)
+        channel_prefix_matrix: u64 => "const int*",
+        /// local [num_tokens, n_pes], written: position in ring (c, d), -1 if not sent (handle 5)
+        send_head: u64 => "int*",
+        /// [n_pes, n_pes]: column my_pe used (handle 0)
+        rank_prefix_matrix: u64 => "const int*",
+        /// [n_pes, num_channels]: channel c's start among PE s's tokens (handle 2)
+        recv_channel_prefix_matrix: u64 => "const int*",
+        /// local [num_recv_rows, hidden_bytes]
+        recv_x: u64 => "uint8_t*",
+        /// local [num_recv_rows, num_scales] or null
+        recv_x_scales: u64 => "float*",
+        /// local [num_recv_rows]
+        recv_src_idx: u64 => "int*",
+        /// local [num_recv_rows, num_topk] (local expert ids or -1) or null
+        recv_topk_idx: u64 => "int64_t*",
+        /// local [num_recv_rows, num_topk] or null
+        recv_topk_weights: u64 => "float*",
+        /// symmetric: ring (c, s) at ((c * n_pes + s) * ring_tokens) slots
+        nvl: u64 => "uint8_t*",
+        /// symmetric [MAX_CHANNELS][MAX_PES]
+        tails: u64 => "uint64_t*",
+        /// symmetric [MAX_CHANNELS][MAX_PES]
+        heads: u64 => "uint64_t*",
+        /// local [MAX_CHANNELS][MAX_PES]
+        sent: u64 => "uint64_t*",
+        /// local [MAX_CHANNELS][MAX_PES]
+        received: u64 => "uint64_t*",
+        slot: DispatchSlot => "DispatchSlot",
+        num_tokens: i32 => "int",
+        num_experts: i32 => "int",
+        num_channels: i32 => "int",
+        ring_tokens: i32 => "int",
+        num_recv_rows: i32 => "int",
+    }
+
+    /// Normal-mode combine (`combine` in intranode.cu).
+    struct GatherArgs {
+        /// local bf16 [num_recv_rows, hidden_bytes]: results for the tokens dispatch delivered here
+        x: u64 => "const uint8_t*",
+        /// local [num_recv_rows, num_topk] or null
+        topk_weights: u64 => "const float*",
+        /// local bf16 [num_tokens, hidden_bytes] or null
+        bias0: u64 => "const uint8_t*",
+        /// local bf16 [num_tokens, hidden_bytes] or null
+        bias1: u64 => "const uint8_t*",
+        /// handle 0
+        rank_prefix_matrix: u64 => "const int*",
+        /// handle 2
+        recv_channel_prefix_matrix: u64 => "const int*",
+        /// handle 5, [num_tokens, n_pes]
+        send_head: u64 => "const int*",
+        /// local bf16 [num_tokens, hidden_bytes]
+        combined_x: u64 => "uint8_t*",
+        /// local [num_tokens, num_topk] or null
+        combined_topk_weights: u64 => "float*",
+        /// symmetric: combine ring (c, s), slot = [row: hidden_bytes][weights: f32 x K]
+        nvl: u64 => "uint8_t*",
+        tails: u64 => "uint64_t*",
+        heads: u64 => "uint64_t*",
+        sent: u64 => "uint64_t*",
+        received: u64 => "uint64_t*",
+        num_tokens: i32 => "int",
+        hidden_bytes: i32 => "int",
+        num_topk: i32 => "int",
+        num_channels: i32 => "int",
+        ring_tokens: i32 => "int",
+        slot_bytes: i32 => "int",
+    }
+
+    /// Per-rank device state of low-latency mode (local memory, zeroed at creation).
+    struct LlState {
+        /// calls[b]: the last low-latency call block b finished
+        calls: [u64; MAX_LL_BLOCKS] => "unsigned long long" "[MAX_LL_BLOCKS]",
+        /// blocks done writing to each PE in the current call
+        finish: [u32; MAX_PES] => "unsigned int" "[MAX_PES]",
+        /// tokens sent to each global expert in the current dispatch
+        slots: [i32; MAX_LL_EXPERTS] => "int" "[MAX_LL_EXPERTS]",
+    }
+
+    /// One half of every rank's low-latency region and the control words, as this rank
+    /// addresses its own copy.
+    struct LlRegion {
+        data: [u64; 2] => "uint8_t*" "[2]",
+        counts: [u64; 2] => "uint64_t*" "[2]",
+        flags: [u64; 2] => "uint64_t*" "[2]",
+    }
+
+    /// Low-latency dispatch.
+    struct LlDispatchArgs {
+        /// [N][hidden] bf16
+        x: u64 => "const uint8_t*",
+        /// [N][K] global expert ids or -1
+        topk_idx: u64 => "const int64_t*",
+        /// [L][n_pes * T][hidden] fp8 or bf16
+        recv_x: u64 => "uint8_t*",
+        /// fp8: f32 [L][hidden/128][n_pes * T]; ue8m0: u8 [L][hidden/512][n_pes * T][4]
+        recv_scales: u64 => "void*",
+        /// [L][n_pes * T]
+        recv_src_info: u64 => "int*",
+        /// [L][n_pes]: (begin << 32) | count
+        recv_layout_range: u64 => "int64_t*",
+        /// [L]
+        recv_count: u64 => "int*",
+        /// [L] or null
+        cumulative_recv_stats: u64 => "int*",
+        /// [n_pes] or null: cycles spent waiting per source
+        wait_recv_cost: u64 => "int64_t*",
+        region: LlRegion => "LlRegion",
+        state: u64 => "LlState*",
+        bad_input: InputError => "InputError",
+        num_tokens: i32 => "int",
+        hidden: i32 => "int",
+        num_topk: i32 => "int",
+        num_experts: i32 => "int",
+        max_tokens: i32 => "int",
+        use_fp8: i32 => "int",
+        round_scale: i32 => "int",
+        use_ue8m0: i32 => "int",
+    }
+
+    /// Low-latency combine.
+    struct LlCombineArgs {
+        /// [L][n_pes * T][hidden] bf16 (or the staging region)
+        x: u64 => "const uint8_t*",
+        /// [L][n_pes * T]
+        src_info: u64 => "const int*",
+        /// [L][n_pes]
+        layout_range: u64 => "const int64_t*",
+        /// [N][K]
+        topk_idx: u64 => "const int64_t*",
+        /// [N][K]
+        topk_weights: u64 => "const float*",
+        /// [N][hidden] bf16
+        out: u64 => "uint8_t*",
+        /// [n_pes] or null
+        wait_recv_cost: u64 => "int64_t*",
+        region: LlRegion => "LlRegion",
+        state: u64 => "LlState*",
+        bad_input: InputError => "InputError",
+        num_tokens: i32 => "int",
+        hidden: i32 => "int",
+        num_topk: i32 => "int",
+        num_experts: i32 => "int",
+        max_tokens: i32 => "int",
+    }
+}
