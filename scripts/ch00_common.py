@@ -35,10 +35,14 @@ import nvshmem_tutorial as nv  # noqa: E402
 
 
 def start() -> float:
-    """torch.distributed over NCCL on LOCAL_RANK's GPU, then NVSHMEM. Returns init() seconds."""
+    """torch.distributed on LOCAL_RANK's GPU (NCCL, or gloo when ranks share a GPU:
+    nv.process_group_backend), then NVSHMEM. Returns init() seconds."""
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     torch.cuda.set_device(local_rank)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
+    if nv.process_group_backend() == "nccl":
+        dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
+    else:
+        dist.init_process_group("gloo")
     started = time.perf_counter()
     nv.init()
     return time.perf_counter() - started
@@ -68,14 +72,16 @@ def pattern_words(source_pe: int, num_words: int, seed: int) -> torch.Tensor:
 def gather_rows(t: torch.Tensor) -> list:
     """Collective: every rank's tensor (their rows may differ in number, also be 0), in rank
     order: what the buffer scripts build their torch references from."""
-    sizes = [torch.zeros(1, dtype=torch.int64, device="cuda") for _ in range(dist.get_world_size())]
-    dist.all_gather(sizes, torch.tensor([t.shape[0]], device="cuda"))
+    # gloo (ranks sharing a GPU) gathers host tensors.
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(dist.get_world_size())]
+    dist.all_gather(sizes, torch.tensor([t.shape[0]], device=device))
     rows = max(1, max(int(s) for s in sizes))
-    padded = torch.zeros((rows, *t.shape[1:]), dtype=t.dtype, device="cuda")
+    padded = torch.zeros((rows, *t.shape[1:]), dtype=t.dtype, device=device)
     padded[: t.shape[0]] = t
     out = [torch.empty_like(padded) for _ in sizes]
     dist.all_gather(out, padded)
-    return [o[: int(s)] for o, s in zip(out, sizes)]
+    return [o[: int(s)].to(t.device) for o, s in zip(out, sizes)]
 
 
 def _prefixed(pe: int, lines: Sequence[str]) -> str:

@@ -34,7 +34,9 @@ def run() -> bool:
     )
     tally = Tally()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local_rank, local_world = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
+    # Folded runs (scripts/fold_pes.sh) keep torchrun's local rank in FOLD_LOCAL_RANK.
+    local_rank = int(os.environ.get("FOLD_LOCAL_RANK", os.environ["LOCAL_RANK"]))
+    local_world = int(os.environ["LOCAL_WORLD_SIZE"])
     tally.check(me == rank, f"my_pe {me} != RANK {rank}")
     tally.check(n == world, f"n_pes {n} != WORLD_SIZE {world}")
     tally.check(

@@ -239,6 +239,10 @@ def bench(tally: Tally, csv_path: Optional[str]) -> None:
     if n < 2 or n % 2:
         print_by_pe("--bench needs an even number of PEs (pairs); skipping")
         return
+    if dist.get_backend() != "nccl":
+        print_by_pe("--bench skipped: ranks share a GPU (gloo), so its NCCL peer cannot run and "
+                    "timings would measure the GPU's scheduler")
+        return
     peer = me ^ 1
     rows: List[Dict[str, object]] = []
     for num_bytes in BENCH_SIZES_BYTES:

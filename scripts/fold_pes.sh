@@ -19,5 +19,7 @@ gpus=${FOLD_GPUS:?FOLD_GPUS must say how many GPUs to fold the local ranks onto}
 local_world=${LOCAL_WORLD_SIZE:?not started by torchrun: LOCAL_WORLD_SIZE is not set}
 pes_per_gpu=$(((local_world + gpus - 1) / gpus))
 export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=${CUDA_MPS_ACTIVE_THREAD_PERCENTAGE:-$((100 / pes_per_gpu))}
-export LOCAL_RANK=$((${LOCAL_RANK:?not started by torchrun: LOCAL_RANK is not set} % gpus))
+# LOCAL_RANK becomes the GPU ordinal; FOLD_LOCAL_RANK keeps torchrun's (NVSHMEM's node PE).
+export FOLD_LOCAL_RANK=${LOCAL_RANK:?not started by torchrun: LOCAL_RANK is not set}
+export LOCAL_RANK=$((FOLD_LOCAL_RANK % gpus))
 exec "$@"

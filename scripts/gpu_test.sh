@@ -13,9 +13,9 @@
 #   GPU_TEST_PES_PER_GPU  allow up to this many PEs per GPU (default: 1). Process counts above
 #                    the GPU count then run the Rust chapters 2-8 with several PEs sharing a
 #                    GPU (scripts/fold_pes.sh): the code paths of 4 and 8 PEs on a 2-GPU
-#                    machine, correctness only. Chapter 1 (it checks that NVSHMEM's place of
-#                    each PE is torchrun's) and Python (NCCL takes one rank per GPU) are
-#                    skipped there.
+#                    machine, correctness only. Chapter 1 is skipped there (it checks that
+#                    NVSHMEM's place of each PE is torchrun's); Python runs at 2 and 4 PEs,
+#                    over gloo (NCCL takes one rank per GPU) and without MPS.
 #   GPU_TEST_MPS     1 (default): folded runs run under CUDA MPS, so that the PEs of a GPU
 #                    run at once (each on its share of the SMs, see scripts/fold_pes.sh), as
 #                    NVSHMEM's teams and collectives need; this script starts the MPS daemon
@@ -179,17 +179,29 @@ if [[ "${GPU_TEST_PYTHON:-1}" == 1 ]]; then
       "ch08_low_latency.py:python3 scripts/ch08_low_latency.py")
     for n in "${nprocs[@]}"; do
       ((n >= 2)) || continue # the suite and the scripts exchange data between PEs
-      ((n <= num_gpus)) || continue # NCCL takes one rank per GPU: no folded runs
+      py_fold=()
+      if ((n > num_gpus)); then
+        # Folded: torch.distributed over gloo (NCCL takes one rank per GPU; the package picks
+        # the backend, nv.process_group_backend), PEs taking turns on the GPU (no MPS: the
+        # buffer's default 20 SMs fit a quarter of a GPU, not a quarter of an MPS client's).
+        ((n <= 4)) || continue
+        py_fold=(env "FOLD_GPUS=$num_gpus" scripts/fold_pes.sh python3)
+      fi
       for entry in "${py_runs[@]}"; do
         name=${entry%%:*}
         read -r -a cmd <<<"${entry#*:}"
         log="$LOG_DIR/py-$name-n$n.log"
-        step "python $name on $n GPU(s) -> $log"
         rc=0
-        # `python3 -m x` runs as `torchrun ... -m x`; a script path runs as itself.
-        if [[ "${cmd[1]}" == -m ]]; then
+        # `python3 -m x` runs as `torchrun ... -m x`; a script path runs as itself; folded,
+        # both run as `torchrun --no-python scripts/fold_pes.sh python3 ...`.
+        if ((${#py_fold[@]} > 0)); then
+          step "python $name, $n PEs on $num_gpus GPU(s), folded over gloo -> $log"
+          launch=(--no-python "${py_fold[@]}" "${cmd[@]:1}")
+        elif [[ "${cmd[1]}" == -m ]]; then
+          step "python $name on $n GPU(s) -> $log"
           launch=(-m "${cmd[@]:2}")
         else
+          step "python $name on $n GPU(s) -> $log"
           launch=("${cmd[@]:1}")
         fi
         timeout --kill-after=30 "$timeout_s" "${torchrun[@]}" --standalone \
@@ -197,7 +209,7 @@ if [[ "${GPU_TEST_PYTHON:-1}" == 1 ]]; then
         # pytest: torchrun's exit code says every rank passed; scripts also print the line.
         if ((rc == 0)) && { [[ "$name" == pytest ]] || grep -Eq '^[0-9]+ passed, 0 failed' "$log"; }; then
           passed=$((passed + 1))
-          results+=("PASS  python $name n=$n")
+          results+=("PASS  python $name n=$n${py_fold:+ (folded over gloo)}")
         else
           failed=$((failed + 1))
           results+=("FAIL  python $name n=$n (exit code $rc; log $log)")

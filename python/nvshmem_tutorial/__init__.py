@@ -79,6 +79,7 @@ from ._bootstrap import (  # noqa: E402
     n_pes,
     node_pe,
     node_size,
+    process_group_backend,
 )
 from ._native import (  # noqa: E402
     InvalidArgumentError,
@@ -115,6 +116,7 @@ from ._transfers import barrier, get, get_nbi, put, put_nbi, quiet  # noqa: E402
 __version__: str = _native.__version__
 
 __all__ = [
+    "process_group_backend",
     "SUPPORTED_DTYPES",
     "InvalidArgumentError",
     "LibraryError",

@@ -26,6 +26,19 @@ def library_info() -> Tuple[str, Tuple[int, int, int]]:
     return _native.library_info()
 
 
+def process_group_backend() -> str:
+    """The torch.distributed backend for this launch: ``"nccl"``, or ``"gloo"`` when torchrun
+    starts more local ranks than there are GPUs (PEs folded onto fewer GPUs, as
+    scripts/fold_pes.sh does to run 4 PEs on 2 GPUs): NCCL refuses two ranks on one GPU, and
+    this package needs torch.distributed only to carry small host messages (the unique id,
+    readiness), which gloo does."""
+    import os
+
+    torch = import_torch("process_group_backend")
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return "nccl" if local_world <= torch.cuda.device_count() else "gloo"
+
+
 def init(group: "Optional[torch.distributed.ProcessGroup]" = None) -> None:
     """Collective: initialises NVSHMEM on every rank of ``group`` (default: the whole job).
 

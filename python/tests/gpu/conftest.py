@@ -76,7 +76,8 @@ torch = pytest.importorskip("torch")
 
 @pytest.fixture(scope="session", autouse=True)
 def world():
-    """torch.distributed (NCCL) and NVSHMEM on this rank's GPU, for the whole session."""
+    """torch.distributed (NCCL, or gloo when ranks share a GPU) and NVSHMEM on this rank's
+    GPU, for the whole session."""
     import torch.distributed as dist
 
     import nvshmem_tutorial as nv
@@ -84,7 +85,10 @@ def world():
     local_rank = int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local_rank)
     if not dist.is_initialized():
-        dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
+        if nv.process_group_backend() == "nccl":
+            dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
+        else:
+            dist.init_process_group("gloo")
     nv.init()
     yield nv
     if nv.is_initialized():

@@ -42,7 +42,7 @@ def read_words(words: torch.Tensor) -> list:
 
 
 def all_ranks_agree(ok: bool) -> bool:
-    flag = torch.tensor([0 if ok else 1], device="cuda")
+    flag = torch.tensor([0 if ok else 1], device="cuda" if dist.get_backend() == "nccl" else "cpu")
     dist.all_reduce(flag)
     return flag.item() == 0
 

@@ -43,7 +43,7 @@ def data_from(pe: int, shape, dtype, salt: int) -> torch.Tensor:
 
 def all_ranks_agree(ok: bool) -> bool:
     """Collective: True only if `ok` on every rank (so every rank asserts the same thing)."""
-    flag = torch.tensor([0 if ok else 1], device="cuda")
+    flag = torch.tensor([0 if ok else 1], device="cuda" if dist.get_backend() == "nccl" else "cpu")
     dist.all_reduce(flag)
     return flag.item() == 0
 
@@ -52,7 +52,8 @@ def test_topology_matches_torchrun():
     assert nv.is_initialized()
     assert nv.my_pe() == dist.get_rank()
     assert nv.n_pes() == dist.get_world_size()
-    assert nv.node_pe() == int(os.environ["LOCAL_RANK"])
+    # Folded runs (scripts/fold_pes.sh) keep torchrun's local rank in FOLD_LOCAL_RANK.
+    assert nv.node_pe() == int(os.environ.get("FOLD_LOCAL_RANK", os.environ["LOCAL_RANK"]))
     assert nv.node_size() == int(os.environ["LOCAL_WORLD_SIZE"])
 
 
