@@ -13,6 +13,7 @@ scores, bf16 and fp8 (per-token cast) dispatch, bf16 combine.
 """
 
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -90,6 +91,7 @@ def run(local_rank, num_ranks, args):
     if rank == 0:
         with open(args.out, "w") as f:
             f.write(f"# gpu: {torch.cuda.get_device_name()} x {num_ranks}; torch {torch.__version__}; NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}\n")
+            f.write(f"# date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n")
             f.write("# timing: DeepEP's tests/utils.py bench (eager, 50 warm-ups, mean of 49); gb_per_s = received bytes / time (DeepEP's NVL GB/s)\n")
             f.write(HEADER + "\n")
             for op, dtype, num_sms, chunk, us, bw in rows:

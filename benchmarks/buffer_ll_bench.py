@@ -232,6 +232,7 @@ def run(local_rank, num_ranks, args):
     if rank == 0:
         with open(args.out, "w") as f:
             f.write(f"# gpu: {torch.cuda.get_device_name()} x {num_ranks}; torch {torch.__version__}; {TOKENS} tokens x {HIDDEN}, top-{TOPK} of {EXPERTS} experts, fp8 dispatch, bf16 combine\n")
+            f.write(f"# date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n")
             f.write("# timing: kernel = profiler kernel durations (mean of 30, as DeepEP's bench_kineto); graph = CUDA graph replay of dispatch+combine (mean of 200); eager = the pair between CUDA events (DeepEP's bench); host = CPU time per eager pair; us = mean over ranks; gb_per_s = DeepEP's test's bytes / us\n")
             f.write(HEADER + "\n")
             for i, (op, timing, _, nbytes) in enumerate(rows):

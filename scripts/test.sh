@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The full check, as CI runs it: setup (toolchain + release build), formatting, clippy, a
-# lint of the shell scripts, the book, host-side tests, `pip install ./python` in a fresh
+# lint of the shell scripts, the book (its generated numbers, its build, and the checks of
+# scripts/check_book.py), host-side tests, `pip install ./python` in a fresh
 # virtualenv, the kernels for sm_80 as well, then GPU tests when 2+ GPUs are visible.
 # On a machine without GPUs the last thing printed is pytest's summary (CPU suite of python/).
 set -euo pipefail
@@ -27,8 +28,17 @@ step "shellcheck scripts/*.sh benchmarks/*.sh .ci/run"
 .venv/bin/shellcheck scripts/*.sh benchmarks/*.sh .ci/run
 echo "shellcheck: clean"
 
+step "book: generated numbers up to date (scripts/gen_book.py --check)"
+python3 scripts/gen_book.py --check
+
 step "mdbook build book"
 mdbook build book
+
+# Every page as a reader sees it: no development history, no table rendered as pipes, no broken
+# link, anchor or image, no listing longer than a screen (scripts/check_book.py says why each).
+step "book checks: history, tables, links, listing length (scripts/check_book.py)"
+python3 scripts/check_book.py --self-test
+python3 scripts/check_book.py
 
 step "cargo test --workspace (includes the book include-anchor check)"
 cargo test --workspace

@@ -423,6 +423,7 @@ fn header(world: &World, gpu_name: &str) -> Result<Vec<String>, AnyError> {
     Ok(vec![
         "p2p: PE 0 -> PE 1 (one node, NVLink), every method timed in the same run".into(),
         format!("gpu: {gpu_name} x {}", world.n_pes()),
+        bench::date_line(),
         format!(
             "driver: {}; CUDA driver API {}; kernels: nvcc 13.0 wheels, {:?}",
             bench::driver_version(proc_text.as_deref()),
@@ -461,7 +462,11 @@ fn write_results(
     let path = bench::result_path(out_dir, tag, ".csv");
     std::fs::write(&path, bench::csv(comments, rows))?;
     let sweep_path = bench::result_path(out_dir, tag, "_sweep.csv");
-    std::fs::write(sweep_path, bench::sweep_csv(sweep))?;
+    // The sweep's second line is the run's date, as in the main CSV (the book quotes both).
+    let mut sweep_text = bench::sweep_csv(sweep);
+    let first_line_end = sweep_text.find('\n').map_or(0, |i| i + 1);
+    sweep_text.insert_str(first_line_end, &format!("# {}\n", bench::date_line()));
+    std::fs::write(sweep_path, sweep_text)?;
     println!("pe 0: wrote {}", path.display());
     Ok(())
 }

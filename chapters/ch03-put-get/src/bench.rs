@@ -190,6 +190,35 @@ pub fn driver_version(proc_text: Option<&str>) -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
+/// "2026-11-22 19:13 UTC" for `unix_secs` seconds after 1970-01-01 00:00 UTC: the `date:`
+/// line every results CSV carries, which the book quotes beside the numbers.
+pub fn utc_minute(unix_secs: u64) -> String {
+    let (days, secs) = (unix_secs / 86_400, unix_secs % 86_400);
+    // Civil date from days since the epoch (Howard Hinnant's `civil_from_days`).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02} UTC",
+        secs / 3600,
+        secs % 3600 / 60
+    )
+}
+
+/// The `date:` line of a results CSV: now, to the minute.
+pub fn date_line() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    format!("date: {}", utc_minute(now))
+}
+
 /// `dir/p2p_<tag>.<ext>`.
 pub fn result_path(dir: &Path, tag: &str, suffix: &str) -> PathBuf {
     dir.join(format!("p2p_{tag}{suffix}"))
@@ -214,6 +243,15 @@ mod tests {
         assert_eq!(ops_per_sample(16 << 20), 16);
         assert_eq!(ops_per_sample(1 << 30), 1);
         assert_eq!(ops_per_sample(0), 100);
+    }
+
+    #[test]
+    fn utc_minutes_are_civil_dates() {
+        assert_eq!(utc_minute(0), "1970-01-01 00:00 UTC");
+        assert_eq!(utc_minute(951_782_400), "2000-02-29 00:00 UTC");
+        // 2026-11-22 19:13 UTC, the P2P run of record.
+        assert_eq!(utc_minute(1_795_374_780), "2026-11-22 19:13 UTC");
+        assert!(date_line().starts_with("date: 20"));
     }
 
     #[test]

@@ -285,6 +285,7 @@ fn header(world: &World) -> Result<String, AnyError> {
     let proc_text = std::fs::read_to_string("/proc/driver/nvidia/version").ok();
     let lines = [
         format!("gpu: {} x {}", world.context().name()?, world.n_pes()),
+        bench::date_line(),
         format!(
             "driver: {}; CUDA driver API {}; kernels: nvcc 13.0, {:?}",
             bench::driver_version(proc_text.as_deref()),

@@ -1,0 +1,596 @@
+#!/usr/bin/env python3
+"""Writes every measured number the book quotes, from the committed results.
+
+The pages never type a measured number: they include it from a generated snippet,
+`{{#include generated/<page>.md:<snippet>}}`, and this script writes those snippets (tables,
+single figures, the captions that say which machine and which day) from the CSVs and logs in
+benchmarks/results/ and the captures in book/src/output/. It also copies the plots the pages
+show into book/src/generated/.
+
+    python3 scripts/gen_book.py           # rewrite book/src/generated/
+    python3 scripts/gen_book.py --check   # exit 1 if anything there is stale (scripts/test.sh)
+
+Which file is the result of record for each table is decided in one place, MANIFEST below:
+when a new run is committed (say benchmarks/results/coll_h100_4gpu.csv), point its entry at
+the new file, run this script, and read the pages it changed. The device and the date a page
+quotes come from each result's own `# gpu:` and `# date:` header lines, never from here.
+
+Some sentences of the book state a comparison ("the copy engine wins from 64 MiB"); where the
+data decides such a sentence, a `claim(...)` below checks it, and a result that contradicts the
+prose stops the script with a message naming the page to rewrite.
+
+Python 3.9+, standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import re
+import shutil
+import sys
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT_DIR = ROOT / "book" / "src" / "generated"
+CAPTURES = "book/src/output/captures.tsv"
+
+# ---- the results of record -------------------------------------------------------------------
+#
+# One entry per table family the book shows. `csv` is the result of record; the other paths
+# belong to the same run (written by the same benchmark call). `caveat`, if set, is printed under
+# every table from that entry: say there what the reader must know about the run (a kernel that
+# changed since), and drop it when the entry points at a run of the current code.
+MANIFEST: Dict[str, Dict[str, str]] = {
+    # Chapter 3: ch03-p2p-bench through benchmarks/run_p2p.sh (2 GPUs).
+    "p2p": {
+        "csv": "benchmarks/results/p2p_h200.csv",
+        "sweep": "benchmarks/results/p2p_h200_sweep.csv",
+        "plot": "benchmarks/results/p2p_h200.png",
+    },
+    # Chapter 4: benchmarks/run_coll.sh N (ours, NCCL, torch, and NVSHMEM's team collectives).
+    "coll_n2": {
+        "csv": "benchmarks/results/coll_h200_2gpu.csv",
+        "plots": "benchmarks/results/coll_h200_2gpu_{}.png",
+    },
+    "coll_n4": {
+        "csv": "benchmarks/results/coll_h200_4gpu.csv",
+        "plots": "benchmarks/results/coll_h200_4gpu_{}.png",
+        "caveat": "This run (commit 820680d) predates two kernel changes measured at N = 2 only: "
+        "the block signal as one release store, and the broadcast's pipeline of up to 16 steps. "
+        "Its broadcast column is not the code's broadcast; `benchmarks/run_coll.sh 4` on a "
+        "4-GPU machine replaces it.",
+    },
+    # Chapter 7: benchmarks/run_buffer.sh DEEPEP_DIR N (buffer_bench.py and DeepEP's
+    # test_intranode.py for both, in one device call).
+    "buffer_ep2": {
+        "csv": "benchmarks/results/buffer_h200_ep2.csv",
+        "ours_test": "benchmarks/results/deepep_compat_ep2.log",
+        "deepep_test": "benchmarks/results/deepep_test_intranode_deepep_ep2.log",
+        "plot": "benchmarks/results/buffer_h200_ep2.png",
+    },
+    "buffer_ep4": {
+        "csv": "benchmarks/results/buffer_h200_ep4.csv",
+        "ours_test": "benchmarks/results/deepep_compat_ep4.log",
+        "deepep_test": "benchmarks/results/deepep_test_intranode_deepep_ep4.log",
+        "plot": "benchmarks/results/buffer_h200_ep4.png",
+        "caveat": "This run predates two changes measured at EP2 only: the receivers and "
+        "senders that skip their own rank (`PeerGroup`), and combine's 16-row publishing "
+        "window. `benchmarks/run_buffer.sh DEEPEP_DIR 4` on a 4-GPU machine replaces it.",
+    },
+    # Chapter 8: benchmarks/run_buffer.sh (buffer_ll_bench.py and DeepEP's test_low_latency.py).
+    "ll_ep2": {
+        "csv": "benchmarks/results/buffer_ll_h200_ep2.csv",
+        "ours_test": "benchmarks/results/deepep_compat_ll_ep2.log",
+        "deepep_test": "benchmarks/results/deepep_test_low_latency_deepep_ep2.log",
+        "plot": "benchmarks/results/buffer_ll_h200_ep2.svg",
+    },
+    "ll_ep4": {
+        "csv": "benchmarks/results/buffer_ll_h200_ep4.csv",
+        "ours_test": "benchmarks/results/deepep_compat_ll_ep4.log",
+        "deepep_test": "benchmarks/results/deepep_test_low_latency_deepep_ep4.log",
+    },
+    # The PyTorch page: scripts/ch03_put_get.py --bench (2 GPUs).
+    "py_exchange": {
+        "csv": "benchmarks/results/python_exchange_h200.csv",
+    },
+}
+
+# Source files whose content a snippet depends on besides the results (the staleness check
+# regenerates from all of them).
+SIZE_TABLE_SOURCE = "chapters/ch04-collectives/src/algorithm.rs"
+
+KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
+
+
+class GenError(Exception):
+    """A result that is missing, malformed, or contradicts a page's prose."""
+
+
+def claim(condition: bool, page: str, what: str) -> None:
+    """Stops the generator when the data no longer supports a sentence of `page`."""
+    if not condition:
+        raise GenError(f"{page}: the results no longer support: {what}. Rewrite that passage.")
+
+
+# ---- formatting ----------------------------------------------------------------------------------
+
+
+def size_label(num_bytes: int) -> str:
+    for unit, scale in (("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
+        if num_bytes >= scale and num_bytes % scale == 0:
+            return f"{num_bytes // scale} {unit}"
+    return f"{num_bytes} B"
+
+
+def us(value: float, digits: Optional[int] = None) -> str:
+    """Microseconds: 1 decimal, 2 below 10 us when asked for precision."""
+    if digits is None:
+        digits = 1
+    return f"{value:.{digits}f}"
+
+
+def gbs(value: float) -> str:
+    return f"{value:.1f}"
+
+
+def ratio(value: float, digits: int = 2) -> str:
+    return f"{value:.{digits}f}x"
+
+
+def span(values: Sequence[float], fmt: Callable[[float], str], sep: str = "-") -> str:
+    """'a-b' for the range of values, or one value when they print the same."""
+    lo, hi = fmt(min(values)), fmt(max(values))
+    return lo if lo == hi else f"{lo}{sep}{hi}"
+
+
+def xspan(values: Sequence[float], digits: int = 2) -> str:
+    """'0.89-0.95x' for a range of ratios."""
+    return span(values, lambda v: f"{v:.{digits}f}") + "x"
+
+
+def table(header: Sequence[str], align: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A Markdown table; `align` holds 'l' or 'r' per column."""
+    lines = ["| " + " | ".join(header) + " |"]
+    lines.append("|" + "|".join("---:" if a == "r" else "---" for a in align) + "|")
+    for row in rows:
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+# ---- reading results -----------------------------------------------------------------------------
+
+DATE_RE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC")
+
+
+class Result:
+    """One CSV with `# ` header lines: its rows, and the device and date its header names."""
+
+    def __init__(self, path: str):
+        self.path = path
+        full = ROOT / path
+        if not full.is_file():
+            raise GenError(f"{path}: missing (named in MANIFEST of scripts/gen_book.py)")
+        lines = full.read_text().splitlines()
+        self.comments = [line[1:].strip() for line in lines if line.startswith("#")]
+        body = [line for line in lines if line and not line.startswith("#")]
+        self.rows: List[Dict[str, str]] = list(csv.DictReader(body))
+
+    def header(self, key: str) -> Optional[str]:
+        for line in self.comments:
+            if line.startswith(key + ":"):
+                return line[len(key) + 1 :].strip()
+        return None
+
+    @property
+    def date(self) -> str:
+        for line in self.comments:
+            if line.startswith("date:"):
+                found = DATE_RE.search(line)
+                if found:
+                    return found.group(0)
+        for line in self.comments:  # a first line that says "script, <date>, ..."
+            found = DATE_RE.search(line)
+            if found:
+                return found.group(0)
+        raise GenError(f"{self.path}: no '# date: YYYY-MM-DD HH:MM UTC' line in its header")
+
+    @property
+    def device(self) -> str:
+        """'2x NVIDIA H200' from '# gpu: NVIDIA H200 x 2; ...' (or 'gpu=NVIDIA H200 ...', 'N PEs')."""
+        for line in self.comments:
+            found = re.match(r"gpu: (.+?) x (\d+)\b", line)
+            if found:
+                return f"{found.group(2)}x {found.group(1)}"
+        for line in self.comments:
+            found = re.search(r"gpu=(\S+(?: H\d+\S*)?)", line)
+            if found:
+                count = next((m.group(1) for c in self.comments for m in [re.search(r"(\d+) PEs", c)] if m), None)
+                return f"{count}x {found.group(1)}" if count else found.group(1)
+        raise GenError(f"{self.path}: no '# gpu: NAME x N' line in its header")
+
+    def provenance(self) -> str:
+        return f"{self.device}, {self.date}"
+
+    def source(self) -> str:
+        """The caption under a table: file, device, date."""
+        return f"*`{self.path}`: {self.device}, {self.date}.*"
+
+    def select(self, **match: object) -> List[Dict[str, str]]:
+        return [r for r in self.rows if all(str(r.get(k)) == str(v) for k, v in match.items())]
+
+    def one(self, **match: object) -> Dict[str, str]:
+        found = self.select(**match)
+        if len(found) != 1:
+            raise GenError(f"{self.path}: expected one row with {match}, found {len(found)}")
+        return found[0]
+
+    def value(self, column: str, **match: object) -> float:
+        return float(self.one(**match)[column])
+
+
+def read_text(path: str) -> str:
+    full = ROOT / path
+    if not full.is_file():
+        raise GenError(f"{path}: missing (named in scripts/gen_book.py)")
+    return full.read_text()
+
+
+class Captures:
+    """book/src/output/captures.tsv: where and when each capture was recorded."""
+
+    def __init__(self) -> None:
+        lines = [line for line in read_text(CAPTURES).splitlines() if line and not line.startswith("#")]
+        reader = csv.DictReader(lines, delimiter="\t")
+        self.rows = {r["file"]: r for r in reader}
+
+    def caption(self, name: str) -> str:
+        row = self.rows.get(name)
+        if row is None:
+            raise GenError(f"{CAPTURES}: no row for {name} (scripts/capture_outputs.sh writes one)")
+        return f"{row['machine']}, captured {row['date']} at commit {row['commit']}"
+
+    def text(self, name: str) -> str:
+        return read_text(f"book/src/output/{name}")
+
+
+# ---- the snippets --------------------------------------------------------------------------------
+
+
+class Snippets:
+    """The snippets of one generated file, book/src/generated/<name>.md."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.items: List[Tuple[str, str]] = []
+
+    def add(self, anchor: str, text: str) -> None:
+        if any(a == anchor for a, _ in self.items):
+            raise GenError(f"generated/{self.name}.md: snippet {anchor} written twice")
+        if not re.fullmatch(r"[a-z0-9_]+", anchor):
+            raise GenError(f"bad snippet name {anchor!r}")
+        self.items.append((anchor, text.strip("\n")))
+
+    def render(self) -> str:
+        parts = [
+            "<!-- Generated by scripts/gen_book.py from the results of record "
+            "(its MANIFEST); do not edit. Pages include these snippets by anchor. -->"
+        ]
+        for anchor, text in self.items:
+            parts.append(f"<!-- ANCHOR: {anchor} -->\n{text}\n<!-- ANCHOR_END: {anchor} -->")
+        return "\n\n".join(parts) + "\n"
+
+
+class Book:
+    """Everything generated: snippet files and copied figures, by path under OUT_DIR."""
+
+    def __init__(self) -> None:
+        self.files: Dict[str, bytes] = {}
+        self.results: Dict[str, Result] = {}
+        self.captures = Captures()
+
+    def result(self, key: str, part: str = "csv") -> Result:
+        name = f"{key}.{part}"
+        if name not in self.results:
+            entry = MANIFEST.get(key)
+            if entry is None or part not in entry:
+                raise GenError(f"MANIFEST has no {part!r} for {key!r}")
+            self.results[name] = Result(entry[part])
+        return self.results[name]
+
+    def log(self, key: str, part: str) -> str:
+        return read_text(MANIFEST[key][part])
+
+    def caveat(self, key: str) -> str:
+        text = MANIFEST[key].get("caveat")
+        return f"\n\n*{text}*" if text else ""
+
+    def figure(self, source: str, alt: str, caption: str) -> str:
+        """Copies a plot into generated/ and returns the Markdown that shows it."""
+        data = (ROOT / source).read_bytes() if (ROOT / source).is_file() else None
+        if data is None:
+            raise GenError(f"{source}: missing plot")
+        name = Path(source).name
+        self.files[name] = data
+        return f"![{alt}](generated/{name})\n\n*{caption}*"
+
+    def write(self, snippets: Snippets) -> None:
+        self.files[f"{snippets.name}.md"] = snippets.render().encode()
+
+
+# ---- capture parsing helpers ----------------------------------------------------------------------
+
+
+def numbers_in(text: str, pattern: str) -> List[float]:
+    return [float(m.group(1)) for m in re.finditer(pattern, text)]
+
+
+def passed_total(text: str) -> Tuple[int, int]:
+    """The job's closing 'N passed, M failed' line (the last one without a 'pe i:' prefix)."""
+    lines = [line for line in text.splitlines() if re.fullmatch(r"\d+ passed, \d+ failed", line.strip())]
+    if not lines:
+        raise GenError("capture without a closing 'N passed, M failed' line")
+    passed, failed = re.findall(r"\d+", lines[-1])
+    return int(passed), int(failed)
+
+
+# ---- captures (every page) -------------------------------------------------------------------------
+
+
+def gen_captures(book: Book) -> None:
+    """One caption per capture: 'machine, captured date at commit X'."""
+    s = Snippets("captures")
+    for name in sorted(book.captures.rows):
+        if not (ROOT / "book/src/output" / name).is_file():
+            raise GenError(f"{CAPTURES}: row for {name}, which is not in book/src/output/")
+        anchor = re.sub(r"[^a-z0-9]+", "_", name.lower().removesuffix(".txt")).strip("_")
+        s.add(anchor, book.captures.caption(name))
+    book.write(s)
+
+
+# ---- chapter 1 -----------------------------------------------------------------------------------
+
+
+def gen_ch01(book: Book) -> None:
+    s = Snippets("ch01")
+    times = []
+    for name in ("ch01-bootstrap-n1.txt", "ch01-bootstrap-n2.txt"):
+        times += numbers_in(book.captures.text(name), r"initialised in ([\d.]+) ms")
+    if not times:
+        raise GenError("ch01 captures: no 'initialised in X ms' lines")
+    s.add("init_ms", f"{span(times, lambda v: f'{v:.0f}')} ms")
+    claim(min(times) > 100, "ch01-bootstrap.md", "initialisation takes hundreds of milliseconds")
+    book.write(s)
+
+
+# ---- chapter 2 -----------------------------------------------------------------------------------
+
+
+def gen_ch02(book: Book) -> None:
+    s = Snippets("ch02")
+    text = book.captures.text("ch02-symmetric-memory-n2.txt")
+    distances = {int(v) for v in numbers_in(text, r"second - first = (\d+) bytes")}
+    if len(distances) != 1:
+        raise GenError(f"ch02 capture: expected one allocation distance, found {sorted(distances)}")
+    distance = distances.pop()
+    # The page explains the distance from the request: 1000 bytes aligned to 256 reserve
+    # 1000 + 256 bytes, rounded up to NVSHMEM's 512-byte granule.
+    claim(distance == -(-(1000 + 256) // 512) * 512, "ch02-symmetric-memory.md",
+          "the allocation distance is 1000 + 256 bytes rounded up to 512")
+    s.add("distance", f"{distance} bytes")
+    words = {int(v) for v in numbers_in(text, r"stored (\d+) words")}
+    if len(words) != 1:
+        raise GenError("ch02 capture: expected one 'stored N words' count")
+    count = words.pop()
+    s.add("stored", f"{count:,} words ({size_label(count * 4)})")
+    heap = book.captures.text("ch02-symmetric-memory-small-heap.txt")
+    claim("NVSHMEM grew the heap" in heap, "ch02-symmetric-memory.md",
+          "with a 256 MiB heap, the 512 MiB allocation succeeded")
+    book.write(s)
+
+
+# ---- chapter 3 -----------------------------------------------------------------------------------
+
+P2P_COLUMNS = [
+    ("nvshmem_put", "NVSHMEM put"),
+    ("bulk_put", "bulk-copy put"),
+    ("store_put", "put as stores"),
+    ("store_fenced", "stores + fence"),
+    ("store", "stores, no fence"),
+    ("copy_engine", "copy engine"),
+    ("nccl", "NCCL"),
+]
+PUTS = ("nvshmem_put", "bulk_put", "store_put")
+
+
+def gen_ch03(book: Book) -> None:
+    s = Snippets("ch03")
+    p2p, sweep = book.result("p2p"), book.result("p2p", "sweep")
+    if sweep.date != p2p.date:
+        raise GenError(f"{sweep.path} ({sweep.date}) is not from the run of {p2p.path} ({p2p.date})")
+    sizes = sorted({int(r["num_bytes"]) for r in p2p.select(method="nvshmem_put")})
+
+    def bw(method: str, size: int) -> float:
+        return p2p.value("gb_per_s", method=method, num_bytes=size)
+
+    def t(method: str, size: int) -> float:
+        return p2p.value("us", method=method, num_bytes=size)
+
+    def best_put(size: int) -> float:
+        return max(bw(m, size) for m in PUTS)
+
+    driver = (p2p.header("driver") or "unknown").split(";")[0]
+    versions = f"driver {driver}, NVSHMEM {p2p.header('nvshmem')}, NCCL {p2p.header('nccl')}"
+    s.add("run", f"{p2p.device}, {p2p.date} ({versions})")
+
+    rows = []
+    for size in sizes:
+        cells = [size_label(size)] + [gbs(bw(m, size)) for m, _ in P2P_COLUMNS]
+        cells.append(ratio(best_put(size) / bw("store_fenced", size), 3))
+        rows.append(cells)
+    s.add("bandwidth_table", table(
+        ["size"] + [label for _, label in P2P_COLUMNS] + ["best put / stores + fence"],
+        ["r"] * (len(P2P_COLUMNS) + 2), rows) + "\n\n" +
+        f"*GB/s = bytes moved by one operation / its median time. `{p2p.path}` (each kernel at its "
+        f"best launch shape per size; every shape in `{sweep.path}`): {p2p.device}, {p2p.date}.*")
+
+    latency_sizes = sorted({int(r["num_bytes"]) for r in p2p.select(method="put_signal_pingpong")})
+    s.add("latency_table", table(
+        ["size", "one-way, NVSHMEM putmem_signal ping-pong (one kernel)", "one-way, NCCL send/recv ping-pong (graph)"],
+        ["r", "r", "r"],
+        [[size_label(z), f"{us(t('put_signal_pingpong', z), 2)} us", f"{us(t('nccl_pingpong', z), 2)} us"]
+         for z in latency_sizes]) + "\n\n" + p2p.source())
+    s.add("plot", book.figure(
+        MANIFEST["p2p"]["plot"],
+        "Bandwidth against message size, one line per implementation; one-way latency of the two ping-pongs",
+        f"{MANIFEST['p2p']['plot']}: {p2p.device}, {p2p.date}."))
+
+    # One-way latency, quoted on both chapter 3 pages and later.
+    ping8, nccl8 = t("put_signal_pingpong", 8), t("nccl_pingpong", 8)
+    s.add("pingpong_8b", f"{us(ping8, 2)} us")
+    s.add("nccl_pingpong_8b", f"{us(nccl8, 2)} us")
+    s.add("nccl_over_put_pingpong", ratio(nccl8 / ping8, 1))
+    s.add("pingpong_1k", f"{us(t('put_signal_pingpong', 1024), 2)} us")
+    s.add("pingpong_16k_extra", f"{us(t('put_signal_pingpong', 16 * KIB) - ping8, 1)} us")
+    claim(abs(t("put_signal_pingpong", 1024) - ping8) < 0.2, "ch03-measuring.md",
+          "8 bytes and 1 KiB take the same one-way time")
+
+    # Compare like with like: at 64 KiB and 1 MiB.
+    k64, m1 = 64 * KIB, MIB
+    s.add("store_64k", f"{us(t('store', k64), 2)} us")
+    s.add("puts_64k", f"{span([t(m, k64) for m in PUTS], lambda v: us(v, 2))} us")
+    s.add("fence_cost_64k", f"{us(t('store_fenced', k64) - t('store', k64), 2)} us")
+    s.add("fenced_64k", f"{us(t('store_fenced', k64), 2)} us")
+    s.add("fence_cost_1m", f"{us(t('store_fenced', m1) - t('store', m1), 2)} us")
+    lost = next(z for z in sizes if t("store_fenced", z) < 1.05 * t("store", z))
+    s.add("fence_lost_from", size_label(lost))
+    best_ratios = [best_put(z) / bw("store_fenced", z) for z in sizes]
+    s.add("best_put_vs_fenced", xspan(best_ratios, 3))
+    claim(min(best_ratios) > 0.99, "ch03-measuring.md",
+          "the best put is as fast as fenced stores at every size (within 1%)")
+
+    # Where NVSHMEM's own put loses.
+    small = [z for z in sizes if z <= 4 * MIB]
+    large = [z for z in sizes if z >= 16 * MIB]
+    s.add("nvshmem_vs_fenced_small", xspan([bw("nvshmem_put", z) / bw("store_fenced", z) for z in small], 2))
+    s.add("nvshmem_vs_fenced_large", xspan([bw("nvshmem_put", z) / bw("store_fenced", z) for z in large], 3))
+    s.add("nvshmem_extra_small", f"{span([t('nvshmem_put', z) - t('store_fenced', z) for z in small], lambda v: us(v, 2))} us")
+    claim(all(bw("nvshmem_put", z) < bw("store_fenced", z) for z in sizes), "ch03-measuring.md",
+          "NVSHMEM's put is slower than fenced stores at every size")
+    s.add("store_put_64k", f"{us(t('store_put', k64), 2)} us")
+    s.add("nvshmem_put_64k", f"{us(t('nvshmem_put', k64), 2)} us")
+    claim(t("store_put", k64) < t("store_fenced", k64) < t("nvshmem_put", k64), "ch03-measuring.md",
+          "at 64 KiB: put as stores < fenced stores < NVSHMEM put")
+    up_to_1m = [z for z in sizes if z <= MIB]
+    s.add("nccl_over_nvshmem_small", xspan([t("nccl", z) / t("nvshmem_put", z) for z in up_to_1m], 1))
+    top = sizes[-1]
+    s.add("top_size", size_label(top))
+    s.add("nvshmem_top", f"{gbs(bw('nvshmem_put', top))} GB/s")
+    s.add("nccl_top", f"{gbs(bw('nccl', top))} GB/s")
+    claim(all(bw("nvshmem_put", z) >= bw("nccl", z) for z in sizes), "ch03-measuring.md",
+          "NVSHMEM's put is at least as fast as NCCL at every size")
+
+    # The put written as stores.
+    others = [z for z in sizes if z != top]
+    s.add("store_put_top", f"{gbs(bw('store_put', top))} GB/s")
+    claim(all(bw("store_put", z) >= 0.99 * best_put(z) for z in others), "ch03-measuring.md",
+          "the put written as stores is within 1% of the best put below the largest size")
+    claim(bw("store_put", top) < 0.98 * best_put(top), "ch03-measuring.md",
+          "the put written as stores falls behind at the largest size")
+
+    # The launch-shape sweep at the largest size.
+    def shape_bw(method: str, blocks: int, threads: int, size: int = top) -> float:
+        found = [float(r["gb_per_s"]) for r in sweep.select(method=method, num_blocks=blocks, threads_per_block=threads, num_bytes=size)]
+        if not found:
+            raise GenError(f"{sweep.path}: no {method} {blocks}x{threads} at {size} B")
+        return max(found)
+
+    s.add("sweep_8x256", gbs(shape_bw("nvshmem_put", 8, 256)))
+    s.add("sweep_8x512", gbs(shape_bw("nvshmem_put", 8, 512)))
+    s.add("sweep_8x1024", gbs(shape_bw("nvshmem_put", 8, 1024)))
+    s.add("sweep_stores_8x256", gbs(shape_bw("store_put", 8, 256)))
+    s.add("sweep_unroll_gain", ratio(shape_bw("store_put", 8, 256) / shape_bw("nvshmem_put", 8, 256), 1))
+    best_row = max(sweep.select(method="nvshmem_put", num_bytes=top), key=lambda r: float(r["gb_per_s"]))
+    s.add("sweep_best", f"{best_row['num_blocks']} blocks x {best_row['threads_per_block']} threads "
+          f"({best_row['scope']} scope), {gbs(float(best_row['gb_per_s']))} GB/s")
+    claim(shape_bw("nvshmem_put", 8, 512) > 1.7 * shape_bw("nvshmem_put", 8, 256)
+          and shape_bw("nvshmem_put", 8, 1024) > 1.7 * shape_bw("nvshmem_put", 8, 512), "ch03-measuring.md",
+          "with 8 blocks, NVSHMEM's put bandwidth roughly doubles with the threads per block")
+    claim(shape_bw("store_put", 8, 256) > 2 * shape_bw("nvshmem_put", 8, 256), "ch03-measuring.md",
+          "four loads in flight per thread move several times more with the same threads")
+    shapes = p2p.header("nvshmem_put") or ""
+    found = re.findall(r"(\d+):(\w+):(\d+x\d+)", shapes)
+    if not found:
+        raise GenError(f"{p2p.path}: no '# nvshmem_put: best launch shape per size' line")
+    s.add("best_shapes", ", ".join(f"{size_label(int(z))}: {shape.replace('x', ' x ')}" for z, _, shape in found))
+
+    # Small transfers.
+    s.add("nvshmem_16k", f"{us(t('nvshmem_put', 16 * KIB), 2)} us")
+    s.add("nvshmem_64k", f"{us(t('nvshmem_put', k64), 2)} us")
+
+    # The copy engine.
+    big = [z for z in sizes if z >= 64 * MIB]
+    s.add("copy_engine_big", f"{span([bw('copy_engine', z) for z in big], gbs)} GB/s")
+    kernels = [bw(m, z) for z in big for m in ("nvshmem_put", "bulk_put", "store_put", "store", "store_fenced")]
+    s.add("kernels_big", f"{span(kernels, gbs)} GB/s")
+    s.add("big_from", size_label(big[0]))
+    claim(min(bw("copy_engine", z) for z in big) > max(kernels), "ch03-measuring.md",
+          "from 64 MiB the copy engine beats every kernel path")
+    s.add("copy_engine_16k", f"{us(t('copy_engine', 16 * KIB), 1)} us")
+    s.add("at_1m", f"plain stores {gbs(bw('store', m1))} GB/s without a fence and {gbs(bw('store_fenced', m1))} "
+          f"with one, the copy engine {gbs(bw('copy_engine', m1))}")
+    claim(bw("store", m1) > bw("copy_engine", m1), "ch03-measuring.md", "at 1 MiB unfenced stores beat the copy engine")
+    book.write(s)
+
+
+# ---- main ----------------------------------------------------------------------------------------
+
+GENERATORS: List[Callable[[Book], None]] = []  # filled below, in page order
+
+
+def generate() -> Dict[str, bytes]:
+    book = Book()
+    for gen in GENERATORS:
+        gen(book)
+    return book.files
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="compare with book/src/generated/ instead of writing")
+    args = parser.parse_args(argv)
+    try:
+        files = generate()
+    except GenError as error:
+        print(f"gen_book: error: {error}", file=sys.stderr)
+        return 1
+    existing = {p.name: p.read_bytes() for p in OUT_DIR.glob("*") if p.is_file()} if OUT_DIR.is_dir() else {}
+    if args.check:
+        stale = sorted(name for name in files if existing.get(name) != files[name])
+        extra = sorted(set(existing) - set(files))
+        for name in stale:
+            print(f"gen_book: stale or missing: book/src/generated/{name}", file=sys.stderr)
+        for name in extra:
+            print(f"gen_book: not generated any more: book/src/generated/{name}", file=sys.stderr)
+        if stale or extra:
+            print("gen_book: run `python3 scripts/gen_book.py` and commit book/src/generated/", file=sys.stderr)
+            return 1
+        print(f"gen_book: book/src/generated/ is up to date ({len(files)} files)")
+        return 0
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    for name in set(existing) - set(files):
+        (OUT_DIR / name).unlink()
+    changed = 0
+    for name, data in sorted(files.items()):
+        if existing.get(name) != data:
+            (OUT_DIR / name).write_bytes(data)
+            changed += 1
+    print(f"gen_book: wrote book/src/generated/ ({len(files)} files, {changed} changed)")
+    return 0
+
+
+GENERATORS += [gen_captures, gen_ch01, gen_ch02, gen_ch03]
+
+if __name__ == "__main__":
+    sys.exit(main())
