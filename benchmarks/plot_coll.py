@@ -4,6 +4,7 @@ into benchmarks/results/coll_<gpu>_<N>gpu.csv and plots one PNG per collective n
 time per call against size, log-log, one line per method and algorithm.
 
 Usage: python3 benchmarks/plot_coll.py OUT.csv IN.csv [IN.csv ...]
+       python3 benchmarks/plot_coll.py OUT.csv      (re-plot a merged CSV, which stays as it is)
 """
 import csv
 import sys
@@ -30,27 +31,37 @@ def size_label(num_bytes):
     return f"{num_bytes} B"
 
 
+def gpu_label(comments):
+    """'4x H100 80GB HBM3' from the header line 'gpu: NVIDIA H100 80GB HBM3 x 4'."""
+    for line in comments:
+        if line.startswith("gpu: "):
+            name, _, count = line[5:].split(";")[0].rpartition(" x ")
+            return f"{count}x {name.removeprefix('NVIDIA ')}"
+    return "unknown GPU"
+
+
 def main():
     out, inputs = Path(sys.argv[1]), sys.argv[2:]
     comments, rows = [], []
-    for path in inputs:
+    for path in inputs or [out]:
         c, r = read(path)
         comments += [line for line in c if line not in comments]
         rows += r
-    with open(out, "w") as f:
-        for line in comments:
-            f.write(f"# {line}\n")
-        f.write(",".join(HEADER) + "\n")
-        for row in rows:
-            f.write(",".join(row[k] for k in HEADER) + "\n")
-    print(f"plot_coll: wrote {out} ({len(rows)} rows)")
+    if inputs:
+        with open(out, "w") as f:
+            for line in comments:
+                f.write(f"# {line}\n")
+            f.write(",".join(HEADER) + "\n")
+            for row in rows:
+                f.write(",".join(row[k] for k in HEADER) + "\n")
+        print(f"plot_coll: wrote {out} ({len(rows)} rows)")
 
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    n_pes = rows[0]["n_pes"] if rows else "?"
+    gpus = gpu_label(comments)
     for collective in sorted({r["collective"] for r in rows if r["num_bytes"] != "0"}):
         lines = {}
         for r in rows:
@@ -74,7 +85,7 @@ def main():
         ax.set_xticklabels([size_label(t) for t in ticks], rotation=45, ha="right", fontsize=7)
         ax.set_xlabel("size per rank (nccl-tests definition)")
         ax.set_ylabel("time per call (us, CUDA-graph replay)")
-        ax.set_title(f"{collective}, {n_pes}x H200")
+        ax.set_title(f"{collective}, {gpus}")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
         fig.tight_layout()

@@ -71,8 +71,9 @@ def size_label(num_bytes):
     return f"{num_bytes} B"
 
 
-def plot_lines(axis, lines, marker):
-    """Draws each (label, {size: value}) of `lines`; returns the sizes drawn."""
+def plot_lines(axis, lines, marker, legend_columns):
+    """Draws each (label, {size: value}) of `lines`; returns the sizes drawn. The legend goes
+    below the axes, never over the curves."""
     sizes = set()
     for label, points in lines:
         if points:
@@ -83,7 +84,7 @@ def plot_lines(axis, lines, marker):
     axis.set_xticks(sorted(sizes), [size_label(s) for s in sorted(sizes)], rotation=30)
     axis.set_xlabel("message size")
     axis.grid(True, alpha=0.3)
-    axis.legend()
+    axis.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=legend_columns, fontsize=8, frameon=False)
 
 
 def main(path):
@@ -92,6 +93,7 @@ def main(path):
     sweep_path = path.with_name(path.stem + "_sweep.csv")
     _, sweep_rows = read_csv(sweep_path)
     gpu = next((c.split(":", 1)[1].strip() for c in comments if c.startswith("# gpu:")), path.stem)
+    date = next((c.split(":", 1)[1].split(";")[0].strip() for c in comments if c.startswith("# date:")), "")
 
     def column(method, value):
         return {int(r["num_bytes"]): float(r[value]) for r in rows if r["method"] == method}
@@ -101,11 +103,11 @@ def main(path):
     bandwidth += [(label, column(key, "gb_per_s")) for key, label in OTHERS.items()]
     latency = [(label, column(key, "us")) for key, label in LATENCY.items()]
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5), gridspec_kw={"width_ratios": [2, 1]})
-    plot_lines(left, bandwidth, "o")
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 6.2), gridspec_kw={"width_ratios": [2, 1]})
+    plot_lines(left, bandwidth, "o", legend_columns=2)
     left.set_ylabel("GB/s (bytes moved / time)")
-    left.set_title(f"PE 0 -> PE 1 bandwidth, {gpu} (kernels: best launch shape per size)")
-    plot_lines(right, latency, "s")
+    left.set_title(f"PE 0 -> PE 1 bandwidth, {gpu}, {date}\n(kernels: best launch shape per size)", fontsize=10)
+    plot_lines(right, latency, "s", legend_columns=1)
     right.set_ylim(bottom=0)
     right.set_ylabel("one-way latency (us)")
     right.set_title("one-way latency (round trip / 2)")

@@ -42,6 +42,12 @@ CAPTURES = "book/src/output/captures.tsv"
 # belong to the same run (written by the same benchmark call). `caveat`, if set, is printed under
 # every table from that entry: say there what the reader must know about the run (a kernel that
 # changed since), and drop it when the entry points at a run of the current code.
+#
+# Chapters 4, 7 and 8 quote the 4x H100 calls of 2026-11-26 (binaries of ec48b45): the only runs
+# of the current kernels at N = 4, and N = 2 from the same machine and binaries, so a chapter's
+# tables compare like with like. Chapter 3 and the PyTorch page have one run each (2x H200).
+# The earlier H200 runs of chapters 4, 7 and 8 (coll_h200_*, buffer_h200_*, buffer_ll_h200_*)
+# stay in benchmarks/results/ with their notes.
 MANIFEST: Dict[str, Dict[str, str]] = {
     # Chapter 3: ch03-p2p-bench through benchmarks/run_p2p.sh (2 GPUs).
     "p2p": {
@@ -51,45 +57,39 @@ MANIFEST: Dict[str, Dict[str, str]] = {
     },
     # Chapter 4: benchmarks/run_coll.sh N (ours, NCCL, torch, and NVSHMEM's team collectives).
     "coll_n2": {
-        "csv": "benchmarks/results/coll_h200_2gpu.csv",
-        "plots": "benchmarks/results/coll_h200_2gpu_{}.png",
+        "csv": "benchmarks/results/coll_h100_2gpu.csv",
+        "plots": "benchmarks/results/coll_h100_2gpu_{}.png",
     },
     "coll_n4": {
-        "csv": "benchmarks/results/coll_h200_4gpu.csv",
-        "plots": "benchmarks/results/coll_h200_4gpu_{}.png",
-        "caveat": "This run (commit 820680d) predates two kernel changes measured at N = 2 only: "
-        "the block signal as one release store, and the broadcast's pipeline of up to 16 steps. "
-        "Its broadcast column is not the code's broadcast; `benchmarks/run_coll.sh 4` on a "
-        "4-GPU machine replaces it.",
+        "csv": "benchmarks/results/coll_h100_4gpu.csv",
+        "plots": "benchmarks/results/coll_h100_4gpu_{}.png",
     },
     # Chapter 7: benchmarks/run_buffer.sh DEEPEP_DIR N (buffer_bench.py and DeepEP's
     # test_intranode.py for both, in one device call).
     "buffer_ep2": {
-        "csv": "benchmarks/results/buffer_h200_ep2.csv",
-        "ours_test": "benchmarks/results/deepep_compat_ep2.log",
-        "deepep_test": "benchmarks/results/deepep_test_intranode_deepep_ep2.log",
-        "plot": "benchmarks/results/buffer_h200_ep2.png",
+        "csv": "benchmarks/results/buffer_h100_ep2.csv",
+        "ours_test": "benchmarks/results/deepep_compat_h100_ep2.log",
+        "deepep_test": "benchmarks/results/deepep_test_intranode_deepep_h100_ep2.log",
+        "plot": "benchmarks/results/buffer_h100_ep2.png",
     },
     "buffer_ep4": {
-        "csv": "benchmarks/results/buffer_h200_ep4.csv",
-        "ours_test": "benchmarks/results/deepep_compat_ep4.log",
-        "deepep_test": "benchmarks/results/deepep_test_intranode_deepep_ep4.log",
-        "plot": "benchmarks/results/buffer_h200_ep4.png",
-        "caveat": "This run predates two changes measured at EP2 only: the receivers and "
-        "senders that skip their own rank (`PeerGroup`), and combine's 16-row publishing "
-        "window. `benchmarks/run_buffer.sh DEEPEP_DIR 4` on a 4-GPU machine replaces it.",
+        "csv": "benchmarks/results/buffer_h100_ep4.csv",
+        "ours_test": "benchmarks/results/deepep_compat_h100_ep4.log",
+        "deepep_test": "benchmarks/results/deepep_test_intranode_deepep_h100_ep4.log",
+        "plot": "benchmarks/results/buffer_h100_ep4.png",
     },
     # Chapter 8: benchmarks/run_buffer.sh (buffer_ll_bench.py and DeepEP's test_low_latency.py).
     "ll_ep2": {
-        "csv": "benchmarks/results/buffer_ll_h200_ep2.csv",
-        "ours_test": "benchmarks/results/deepep_compat_ll_ep2.log",
-        "deepep_test": "benchmarks/results/deepep_test_low_latency_deepep_ep2.log",
-        "plot": "benchmarks/results/buffer_ll_h200_ep2.svg",
+        "csv": "benchmarks/results/buffer_ll_h100_ep2.csv",
+        "ours_test": "benchmarks/results/deepep_compat_ll_h100_ep2.log",
+        "deepep_test": "benchmarks/results/deepep_test_low_latency_deepep_h100_ep2.log",
+        "plot": "benchmarks/results/buffer_ll_h100_ep2.svg",
     },
     "ll_ep4": {
-        "csv": "benchmarks/results/buffer_ll_h200_ep4.csv",
-        "ours_test": "benchmarks/results/deepep_compat_ll_ep4.log",
-        "deepep_test": "benchmarks/results/deepep_test_low_latency_deepep_ep4.log",
+        "csv": "benchmarks/results/buffer_ll_h100_ep4.csv",
+        "ours_test": "benchmarks/results/deepep_compat_ll_h100_ep4.log",
+        "deepep_test": "benchmarks/results/deepep_test_low_latency_deepep_h100_ep4.log",
+        "plot": "benchmarks/results/buffer_ll_h100_ep4.svg",
     },
     # The PyTorch page: scripts/ch03_put_get.py --bench (2 GPUs).
     "py_exchange": {
@@ -161,7 +161,7 @@ def table(header: Sequence[str], align: Sequence[str], rows: Sequence[Sequence[s
 
 # ---- reading results -----------------------------------------------------------------------------
 
-DATE_RE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC")
+DATE_RE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d(?:-\d\d:\d\d)? UTC")
 
 
 class Result:
