@@ -309,6 +309,7 @@ extern "C" __global__ void put_bulk(char* dest, const char* source, uint64_t num
     }
     // Make the initialised barriers visible to the bulk-copy unit (the async proxy).
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    // ANCHOR: put_bulk_loop
     uint32_t phases = 0;
     int k = 0;
     for (uint64_t offset = blockIdx.x * chunk; offset < bulk_bytes; offset += stride, ++k) {
@@ -336,6 +337,7 @@ extern "C" __global__ void put_bulk(char* dest, const char* source, uint64_t num
                      ::"l"(peer + offset), "r"(smem), "r"(n) : "memory");
         asm volatile("cp.async.bulk.commit_group;" ::: "memory");
     }
+    // ANCHOR_END: put_bulk_loop
     // Every bulk store complete (written, not just read from shared memory) before we leave.
     asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
     if (blockIdx.x == 0) {

@@ -91,6 +91,7 @@ enum Landing {
 }
 
 // ANCHOR: move_bytes
+// ANCHOR: move_bytes_transfers
 /// The lesson: moves `b.count` words one step around the ring the way `variant` says, and
 /// says where they land.
 fn move_bytes(ops: &DeviceOps, b: &mut Buffers, variant: Variant) -> Result<Landing, AnyError> {
@@ -104,6 +105,8 @@ fn move_bytes(ops: &DeviceOps, b: &mut Buffers, variant: Variant) -> Result<Land
     // written as stores goes there too (aligned, so its 16-byte path runs).
     let signal_put = Put::new(&b.inbox, 0, &b.src_local, b.count, next)?;
     let word = SignalWord::new(&b.signal, 0)?;
+    // ANCHOR_END: move_bytes_transfers
+    // ANCHOR: move_bytes_variants
     let landing = match variant {
         Variant::DevicePut(scope, completion) => {
             ops.put(scope, completion, shape, &put)?;
@@ -159,6 +162,7 @@ fn move_bytes(ops: &DeviceOps, b: &mut Buffers, variant: Variant) -> Result<Land
     }
     Ok(landing)
 }
+// ANCHOR_END: move_bytes_variants
 // ANCHOR_END: move_bytes
 
 impl Variant {
