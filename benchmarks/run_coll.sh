@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Chapter 4's benchmark on N GPUs of this machine: ours (ch04-coll-bench), NCCL and torch
-# SymmetricMemory (benchmarks/coll_bench.py; torch's NVSHMEM-backed all_to_all_vdev in a
-# process of its own, since it loads its own NVSHMEM), all timed as CUDA-graph replay in this
-# one run; then the merged CSV and the plots.
+# Chapter 4's benchmark on N GPUs of this machine: ours (ch04-coll-bench), NVSHMEM's own team
+# collectives (ch04-coll-bench --nvshmem, with NVSHMEM_DISABLE_NCCL=1: NVSHMEM 3.4.5 otherwise
+# hands them to NCCL), NCCL and torch SymmetricMemory (benchmarks/coll_bench.py; torch's
+# NVSHMEM-backed all_to_all_vdev in a process of its own, since it loads its own NVSHMEM), all
+# timed as CUDA-graph replay in this one run; then the merged CSV and the plots.
+# Folded runs (several PEs per GPU) need CUDA MPS for NVSHMEM's team collectives (without it
+# NVSHMEM refuses them: "limited MPG"); their timings are never speed.
 #
 # Usage: benchmarks/run_coll.sh [N]            (default: 2)
 # Environment:
@@ -28,8 +31,15 @@ trap 'rm -rf "$work"' EXIT
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print tolower($2)}')
 run() { timeout --kill-after=30 "$timeout_s" torchrun --standalone --nproc_per_node="$n" "$@"; }
 run --no-python "$BIN_DIR/ch04-coll-bench" "$work/ours.csv"
+inputs=("$work/ours.csv")
+# NVSHMEM's own collectives; the CSV's header records NVSHMEM_DISABLE_NCCL.
+if NVSHMEM_DISABLE_NCCL=1 run --no-python "$BIN_DIR/ch04-coll-bench" --nvshmem "$work/nvshmem.csv"; then
+  inputs+=("$work/nvshmem.csv")
+else
+  echo "run_coll: warning: NVSHMEM's team collectives failed (above); the CSV has no nvshmem rows" >&2
+fi
 run benchmarks/coll_bench.py --peers nccl,torch "$work/peers.csv"
 run benchmarks/coll_bench.py --peers torch_nvshmem "$work/vdev.csv"
 run benchmarks/coll_bench.py --peers ours "$work/ours_python.csv"
-python3 benchmarks/plot_coll.py "$out_dir/coll_${gpu}_${n}gpu.csv" "$work/ours.csv" "$work/peers.csv" \
-  "$work/vdev.csv" "$work/ours_python.csv"
+inputs+=("$work/peers.csv" "$work/vdev.csv" "$work/ours_python.csv")
+python3 benchmarks/plot_coll.py "$out_dir/coll_${gpu}_${n}gpu.csv" "${inputs[@]}"

@@ -38,6 +38,7 @@ constexpr uint64_t BAD_ROW = 0xFFFFFFFFull;  // a count row whose sender found i
 extern "C" __global__ void __launch_bounds__(COLL_THREADS) coll_all_to_all_v(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out, const int64_t* in_splits,
                                              int64_t* out_splits_offsets, uint64_t row_bytes, uint64_t in_rows,
                                              uint64_t out_rows) {
+    // ANCHOR: a2av_counts
     const uint64_t epoch = begin_call(ws);
     const int me = ws.my_pe, n = ws.n_pes;
     const uint32_t flag = static_cast<uint32_t>(epoch);
@@ -80,6 +81,7 @@ extern "C" __global__ void __launch_bounds__(COLL_THREADS) coll_all_to_all_v(con
         matrix[sender][receiver] = value & BAD_ROW;
     }
     __syncthreads();
+    // ANCHOR_END: a2av_counts
     if (threadIdx.x == 0 && ok) {
         for (int p = 0; p < n && ok; ++p) {
             uint64_t received = 0;
@@ -97,6 +99,7 @@ extern "C" __global__ void __launch_bounds__(COLL_THREADS) coll_all_to_all_v(con
         }
     }
     __syncthreads();
+    // ANCHOR: a2av_rows
     if (ok) {
         for (int i = 1; i <= n; ++i) {
             const int q = (me + i) % n;  // PE me + 1 first (the PEs spread their traffic), ourselves last
@@ -121,6 +124,7 @@ extern "C" __global__ void __launch_bounds__(COLL_THREADS) coll_all_to_all_v(con
             }
         }
     }
+    // ANCHOR_END: a2av_rows
     end_call(ws, epoch);
 }
 // ANCHOR_END: all_to_all_v

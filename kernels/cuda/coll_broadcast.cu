@@ -97,6 +97,7 @@ extern "C" __global__ void __launch_bounds__(COLL_THREADS) coll_broadcast_scatte
     const uint64_t piece = forwarders > 1 ? min(piece_bytes(longest, grid), pipelined) : piece_bytes(longest, grid);
     const uint64_t rounds = (longest + grid * piece - 1) / (grid * piece);
     const uint64_t steps = forwarders > 1 ? min(MAX_STEPS, rounds) : 1;
+    // ANCHOR: broadcast_pieces
     // This block's bytes of part f in round r (empty past the part's end).
     auto piece_in_round = [&](int f, uint64_t r, uint64_t* begin, uint64_t* end) {
         uint64_t part_begin, part_end;
@@ -106,8 +107,10 @@ extern "C" __global__ void __launch_bounds__(COLL_THREADS) coll_broadcast_scatte
     };
     auto first_round = [&](uint64_t step) { return step * rounds / steps; };
     auto pe_of = [&](int f) { return (root + 1 + f) % n; };
+    // ANCHOR_END: broadcast_pieces
     uint64_t begin, end;
     uint8_t* dsts[MAX_PES];
+    // ANCHOR: broadcast_steps
     if (block_wait_ready(ws, epoch)) {
         if (me == root) {
             for (uint64_t step = 0; step < steps; ++step) {
@@ -141,6 +144,7 @@ extern "C" __global__ void __launch_bounds__(COLL_THREADS) coll_broadcast_scatte
             }
         }
     }
+    // ANCHOR_END: broadcast_steps
     end_call(ws, epoch);
 }
 // ANCHOR_END: broadcast_scatter

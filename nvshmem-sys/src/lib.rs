@@ -176,6 +176,18 @@ host_api! {
     fn signal_op_on_stream = "nvshmemx_signal_op_on_stream"(signal: *mut u64, signal_value: u64, signal_op: c_int, pe: c_int, stream: CudaStream);
     /// Stalls `stream` until the local symmetric u64 `signal` compares true against `value`.
     fn signal_wait_until_on_stream = "nvshmemx_signal_wait_until_on_stream"(signal: *mut u64, cmp: c_int, value: u64, stream: CudaStream);
+    /// Team collectives enqueued on a stream (NVSHMEM's own, beside chapter 4's kernels).
+    /// Collective over `team`; `dest` and `source` are symmetric device pointers; each returns
+    /// 0 on success. The reductions count elements: `dest` [num_elements] bf16 (reduce) or
+    /// `dest` [num_elements] bf16 from `source` [num_elements x team size] (reducescatter).
+    fn bfloat16_sum_reduce_on_stream = "nvshmemx_bfloat16_sum_reduce_on_stream"(team: Team, dest: *mut c_void, source: *const c_void, num_elements: usize, stream: CudaStream) -> c_int;
+    fn bfloat16_sum_reducescatter_on_stream = "nvshmemx_bfloat16_sum_reducescatter_on_stream"(team: Team, dest: *mut c_void, source: *const c_void, num_elements: usize, stream: CudaStream) -> c_int;
+    /// The `mem` forms count bytes per PE: fcollect gathers `num_bytes` from every PE into
+    /// `dest` [team size x num_bytes]; alltoall sends block q of `source` [team size x
+    /// num_bytes] to PE q; broadcast copies `root`'s `source` [num_bytes] into every `dest`.
+    fn fcollectmem_on_stream = "nvshmemx_fcollectmem_on_stream"(team: Team, dest: *mut c_void, source: *const c_void, num_bytes: usize, stream: CudaStream) -> c_int;
+    fn alltoallmem_on_stream = "nvshmemx_alltoallmem_on_stream"(team: Team, dest: *mut c_void, source: *const c_void, num_bytes: usize, stream: CudaStream) -> c_int;
+    fn broadcastmem_on_stream = "nvshmemx_broadcastmem_on_stream"(team: Team, dest: *mut c_void, source: *const c_void, num_bytes: usize, root: c_int, stream: CudaStream) -> c_int;
     /// Must be called on every module that uses NVSHMEM device calls, after loading it.
     fn cumodule_init = "nvshmemx_cumodule_init"(module: CuModule) -> c_int;
     fn cumodule_finalize = "nvshmemx_cumodule_finalize"(module: CuModule) -> c_int;

@@ -1,17 +1,25 @@
 //! Chapter 4's benchmark: every collective and algorithm of ours, 1 KiB to 256 MiB, timed as
 //! CUDA-graph replay (K calls captured, replayed between events, median), plus NVSHMEM's own
-//! barrier beside our signal barrier.
+//! barrier beside our signal barrier. With `--nvshmem`, NVSHMEM's own team collectives
+//! instead (on the stream, over the world team), the same sizes timed the same way.
 //!
 //! ```text
 //! NVSHMEM_SYMMETRIC_SIZE=8G torchrun --standalone --nproc_per_node=N --no-python \
 //!     target/release/ch04-coll-bench [OUT_CSV]
+//! NVSHMEM_DISABLE_NCCL=1 NVSHMEM_SYMMETRIC_SIZE=8G torchrun --standalone --nproc_per_node=N \
+//!     --no-python target/release/ch04-coll-bench --nvshmem [OUT_CSV]
 //! ```
 //!
 //! Writes PE 0's rows (`collective,algorithm,method,timing,n_pes,num_bytes,us,busbw_gb_per_s`)
-//! to OUT_CSV (default `coll_ours.csv`); `benchmarks/run_coll.sh` adds NCCL and torch from
-//! `benchmarks/coll_bench.py` and plots. Sizes and busbw follow nccl-tests. `COLL_ONLY`
-//! (collective names, comma-separated, e.g. `all_reduce,broadcast`) times only those, for
-//! short experiments.
+//! to OUT_CSV (default `coll_ours.csv`, or `coll_nvshmem.csv`); `benchmarks/run_coll.sh` runs
+//! both, adds NCCL and torch from `benchmarks/coll_bench.py` and plots. Sizes and busbw follow
+//! nccl-tests. `COLL_ONLY` (collective names, comma-separated, e.g. `all_reduce,broadcast`)
+//! times only those, for short experiments.
+//!
+//! `--nvshmem` refuses to run unless `NVSHMEM_DISABLE_NCCL` is set: NVSHMEM 3.4.5 hands its
+//! on-stream collectives to NCCL whenever libnccl loads, and the row would be NCCL timed twice.
+//! Each of its (collective, size) pairs up to 16 MiB is first checked against the host
+//! reference; a call NVSHMEM cannot capture in a graph is timed eagerly and its row says so.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -19,7 +27,9 @@ use std::sync::Arc;
 use ch01_bootstrap::World;
 use ch02_symmetric_memory::SymmetricBuffer;
 use ch03_put_get::bench::{self, median, ops_per_sample};
-use ch04_collectives::{Collective, CollectivesConfig, Communicator, DType, SIZE_TABLE};
+use ch04_collectives::{
+    Collective, CollectivesConfig, Communicator, DType, SIZE_TABLE, reference, team,
+};
 use cudarc::driver::{CudaGraph, CudaStream, sys};
 
 type AnyError = Box<dyn std::error::Error>;
@@ -27,6 +37,17 @@ type AnyError = Box<dyn std::error::Error>;
 const NUM_SAMPLES: usize = 7;
 const FLUSH_BYTES: usize = 256 << 20;
 const MAX_BYTES: usize = 256 << 20;
+/// NVSHMEM's collectives are checked against the host reference up to this size (the
+/// reference holds every PE's input on the host).
+const MAX_CHECKED_BYTES: usize = 16 << 20;
+/// The collectives NVSHMEM has as on-stream team calls, in the order ours are timed.
+const TEAM_COLLECTIVES: [Collective; 5] = [
+    Collective::AllReduce,
+    Collective::ReduceScatter,
+    Collective::AllGather,
+    Collective::Broadcast,
+    Collective::AllToAll,
+];
 
 fn main() -> ExitCode {
     ch01_bootstrap::checks::exit_code("ch04-coll-bench", run())
@@ -61,6 +82,76 @@ struct Timer {
 }
 
 impl Timer {
+    fn new(stream: &Arc<CudaStream>) -> Result<Self, AnyError> {
+        // Timing events: cudarc's default disables timing.
+        let event = || {
+            stream
+                .context()
+                .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+        };
+        Ok(Self {
+            flush: stream.alloc_zeros::<u8>(FLUSH_BYTES)?,
+            start: event()?,
+            end: event()?,
+            stream: stream.clone(),
+        })
+    }
+
+    /// Median time of one call in us, `launch` issuing K calls per sample: an L2 flush and a
+    /// host barrier (so every PE starts together) before each sample, events around it.
+    fn samples(
+        &self,
+        world: &World,
+        num_calls: usize,
+        mut launch: impl FnMut() -> Result<(), AnyError>,
+    ) -> Result<f64, AnyError> {
+        let mut samples = Vec::new();
+        for sample in 0..=NUM_SAMPLES {
+            let (flush, _) = cudarc::driver::DevicePtr::device_ptr(&self.flush, &self.stream);
+            // SAFETY: `flush` holds FLUSH_BYTES; evicts the previous sample's data from L2.
+            unsafe {
+                cudarc::driver::result::memset_d8_async(
+                    flush,
+                    sample as u8,
+                    FLUSH_BYTES,
+                    self.stream.cu_stream(),
+                )
+            }?;
+            world.barrier_all()?;
+            self.start.record(&self.stream)?;
+            launch()?;
+            self.end.record(&self.stream)?;
+            let ms = self.start.elapsed_ms(&self.end)? as f64;
+            if sample > 0 {
+                samples.push(ms * 1e3 / num_calls as f64);
+            }
+        }
+        Ok(median(&mut samples))
+    }
+
+    /// As `time`, falling back to K eager calls per sample when the calls cannot be captured
+    /// in a graph; says which it measured ("graph" or "eager").
+    fn time_or_eager(
+        &self,
+        world: &World,
+        size: usize,
+        mut enqueue: impl FnMut() -> Result<(), AnyError>,
+    ) -> Result<(f64, &'static str), AnyError> {
+        match self.time(world, size, &mut enqueue) {
+            Ok(us) => Ok((us, "graph")),
+            Err(error) => {
+                if world.my_pe() == 0 {
+                    println!("pe 0: {size} B: capture failed ({error}); timing eager calls");
+                }
+                let num_calls = ops_per_sample(size);
+                let us = self.samples(world, num_calls, || {
+                    (0..num_calls).try_for_each(|_| enqueue())
+                })?;
+                Ok((us, "eager"))
+            }
+        }
+    }
+
     // ANCHOR: time_graph
     /// Median time of one call in us: `enqueue` captured K times into one graph, the graph
     /// replayed once to warm up and NUM_SAMPLES times between events, each after an L2
@@ -79,62 +170,55 @@ impl Timer {
         enqueued?;
         let graph = graph.ok_or("stream capture produced no graph")?;
         graph.upload()?;
-        let mut samples = Vec::new();
-        for sample in 0..=NUM_SAMPLES {
-            let (flush, _) = cudarc::driver::DevicePtr::device_ptr(&self.flush, &self.stream);
-            // SAFETY: `flush` holds FLUSH_BYTES; evicts the previous sample's data from L2.
-            unsafe {
-                cudarc::driver::result::memset_d8_async(
-                    flush,
-                    sample as u8,
-                    FLUSH_BYTES,
-                    self.stream.cu_stream(),
-                )
-            }?;
-            world.barrier_all()?;
-            self.start.record(&self.stream)?;
-            graph.launch()?;
-            self.end.record(&self.stream)?;
-            let ms = self.start.elapsed_ms(&self.end)? as f64;
-            if sample > 0 {
-                samples.push(ms * 1e3 / num_calls as f64);
-            }
-        }
-        Ok(median(&mut samples))
+        self.samples(world, num_calls, || Ok(graph.launch()?))
     }
     // ANCHOR_END: time_graph
 }
 
+fn wanted(name: &str) -> bool {
+    std::env::var("COLL_ONLY")
+        .ok()
+        .is_none_or(|list| list.split(',').any(|c| c == name))
+}
+
 fn run() -> Result<bool, AnyError> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let nvshmem_peer = args.iter().any(|a| a == "--nvshmem");
+    let out_path = args
+        .iter()
+        .find(|a| !a.starts_with("--"))
+        .cloned()
+        .unwrap_or_else(|| {
+            if nvshmem_peer {
+                "coll_nvshmem.csv"
+            } else {
+                "coll_ours.csv"
+            }
+            .into()
+        });
+    if nvshmem_peer {
+        // Checked before NVSHMEM starts: the variable is read at initialisation.
+        let value = std::env::var("NVSHMEM_DISABLE_NCCL").ok();
+        if !team::nccl_disabled(value.as_deref()) {
+            return Err("ch04-coll-bench --nvshmem: set NVSHMEM_DISABLE_NCCL=1 (benchmarks/run_coll.sh \
+                        does): NVSHMEM 3.4.5 otherwise hands its on-stream collectives to NCCL, and \
+                        this row would be NCCL timed twice"
+                .into());
+        }
+    }
     let world = World::from_env()?;
+    let timer = Timer::new(world.stream())?;
+    if nvshmem_peer {
+        return nvshmem_team_peer(&world, &timer, &out_path);
+    }
     let (me, n) = (world.my_pe(), world.n_pes());
-    let out_path = std::env::args()
-        .nth(1)
-        .unwrap_or_else(|| "coll_ours.csv".into());
     let comm = Communicator::new(&world, CollectivesConfig::default())?;
     let stream = world.stream().clone();
-    let timer = Timer {
-        flush: stream.alloc_zeros::<u8>(FLUSH_BYTES)?,
-        // Timing events: cudarc's default disables timing.
-        start: stream
-            .context()
-            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?,
-        end: stream
-            .context()
-            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?,
-        stream: stream.clone(),
-    };
     let input = SymmetricBuffer::<_, u8>::new(&world, MAX_BYTES)?;
     let out = SymmetricBuffer::<_, u8>::new(&world, MAX_BYTES)?;
     input.fill_bytes(0x3C)?; // bf16 1.1719 everywhere: finite sums at any PE count
     let cs = stream.cu_stream();
     let (input_ptr, out_ptr) = (input.device_ptr(), out.device_ptr());
-
-    let only = std::env::var("COLL_ONLY").ok();
-    let wanted = |name: &str| {
-        only.as_deref()
-            .is_none_or(|list| list.split(',').any(|c| c == name))
-    };
 
     let mut rows = Vec::new();
     let mut add = |collective: &str,
@@ -263,18 +347,169 @@ fn run() -> Result<bool, AnyError> {
 
     if me == 0 {
         print_table(&rows);
-        let mut text = header(&world)?;
-        text.push_str("collective,algorithm,method,timing,n_pes,num_bytes,us,busbw_gb_per_s\n");
-        for row in &rows {
-            text.push_str(row);
-            text.push('\n');
-        }
-        std::fs::write(&out_path, text)?;
-        println!("pe 0: wrote {out_path}");
+        write_csv(&out_path, header(&world)?, &rows)?;
     }
     drop(comm);
     world.barrier_all()?;
     Ok(true)
+}
+
+fn write_csv(path: &str, header: String, rows: &[String]) -> Result<(), AnyError> {
+    let mut text = header;
+    text.push_str("collective,algorithm,method,timing,n_pes,num_bytes,us,busbw_gb_per_s\n");
+    for row in rows {
+        text.push_str(row);
+        text.push('\n');
+    }
+    std::fs::write(path, text)?;
+    println!("pe 0: wrote {path}");
+    Ok(())
+}
+
+// ANCHOR: nvshmem_team_peer
+/// NVSHMEM's own team collectives over the world team, sized and timed as ours: each
+/// (collective, size) up to MAX_CHECKED_BYTES checked once against the host reference, then
+/// K calls per graph replay (eager calls if NVSHMEM's call cannot be captured).
+fn nvshmem_team_peer(world: &World, timer: &Timer, out_path: &str) -> Result<bool, AnyError> {
+    let (me, n) = (world.my_pe(), world.n_pes());
+    let input = SymmetricBuffer::<_, u8>::new(world, MAX_BYTES)?;
+    let out = SymmetricBuffer::<_, u8>::new(world, MAX_BYTES)?;
+    let stream = world.stream().cu_stream();
+    let (mut rows, mut failed) = (Vec::new(), 0usize);
+    for size in sizes() {
+        for collective in TEAM_COLLECTIVES.into_iter().filter(|c| wanted(c.name())) {
+            if size <= MAX_CHECKED_BYTES && !check_team_call(world, collective, &out, &input, size)?
+            {
+                failed += 1;
+            }
+            let enqueue = || {
+                Ok(
+                    team::enqueue_team(world, collective, &out, &input, size, 0, stream)
+                        .map(|_| ())?,
+                )
+            };
+            let (us, timing) = timer.time_or_eager(world, size, enqueue)?;
+            let busbw = size as f64 / (us * 1e-6) / 1e9 * busbw_factor(collective, n);
+            let name = collective.name();
+            rows.push(format!(
+                "{name},team_world_nccl_off,nvshmem,{timing},{n},{size},{us:.3},{busbw:.3}"
+            ));
+            if me == 0 {
+                println!(
+                    "pe 0: nvshmem {name:<14} {size:>10} B {us:>10.2} us {busbw:>8.1} GB/s ({timing})"
+                );
+            }
+        }
+    }
+    if me == 0 {
+        let mut text = header(world)?;
+        text.push_str(&format!(
+            "# nvshmem peer: team collectives on stream over NVSHMEM_TEAM_WORLD (method nvshmem), \
+             NVSHMEM_DISABLE_NCCL={} (NVSHMEM's own implementation, not NCCL); bf16 sum \
+             reductions; broadcast from PE 0, out of place; checked against the host reference \
+             up to {} MiB\n",
+            std::env::var("NVSHMEM_DISABLE_NCCL").unwrap_or_default(),
+            MAX_CHECKED_BYTES >> 20
+        ));
+        write_csv(out_path, text, &rows)?;
+    }
+    world.barrier_all()?;
+    println!("pe {me}: nvshmem team collectives: {failed} wrong result(s)");
+    Ok(failed == 0)
+}
+// ANCHOR_END: nvshmem_team_peer
+
+/// One call of NVSHMEM's `collective` on fresh data, compared with the host reference. The
+/// inputs show where they came from (PE, index); the output is poisoned first. Reductions use
+/// small integers, exact in bf16 whatever order NVSHMEM sums them in.
+fn check_team_call(
+    world: &World,
+    collective: Collective,
+    out: &SymmetricBuffer<&World, u8>,
+    input: &SymmetricBuffer<&World, u8>,
+    size: usize,
+) -> Result<bool, AnyError> {
+    let (me, n) = (world.my_pe(), world.n_pes());
+    let call = team::team_call(collective, size, n)?;
+    let seed =
+        (world.job_seed() as u32) ^ (size as u32).wrapping_mul(0x9E37_79B9) ^ collective as u32;
+    let inputs: Vec<Vec<u8>> = (0..n)
+        .map(|pe| team_input(collective, pe, call.in_bytes, seed))
+        .collect();
+    input.copy_from_host(&inputs[me])?;
+    out.fill_bytes(0xFF)?; // bf16 NaN, and no pattern byte run
+    world.barrier_all()?;
+    team::enqueue_team(
+        world,
+        collective,
+        out,
+        input,
+        size,
+        0,
+        world.stream().cu_stream(),
+    )?;
+    world.barrier_all()?;
+    let got = out.copy_to_host_range(0, call.out_bytes)?;
+    let expected = team_reference(collective, &inputs, me, n, call.out_bytes);
+    let wrong = got.iter().zip(&expected).filter(|(a, b)| a != b).count();
+    if wrong > 0 {
+        eprintln!(
+            "pe {me}: nvshmem {} at {size} B: {wrong} wrong bytes of {}",
+            collective.name(),
+            call.out_bytes
+        );
+    }
+    Ok(wrong == 0)
+}
+
+/// PE `pe`'s input bytes: pattern bytes, or for the reductions bf16 integers in [-8, 8].
+fn team_input(collective: Collective, pe: usize, num_bytes: usize, seed: u32) -> Vec<u8> {
+    if matches!(
+        collective,
+        Collective::AllReduce | Collective::ReduceScatter
+    ) {
+        (0..num_bytes / 2)
+            .flat_map(|i| {
+                let value = (reference::pattern_byte(pe, i, seed) % 17) as f32 - 8.0;
+                half::bf16::from_f32(value).to_le_bytes()
+            })
+            .collect()
+    } else {
+        (0..num_bytes)
+            .map(|i| reference::pattern_byte(pe, i, seed))
+            .collect()
+    }
+}
+
+/// What PE `me`'s output must hold, from every PE's input (broadcast's root is PE 0).
+fn team_reference(
+    collective: Collective,
+    inputs: &[Vec<u8>],
+    me: usize,
+    n: usize,
+    out_bytes: usize,
+) -> Vec<u8> {
+    let as_bf16 = |bytes: &Vec<u8>| -> Vec<half::bf16> {
+        bytes
+            .chunks_exact(2)
+            .map(|b| half::bf16::from_le_bytes([b[0], b[1]]))
+            .collect()
+    };
+    let to_bytes =
+        |values: Vec<half::bf16>| values.into_iter().flat_map(|v| v.to_le_bytes()).collect();
+    match collective {
+        Collective::AllReduce => {
+            let values: Vec<_> = inputs.iter().map(as_bf16).collect();
+            to_bytes(reference::all_reduce(&values, out_bytes / 2))
+        }
+        Collective::ReduceScatter => {
+            let values: Vec<_> = inputs.iter().map(as_bf16).collect();
+            to_bytes(reference::reduce_scatter(&values, me, out_bytes / 2))
+        }
+        Collective::AllGather => reference::all_gather(inputs),
+        Collective::AllToAll => reference::all_to_all(inputs, me, out_bytes / n),
+        _ => reference::broadcast(inputs, 0),
+    }
 }
 
 /// The CSV's `#` lines: GPU, driver, CUDA, NVSHMEM, how we time.

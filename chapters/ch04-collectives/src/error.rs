@@ -86,6 +86,11 @@ pub enum CollError {
     Bootstrap(#[from] BootstrapError),
     #[error(transparent)]
     Kernel(#[from] kernels::KernelError),
+    #[error(
+        "{function} returned {status}. With several PEs on one GPU, NVSHMEM refuses on-stream \
+         collectives unless the PEs run under CUDA MPS; NVSHMEM_DEBUG=INFO tells NVSHMEM's side"
+    )]
+    Nvshmem { function: &'static str, status: i32 },
     #[error("{collective}: {what}")]
     InvalidArgument {
         collective: &'static str,

@@ -9,6 +9,8 @@
 //! - [`communicator`] holds the raw calls (device addresses and a stream, for Python),
 //!   [`typed`] the same calls on `SymmetricBuffer`s, [`reference`] the host references the
 //!   example checks against.
+//! - [`team`] is NVSHMEM's own collectives (team-based, on a stream): what to use when a
+//!   collective need not live inside your kernel, and the peer the benchmark compares with.
 
 pub mod algorithm;
 pub mod communicator;
@@ -16,6 +18,7 @@ pub mod config;
 pub mod error;
 pub mod launch;
 pub mod reference;
+pub mod team;
 pub mod typed;
 pub mod workspace;
 

@@ -1,0 +1,210 @@
+//! NVSHMEM's own collectives: team-based, enqueued on a stream by the host. They are the way to
+//! run a collective when it need not be fused into a kernel of yours, and the third peer this
+//! chapter's kernels are measured against, beside NCCL and torch (`ch04-coll-bench --nvshmem`).
+//!
+//! A *team* is an ordered set of PEs; `NVSHMEM_TEAM_WORLD` holds every PE of the job, and
+//! `nvshmem_team_split_strided` makes smaller ones (chapter 5's node and rail teams). Every
+//! member calls a team collective with the same arguments; source and destination are
+//! symmetric.
+//!
+//! Two things decide what such a call measures, with NVSHMEM 3.4.5:
+//! - With NVLink multicast off (as everywhere in this book), NVSHMEM hands its on-stream reduce,
+//!   fcollect, broadcast, alltoall and reducescatter to NCCL whenever it can load libnccl. Set
+//!   `NVSHMEM_DISABLE_NCCL=1` to run NVSHMEM's own implementation; otherwise the row is NCCL
+//!   timed twice. [`nccl_disabled`] checks the variable.
+//! - With several PEs on one GPU and no CUDA MPS ("limited MPG"), NVSHMEM refuses on-stream
+//!   collectives and team splits; under MPS they work (`scripts/fold_pes.sh`).
+
+use ch01_bootstrap::World;
+use ch02_symmetric_memory::SymmetricBuffer;
+use std::ops::Deref;
+
+use crate::algorithm::Collective;
+use crate::error::CollError;
+
+/// One on-stream team collective: the NVSHMEM function, the count it takes and the bytes it
+/// touches on each PE, for a call of `size` bytes as nccl-tests counts them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TeamCall {
+    pub collective: Collective,
+    /// The C function, for messages and the benchmark's CSV.
+    pub function: &'static str,
+    /// What the function's count argument gets: bf16 elements for the reductions, bytes per
+    /// PE for the `mem` forms.
+    pub count: usize,
+    /// Bytes read from `source` and written to `dest` on each PE.
+    pub in_bytes: usize,
+    pub out_bytes: usize,
+}
+
+// ANCHOR: team_call
+/// The NVSHMEM call for `collective` at `size` bytes over `n_pes` PEs. Sizes follow nccl-tests,
+/// as in the rest of this chapter: all-reduce and broadcast count the buffer, all-gather its
+/// output, reduce-scatter its input, all-to-all one PE's input. Reductions are bf16 sums.
+pub fn team_call(collective: Collective, size: usize, n_pes: usize) -> Result<TeamCall, CollError> {
+    let bad = |what: String| CollError::InvalidArgument {
+        collective: collective.name(),
+        what,
+    };
+    let per_pe = size / n_pes.max(1);
+    let (function, count, in_bytes, out_bytes) = match collective {
+        Collective::AllReduce => (
+            "nvshmemx_bfloat16_sum_reduce_on_stream",
+            size / 2,
+            size,
+            size,
+        ),
+        Collective::ReduceScatter => (
+            "nvshmemx_bfloat16_sum_reducescatter_on_stream",
+            per_pe / 2,
+            size,
+            per_pe,
+        ),
+        Collective::AllGather => ("nvshmemx_fcollectmem_on_stream", per_pe, per_pe, size),
+        Collective::AllToAll => ("nvshmemx_alltoallmem_on_stream", per_pe, size, size),
+        Collective::Broadcast => ("nvshmemx_broadcastmem_on_stream", size, size, size),
+        other => {
+            return Err(bad(format!(
+                "NVSHMEM has no on-stream team call for {}",
+                other.name()
+            )));
+        }
+    };
+    // The counts must come out whole: bf16 elements, and equal shares per PE.
+    let divisor = match collective {
+        Collective::AllReduce => 2,
+        Collective::ReduceScatter => 2 * n_pes.max(1),
+        Collective::Broadcast => 1,
+        _ => n_pes.max(1),
+    };
+    if size == 0 || !size.is_multiple_of(divisor) {
+        return Err(bad(format!(
+            "{size} bytes is not a positive multiple of {divisor} at {n_pes} PEs"
+        )));
+    }
+    Ok(TeamCall {
+        collective,
+        function,
+        count,
+        in_bytes,
+        out_bytes,
+    })
+}
+// ANCHOR_END: team_call
+
+/// Whether `NVSHMEM_DISABLE_NCCL` (its value, if set) makes NVSHMEM run its own collectives.
+/// NVSHMEM reads it as a boolean at initialisation: 1, y, yes, t, true (any case).
+pub fn nccl_disabled(value: Option<&str>) -> bool {
+    value.is_some_and(|v| {
+        ["1", "y", "yes", "t", "true"].contains(&v.trim().to_ascii_lowercase().as_str())
+    })
+}
+
+// ANCHOR: enqueue_team
+/// Enqueues NVSHMEM's `collective` over `NVSHMEM_TEAM_WORLD` on `stream` (a raw CUstream of
+/// this PE's context): `input` and `out` are symmetric, as NVSHMEM requires, and big enough
+/// for the call; broadcast copies PE `root`'s input. Every PE must make the same call.
+pub fn enqueue_team<W: Deref<Target = World>>(
+    world: &World,
+    collective: Collective,
+    out: &SymmetricBuffer<W, u8>,
+    input: &SymmetricBuffer<W, u8>,
+    size: usize,
+    root: usize,
+    stream: cudarc::driver::sys::CUstream,
+) -> Result<TeamCall, CollError> {
+    let call = team_call(collective, size, world.n_pes())?;
+    input.check_range(0, call.in_bytes)?;
+    out.check_range(0, call.out_bytes)?;
+    ch02_symmetric_memory::check_pe(world, root)?;
+    let nv = world.nvshmem();
+    let team = nvshmem_sys::TEAM_WORLD;
+    let (dest, source) = (out.device_ptr() as *mut _, input.device_ptr() as *const _);
+    let stream = stream as nvshmem_sys::CudaStream;
+    // SAFETY: NVSHMEM is initialised (a World exists); both buffers are symmetric allocations
+    // holding the bytes the call touches (checked above); the stream is of this context.
+    let status = unsafe {
+        match collective {
+            Collective::AllReduce => {
+                (nv.bfloat16_sum_reduce_on_stream)(team, dest, source, call.count, stream)
+            }
+            Collective::ReduceScatter => {
+                (nv.bfloat16_sum_reducescatter_on_stream)(team, dest, source, call.count, stream)
+            }
+            Collective::AllGather => {
+                (nv.fcollectmem_on_stream)(team, dest, source, call.count, stream)
+            }
+            Collective::AllToAll => {
+                (nv.alltoallmem_on_stream)(team, dest, source, call.count, stream)
+            }
+            _ => (nv.broadcastmem_on_stream)(team, dest, source, call.count, root as i32, stream),
+        }
+    };
+    if status != 0 {
+        return Err(CollError::Nvshmem {
+            function: call.function,
+            status,
+        });
+    }
+    Ok(call)
+}
+// ANCHOR_END: enqueue_team
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_follow_nccl_tests_sizes() {
+        let n = 4;
+        let call = |c| team_call(c, 1 << 20, n).unwrap();
+        // All-reduce: the buffer, in bf16 elements.
+        assert_eq!(call(Collective::AllReduce).count, 1 << 19);
+        assert_eq!(call(Collective::AllReduce).out_bytes, 1 << 20);
+        // Reduce-scatter: the input; each PE ends with a quarter of it.
+        let rs = call(Collective::ReduceScatter);
+        assert_eq!(
+            (rs.count, rs.in_bytes, rs.out_bytes),
+            (1 << 17, 1 << 20, 1 << 18)
+        );
+        // All-gather: the output; each PE contributes a quarter, in bytes.
+        let ag = call(Collective::AllGather);
+        assert_eq!(
+            (ag.function, ag.count, ag.in_bytes, ag.out_bytes),
+            ("nvshmemx_fcollectmem_on_stream", 1 << 18, 1 << 18, 1 << 20)
+        );
+        // All-to-all: one PE's input, block q (a quarter) to PE q.
+        let a2a = call(Collective::AllToAll);
+        assert_eq!(
+            (a2a.count, a2a.in_bytes, a2a.out_bytes),
+            (1 << 18, 1 << 20, 1 << 20)
+        );
+        assert_eq!(call(Collective::Broadcast).count, 1 << 20);
+    }
+
+    #[test]
+    fn sizes_that_do_not_divide_are_refused_with_the_reason() {
+        let err = team_call(Collective::ReduceScatter, 1002, 4)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("reduce_scatter") && err.contains("multiple of 8"),
+            "{err}"
+        );
+        assert!(team_call(Collective::AllReduce, 3, 2).is_err());
+        assert!(team_call(Collective::AllGather, 0, 2).is_err());
+        assert!(team_call(Collective::Broadcast, 3, 2).is_ok());
+        let err = team_call(Collective::AllToAllV, 1024, 2)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("no on-stream team call"), "{err}");
+    }
+
+    #[test]
+    fn nccl_is_disabled_only_by_a_true_value() {
+        assert!(
+            nccl_disabled(Some("1")) && nccl_disabled(Some("TRUE")) && nccl_disabled(Some("y"))
+        );
+        assert!(!nccl_disabled(None) && !nccl_disabled(Some("0")) && !nccl_disabled(Some("")));
+    }
+}
