@@ -47,7 +47,9 @@ namespace coll {
 // the host/device contract: kernels/contract/defs.rs, generated into contract.cuh.
 using namespace contract;
 
+// ANCHOR: ticket
 __host__ __device__ constexpr uint64_t ticket(uint64_t epoch, uint64_t step) { return epoch * STEPS_PER_EPOCH + step; }
+// ANCHOR_END: ticket
 
 // ---- memory operations with the ordering they need -------------------------------------------
 
@@ -92,6 +94,7 @@ __device__ __noinline__ void record_failure(const Workspace& ws, Failure what, i
     record[0] = 1;
 }
 
+// ANCHOR: wait_at_least
 // Waits until `*flag >= target` (acquire: what was written before the flag is visible after).
 // False when this PE has failed, or after the timeout, recording it.
 __device__ __forceinline__ bool wait_at_least(const Workspace& ws, const uint64_t* flag, uint64_t target, Failure what,
@@ -110,6 +113,7 @@ __device__ __forceinline__ bool wait_at_least(const Workspace& ws, const uint64_
     if (value != nullptr) *value = seen;  // what came, for a flag that also carries data
     return true;
 }
+// ANCHOR_END: wait_at_least
 
 // ---- the call ---------------------------------------------------------------------------------
 
@@ -168,6 +172,7 @@ __device__ __forceinline__ bool block_wait_ready(const Workspace& ws, uint64_t e
 // cooperative groups' grid sync and NCCL's step counters rely on the same causality order).
 // What this replaced, a system fence in every thread before the barrier, cost 1.1-2.3 us
 // more per signal (benchmarks/notes/collectives.md, v6).
+// ANCHOR: block_signal_code
 __device__ __forceinline__ void block_signal_done(const Workspace& ws, int pe, uint64_t value) {
     __syncthreads();
     if (threadIdx.x == 0) st_release_sys(peer(ws, ws.done + ws.my_pe * MAX_BLOCKS + blockIdx.x, pe), value);
@@ -181,6 +186,7 @@ __device__ __forceinline__ void block_signal_done_all(const Workspace& ws, uint6
         st_release_sys(peer(ws, ws.done + ws.my_pe * MAX_BLOCKS + blockIdx.x, pe), value);
     }
 }
+// ANCHOR_END: block_signal_code
 // ANCHOR_END: block_signal
 
 // Thread t < n_pes waits until peer t's block of our index raised done to `value` (every
@@ -201,6 +207,7 @@ __device__ __forceinline__ bool block_wait_done_all(const Workspace& ws, uint64_
 
 // ---- LL lines ---------------------------------------------------------------------------------
 
+// ANCHOR: ll_line
 __device__ __forceinline__ void ll_store(uint4* line, uint64_t payload, uint32_t flag) {
     asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(line), "r"(static_cast<uint32_t>(payload)),
                  "r"(flag), "r"(static_cast<uint32_t>(payload >> 32)), "r"(flag)
@@ -227,17 +234,20 @@ __device__ __forceinline__ bool ll_load(const Workspace& ws, const uint4* line, 
     *payload = static_cast<uint64_t>(d0) | (static_cast<uint64_t>(d1) << 32);
     return true;
 }
+// ANCHOR_END: ll_line
 
 // The LL slot that `sender` writes into for call `epoch`, on this PE.
 __device__ __forceinline__ uint4* ll_slot(const Workspace& ws, uint64_t epoch, int sender) {
     return reinterpret_cast<uint4*>(ws.ll + ((epoch & 1) * ws.n_pes + sender) * ws.ll_slot_bytes);
 }
 
+// ANCHOR: wait_slot_free
 // Before writing call `epoch` into peer `pe`'s LL slot (or count row) of this parity: wait
 // until `pe` announced epoch - 1, i.e. it stopped reading epoch - 2's data there.
 __device__ __forceinline__ bool wait_slot_free(const Workspace& ws, int pe, uint64_t epoch) {
     return wait_at_least(ws, ws.ready + pe, epoch - 1, WAIT_READY, pe, epoch);
 }
+// ANCHOR_END: wait_slot_free
 
 // ---- payload words: 8 bytes at any alignment, zero-padded past the end -----------------------
 
@@ -375,6 +385,7 @@ __device__ __forceinline__ void copy_to_many(uint8_t* const (&dsts)[MAX_PES], in
 }
 // ANCHOR_END: copy_to_many
 
+// ANCHOR: part_bounds
 // Bytes [begin, end) of a range of `num_bytes` split into `num_parts` equal, 16-byte rounded
 // parts.
 __device__ __forceinline__ void part_bounds(uint64_t num_bytes, uint64_t num_parts, uint64_t part, uint64_t* begin,
@@ -383,6 +394,7 @@ __device__ __forceinline__ void part_bounds(uint64_t num_bytes, uint64_t num_par
     *begin = min(num_bytes, part * per_part);
     *end = min(num_bytes, *begin + per_part);
 }
+// ANCHOR_END: part_bounds
 
 // ANCHOR: block_pieces
 // Block b's share of a range of `num_bytes`, as pieces dealt round-robin: piece k, bytes
@@ -391,6 +403,7 @@ __device__ __forceinline__ void part_bounds(uint64_t num_bytes, uint64_t num_par
 // bandwidth at large sizes (chapter 3's launch-shape sweep, 256 MiB: as 132 slices 346 GB/s,
 // as 528 slices 368 GB/s). P is an equal share of the range, 16-byte rounded, up to
 // MAX_PIECE_BYTES, so a range of up to G x 64 KiB is cut exactly as G slices would cut it.
+// ANCHOR: block_pieces_code
 constexpr uint64_t MAX_PIECE_BYTES = 64 << 10;  // two rounds of 4 vectors per thread of a 512-thread block
 
 __device__ __forceinline__ uint64_t piece_bytes(uint64_t num_bytes, uint64_t num_blocks) {
@@ -405,6 +418,7 @@ __device__ __forceinline__ void for_each_piece(uint64_t num_bytes, Piece piece) 
 #pragma unroll 1
     for (uint64_t begin = blockIdx.x * bytes; begin < num_bytes; begin += stride) piece(begin, min(num_bytes, begin + bytes));
 }
+// ANCHOR_END: block_pieces_code
 // ANCHOR_END: block_pieces
 
 // ---- element types of reductions ---------------------------------------------------------------
