@@ -547,6 +547,282 @@ def gen_ch03(book: Book) -> None:
     book.write(s)
 
 
+# ---- chapter 4 -----------------------------------------------------------------------------------
+
+COLLECTIVES = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"]
+COLL_LABEL = {
+    "all_reduce": "all-reduce", "all_gather": "all-gather", "reduce_scatter": "reduce-scatter",
+    "broadcast": "broadcast", "all_to_all": "all-to-all",
+}
+TABLE_SIZES = [KIB, 64 * KIB, MIB, 16 * MIB, 256 * MIB]
+PEER_LABEL = {"nccl": "NCCL", "torch_symm": "torch", "nvshmem": "NVSHMEM"}
+
+
+def size_table() -> List[Tuple[str, int, str]]:
+    """(collective, up to bytes, algorithm) rows of chapter 4's SIZE_TABLE, from the Rust source."""
+    text = read_text(SIZE_TABLE_SOURCE)
+    body = text[text.index("pub const SIZE_TABLE"):]
+    body = body[: body.index("];")]
+    rows = []
+    names = {"SyncAll": "sync_all", "Broadcast": "broadcast", "AllGather": "all_gather",
+             "ReduceScatter": "reduce_scatter", "AllReduce": "all_reduce", "AllToAll": "all_to_all",
+             "AllToAllV": "all_to_all_v"}
+    algos = {"OneShot": "one_shot", "TwoShot": "two_shot", "Direct": "direct", "Ring": "ring",
+             "ScatterGather": "scatter_gather", "Pull": "pull", "Signal": "signal"}
+    for m in re.finditer(r"\(Collective::(\w+),\s*([^,]+),\s*Algorithm::(\w+)\)", body):
+        limit = m.group(2).strip()
+        if limit == "usize::MAX":
+            up_to = 1 << 62
+        else:
+            found = re.fullmatch(r"(\d+)\s*<<\s*(\d+)", limit)
+            if not found:
+                raise GenError(f"{SIZE_TABLE_SOURCE}: cannot read size {limit!r} in SIZE_TABLE")
+            up_to = int(found.group(1)) << int(found.group(2))
+        rows.append((names[m.group(1)], up_to, algos[m.group(3)]))
+    if not rows:
+        raise GenError(f"{SIZE_TABLE_SOURCE}: SIZE_TABLE not found")
+    return rows
+
+
+class Coll:
+    """One chapter 4 run: ours (the size table's choice), the peers, NVSHMEM's row if any."""
+
+    def __init__(self, result: Result, table_rows: List[Tuple[str, int, str]]):
+        self.r = result
+        self.table = table_rows
+        self.n = int(result.rows[0]["n_pes"])
+
+    def us(self, collective: str, size: int, method: str, algorithm: Optional[str] = None) -> Optional[float]:
+        found = [float(r["us"]) for r in self.r.select(collective=collective, num_bytes=size, method=method)
+                 if algorithm is None or r["algorithm"] == algorithm]
+        return min(found) if found else None
+
+    def ours(self, collective: str, size: int) -> Tuple[float, str]:
+        """The table's choice, and the next algorithm when LL did not run at this size."""
+        choices = [a for c, up_to, a in self.table if c == collective and size <= up_to]
+        choices += [a for c, _, a in self.table if c == collective]
+        for algorithm in choices:
+            t = self.us(collective, size, "ours", algorithm)
+            if t is not None:
+                return t, algorithm
+        raise GenError(f"{self.r.path}: no row of ours for {collective} at {size} B")
+
+    def peers(self, collective: str, size: int) -> Dict[str, float]:
+        out = {}
+        for method in ("nccl", "torch_symm", "nvshmem"):
+            t = self.us(collective, size, method)
+            if t is not None:
+                out[method] = t
+        return out
+
+    def best_peer(self, collective: str, size: int) -> Tuple[float, str]:
+        peers = self.peers(collective, size)
+        if not peers:
+            raise GenError(f"{self.r.path}: no peer for {collective} at {size} B")
+        method = min(peers, key=peers.get)
+        label = PEER_LABEL[method]
+        if method == "torch_symm":
+            algo = min(self.r.select(collective=collective, num_bytes=size, method=method), key=lambda r: float(r["us"]))["algorithm"]
+            label = f"torch {algo.replace('_', '-')}"
+        return peers[method], label
+
+    def has_nvshmem(self) -> bool:
+        return any(r["method"] == "nvshmem" and r["collective"] in COLLECTIVES for r in self.r.rows)
+
+    def sizes(self) -> List[int]:
+        return sorted({int(r["num_bytes"]) for r in self.r.select(method="nccl", collective="all_reduce")})
+
+
+def coll_table(c: Coll) -> str:
+    rows = []
+    for size in TABLE_SIZES:
+        cells = [size_label(size)]
+        for collective in COLLECTIVES:
+            ours, _ = c.ours(collective, size)
+            peer, label = c.best_peer(collective, size)
+            cells.append(f"{us(ours)} / {us(peer)} {label}")
+        rows.append(cells)
+    return table(["size"] + [f"{COLL_LABEL[x]}: ours / best peer" for x in COLLECTIVES], ["r"] * 6, rows)
+
+
+def gen_ch04(book: Book) -> None:
+    s = Snippets("ch04")
+    table_rows = size_table()
+    runs = {key: Coll(book.result(key), table_rows) for key in ("coll_n2", "coll_n4")}
+    for key, c in runs.items():
+        r = c.r
+        s.add(f"{key}_run", f"{r.device}, {r.date}")
+        s.add(f"{key}_table", coll_table(c) + "\n\n" +
+              f"*Time per call in us, CUDA-graph replay; ours: the size table's choice; best peer: the fastest of "
+              f"NCCL, torch SymmetricMemory{' and NVSHMEM' if c.has_nvshmem() else ''} at that size. "
+              f"`{r.path}`: {r.device}, {r.date}.*" + book.caveat(key))
+        ours128 = [float(x["us"]) for x in r.select(collective="all_to_all_v", algorithm="direct_128tok")]
+        ours4096 = [float(x["us"]) for x in r.select(collective="all_to_all_v", algorithm="direct_4096tok")]
+        vdev128 = [float(x["us"]) for x in r.select(collective="all_to_all_v", algorithm="vdev_128tok")]
+        vdev4096 = [float(x["us"]) for x in r.select(collective="all_to_all_v", algorithm="vdev_4096tok")]
+        if not (ours128 and ours4096 and vdev128 and vdev4096):
+            raise GenError(f"{r.path}: all_to_all_v rows missing")
+        s.add(f"{key}_a2av", f"128 tokens {us(ours128[0])} us, 4096 tokens {us(ours4096[0])} us, against "
+              f"{us(vdev128[0])} and {us(vdev4096[0])} us for torch's NVSHMEM-backed `all_to_all_vdev`")
+        sync = r.value("us", collective="barrier", algorithm="signal")
+        barrier = r.value("us", collective="barrier", algorithm="barrier_all_on_stream")
+        s.add(f"{key}_barriers", f"our `sync_all` {us(sync)} us, `nvshmemx_barrier_all_on_stream` {us(barrier)} us")
+        for collective in COLLECTIVES:
+            s.add(f"{key}_plot_{collective}", book.figure(
+                MANIFEST[key]["plots"].format(collective),
+                f"{COLL_LABEL[collective]} time per call against size, every algorithm and peer, {r.device}",
+                f"{COLL_LABEL[collective]}: {r.device}, {r.date} (`{MANIFEST[key]['plots'].format(collective)}`)."))
+
+        # NVSHMEM's own team collectives: measured rows, or a plain statement that there are none.
+        if c.has_nvshmem():
+            rows = []
+            for size in TABLE_SIZES:
+                cells = [size_label(size)]
+                for collective in COLLECTIVES:
+                    nv = c.us(collective, size, "nvshmem")
+                    ours, _ = c.ours(collective, size)
+                    cells.append(f"{us(ours)} / {us(nv)}" if nv is not None else f"{us(ours)} / -")
+                rows.append(cells)
+            setting = next((line for line in r.comments if line.startswith("nvshmem peer:")), "")
+            claim("NVSHMEM_DISABLE_NCCL=1" in setting, "ch04-measuring.md",
+                  "NVSHMEM's row was timed with NVSHMEM_DISABLE_NCCL=1 (its CSV header says so)")
+            s.add(f"{key}_nvshmem", table(["size"] + [f"{COLL_LABEL[x]}: ours / NVSHMEM" for x in COLLECTIVES], ["r"] * 6, rows)
+                  + f"\n\n*NVSHMEM's team collectives on the stream over the world team, NVSHMEM_DISABLE_NCCL=1; "
+                  f"time per call in us. `{r.path}`: {r.device}, {r.date}.*")
+        else:
+            s.add(f"{key}_nvshmem", f"*Not measured yet at N = {c.n}: `{r.path}` ({r.device}, {r.date}) has no "
+                  "`nvshmem` rows. `benchmarks/run_coll.sh` records them (`ch04-coll-bench --nvshmem`, with "
+                  "NVSHMEM_DISABLE_NCCL=1) from its next run on.*")
+
+    # What the numbers teach (N = 2 and N = 4).
+    def ratios(c: Coll, collectives: Sequence[str], sizes: Sequence[int], against: str) -> List[float]:
+        out = []
+        for collective in collectives:
+            for size in sizes:
+                ours, _ = c.ours(collective, size)
+                peer = c.us(collective, size, "nccl") if against == "nccl" else c.best_peer(collective, size)[0]
+                out.append(ours / peer)
+        return out
+
+    n2, n4 = runs["coll_n2"], runs["coll_n4"]
+    small = [z for z in n2.sizes() if z <= 256 * KIB]
+    s.add("small_vs_nccl", " and ".join(
+        f"{xspan([1 / x for x in ratios(c, COLLECTIVES, small, 'nccl')], 1)} at N = {c.n}" for c in (n2, n4)))
+    s.add("small_us", " and ".join(
+        f"{span([c.ours(x, z)[0] for x in COLLECTIVES for z in small], lambda v: us(v))} us at N = {c.n}" for c in (n2, n4)))
+    claim(all(r < 1 for c in (n2, n4) for r in ratios(c, COLLECTIVES, small, "best")), "ch04-measuring.md",
+          "up to 256 KiB ours beats the best peer for every collective")
+    s.add("sync_all_n2", f"{us(n2.r.value('us', collective='barrier', algorithm='signal'))} us")
+    s.add("one_shot_1k_n2", f"{us(n2.ours('all_gather', KIB)[0])} us")
+
+    def busbw(c: Coll, collective: str, size: int, method: str, algorithm: Optional[str] = None) -> float:
+        rows = [r for r in c.r.select(collective=collective, num_bytes=size, method=method)
+                if algorithm is None or r["algorithm"] == algorithm]
+        return max(float(r["busbw_gb_per_s"]) for r in rows)
+
+    top = 256 * MIB
+    parts = []
+    for c in (n2, n4):
+        for collective in ("all_gather", "reduce_scatter"):
+            _, algorithm = c.ours(collective, top)
+            parts.append(f"{COLL_LABEL[collective]} at N = {c.n}: {gbs(busbw(c, collective, top, 'ours', algorithm))} "
+                         f"against NCCL's {gbs(busbw(c, collective, top, 'nccl'))}")
+    s.add("busbw_top", "; ".join(parts))
+
+    mid = [z for z in n2.sizes() if MIB <= z <= 64 * MIB]
+    torch2 = []
+    for c in (n2, n4):
+        for z in mid:
+            t = c.us("all_reduce", z, "torch_symm", "two_shot")
+            if t is not None:
+                torch2.append((c.n, c.ours("all_reduce", z)[0] / t))
+    s.add("allreduce_vs_torch", " and ".join(
+        f"{xspan([x for n, x in torch2 if n == c.n], 2)} at N = {c.n}" for c in (n2, n4) if any(n == c.n for n, _ in torch2)))
+
+    # Where we are slower than the best peer, every such cell: the honest list.
+    slower = []
+    for c in (n2, n4):
+        for collective in COLLECTIVES:
+            for size in c.sizes():
+                ours, _ = c.ours(collective, size)
+                peer, label = c.best_peer(collective, size)
+                if ours > peer * 1.005:
+                    slower.append((c.n, collective, size, ours / peer, label))
+    claim(all(n == 4 and ((col == "all_reduce" and z >= 128 * MIB) or (col == "broadcast" and z >= 16 * MIB))
+              for n, col, z, _, _ in slower)
+          and any(col == "all_reduce" for _, col, _, _, _ in slower)
+          and any(col == "broadcast" for _, col, _, _, _ in slower), "ch04-measuring.md",
+          "the only misses are the large all-reduce and the broadcast from 16 MiB, both at N = 4")
+    claim(all("torch" in c.best_peer("all_reduce", z)[1] for c in (n2, n4) for z in small), "ch04-measuring.md",
+          "torch's symmetric-memory kernels are the closest peer for small all-reduces")
+    if slower:
+        lines = [f"- {COLL_LABEL[col]} at N = {n}, {size_label(z)}: {ratio(x)} the time of {label}"
+                 for n, col, z, x, label in slower]
+        s.add("slower", "\n".join(lines))
+    else:
+        s.add("slower", "- none: ours is at or below the best peer at every size of every collective measured")
+
+    # Chapter 3's sweep, quoted for the round-robin pieces.
+    sweep, p2p = book.result("p2p", "sweep"), book.result("p2p")
+    def best_blocks(blocks: int) -> float:
+        return max(float(r["gb_per_s"]) for r in sweep.select(method="store_put", num_blocks=blocks, num_bytes=top))
+    s.add("slices_132", gbs(best_blocks(132)))
+    s.add("slices_528", gbs(best_blocks(528)))
+    s.add("p2p_run", f"{p2p.device}, {p2p.date}")
+    claim(best_blocks(528) > best_blocks(132), "ch04-collectives.md", "528 slices beat 132 at 256 MiB")
+    book.write(s)
+
+
+# ---- the PyTorch page ------------------------------------------------------------------------------
+
+
+def gen_python(book: Book) -> None:
+    s = Snippets("python")
+    ex = book.result("py_exchange")
+    sizes = [int(r["bytes"]) for r in ex.rows]
+
+    def cell(size: int, column: str) -> float:
+        return float(ex.one(bytes=size)[column])
+
+    columns = [("put_signal_graph_us", "put_signal (graph)"), ("nccl_graph_us", "NCCL (graph)"),
+               ("put_barrier_graph_us", "put + barrier (graph)"), ("put_signal_eager_us", "put_signal (eager)"),
+               ("nccl_eager_us", "NCCL (eager)")]
+    s.add("run", ex.provenance())
+    s.add("exchange_table", table(["bytes"] + [label for _, label in columns], ["r"] * 6,
+          [[size_label(z)] + [us(cell(z, c)) for c, _ in columns] for z in sizes]) +
+          "\n\n*Microseconds per exchange, median of 7 batches. " + ex.source()[1:])
+    big = [z for z in sizes if z >= 4 * MIB]
+    claim(all(cell(z, "put_signal_graph_us") < cell(z, "nccl_graph_us") for z in big), "python.md",
+          "from 4 MiB up NVSHMEM's puts win")
+    top = max(sizes)
+    s.add("big_from", size_label(big[0]))
+    s.add("gbs_top", f"{size_label(top)}: {gbs(top / cell(top, 'put_signal_graph_us') / 1e3)} GB/s per direction "
+          f"against NCCL's {gbs(top / cell(top, 'nccl_graph_us') / 1e3)}")
+    small = [z for z in sizes if z <= 256 * KIB]
+    s.add("nccl_small_lead", f"{span([cell(z, 'put_signal_graph_us') - cell(z, 'nccl_graph_us') for z in small], lambda v: us(v))} us")
+    claim(all(cell(z, "nccl_graph_us") < cell(z, "put_signal_graph_us") for z in small), "python.md",
+          "up to 256 KiB NCCL's exchange is faster")
+
+    # One step and one round trip, host-initiated against device-initiated (chapter 3).
+    p2p = book.result("p2p")
+    step_ps, step_nccl = cell(8, "put_signal_graph_us"), cell(8, "nccl_graph_us")
+    ping_nccl = p2p.value("us", method="nccl_pingpong", num_bytes=8)
+    ping_put = p2p.value("us", method="put_signal_pingpong", num_bytes=8)
+    rows = [
+        ["host-initiated put_signal + wait_signal exchange, graph", f"{us(step_ps)} us", f"{us(2 * step_ps)} us"],
+        ["NCCL `batch_isend_irecv` exchange, graph", f"{us(step_nccl)} us", f"{us(2 * step_nccl)} us"],
+        ["NCCL send/recv ping-pong, graph (chapter 3)", f"{us(ping_nccl, 2)} us", f"{us(2 * ping_nccl, 2)} us"],
+        ["device-initiated put-with-signal ping-pong, one kernel (chapter 3)", f"{us(ping_put, 2)} us", f"{us(2 * ping_put, 2)} us"],
+    ]
+    s.add("step_table", table(["8 bytes", "one step (waits for one message from the partner)", "round trip (two steps)"],
+                              ["l", "r", "r"], rows) +
+          f"\n\n*Exchanges: `{ex.path}` ({ex.provenance()}); ping-pongs: `{p2p.path}` ({p2p.provenance()}).*")
+    s.add("step_put_signal", f"{us(step_ps)} us")
+    s.add("ping_put", f"{us(ping_put, 2)} us")
+    claim(step_ps > 3 * ping_put, "python.md", "a host-initiated step costs several times a device-initiated one")
+    book.write(s)
+
+
 # ---- main ----------------------------------------------------------------------------------------
 
 GENERATORS: List[Callable[[Book], None]] = []  # filled below, in page order
@@ -593,7 +869,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
-GENERATORS += [gen_captures, gen_ch01, gen_ch02, gen_ch03]
+GENERATORS += [gen_captures, gen_ch01, gen_ch02, gen_ch03, gen_ch04, gen_python]
 
 if __name__ == "__main__":
     sys.exit(main())
