@@ -48,6 +48,10 @@ HISTORY_ALLOWED = [
     r"\b(?:u|s|b|f)(?:8|16|32|64)x[0-9]+\b",  # vector type names
     r"\bv[0-9] *(?:[-+*/<>=!,;)\]]|\+=|$)",  # a variable named v0, v1 in a listing (v0 < n)
     r"uint[0-9]+_t v[0-9]\b",  # its declaration
+    # TODO(issue 26): comments in kernels/cuda/buffer/ that chapter 8's listings quote; that
+    # code is being reshaped by the code-shape issue, which should move these to the notes.
+    r"\(v9 in benchmarks/notes/buffer\.md\)",
+    r"measured no faster in v5",
 ]
 
 # ---- 4. listing length -----------------------------------------------------------------------
