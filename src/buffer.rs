@@ -1,82 +1,43 @@
 //! `NvshmemBuffer`: one symmetric allocation (a chapter-4 communicator plus the buffer's
-//! regions, src/layout.rs), the kernels of kernels/cuda/buffer, and the small local state the
-//! rings need. Dispatch and combine are in their own modules; this one makes and checks.
+//! regions, src/regions.rs), the kernels of kernels/cuda/buffer, and the small local state the
+//! rings need. This module makes the buffer, checks its error records and launches plans; the
+//! calls are in their own modules, each a pure `plan_*` function (checks and argument
+//! structs) and an `unsafe fn *_raw` that launches the plan (the raw layer, over device
+//! views), and typed.rs is the safe layer over typed device arrays.
 
 use std::ffi::c_void;
 use std::ops::Deref;
+use std::sync::Mutex;
 
 use ch01_bootstrap::World;
 use ch04_collectives::{
     CollectivesConfig, Communicator, HostMapped, Kernels, LaunchSpec, Workspace,
 };
-use cudarc::driver::{CudaSlice, DevicePtr, sys};
+use cudarc::driver::{CudaEvent, CudaSlice, DevicePtr, sys};
 
-use crate::config::{DEFAULT_TIMEOUT_MS, MAX_CHANNELS};
+use crate::config::{CHANNEL_THREADS, MAX_CHANNELS};
 use crate::error::{BufferError, describe};
-use crate::layout::Regions;
-use ch04_collectives::config::MAX_PES;
-use kernels::contract::{Failure, InputError};
+use crate::low_latency::phases::PendingReceive;
+use crate::regions::{MAX_EXPERTS, Regions};
+use crate::spec::{BufferOptions, BufferSpec, PROGRESS_WORDS};
+use kernels::contract::{Failure, InputError, LlState, MAX_LL_BLOCKS};
 
-const MODULES: [&str; 5] = [
+const MODULES: [&str; 6] = [
     "buffer/layout",
     "buffer/notify",
-    "buffer/intranode",
+    "buffer/dispatch",
+    "buffer/combine",
     "buffer/ll_dispatch",
     "buffer/ll_combine",
 ];
 /// Words of the notify step's host-mapped counts: [0] tokens to receive (i32), then one i32
 /// per local expert.
-const COUNT_WORDS: usize = 1 + crate::config::MAX_EXPERTS / 2;
-
-/// How a buffer is made (DeepEP's constructor arguments that matter inside one node).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BufferOptions {
-    /// Bytes of the rings of normal mode (a multiple of 128).
-    pub num_nvl_bytes: usize,
-    /// Bytes of the low-latency region (low-latency mode only).
-    pub num_rdma_bytes: usize,
-    pub low_latency_mode: bool,
-    /// Bound on every wait, device and host, in milliseconds.
-    pub timeout_ms: u64,
-}
-
-impl BufferOptions {
-    pub fn normal(num_nvl_bytes: usize) -> Self {
-        Self {
-            num_nvl_bytes,
-            num_rdma_bytes: 0,
-            low_latency_mode: false,
-            timeout_ms: DEFAULT_TIMEOUT_MS,
-        }
-    }
-
-    /// DeepEP's checks on the sizes, and ours on the mode.
-    pub fn check(&self, n_pes: usize) -> Result<(), BufferError> {
-        let invalid = |m: String| Err(BufferError::invalid("Buffer", m));
-        if !self.num_nvl_bytes.is_multiple_of(128) || !self.num_rdma_bytes.is_multiple_of(128) {
-            return invalid(format!(
-                "num_nvl_bytes ({}) and num_rdma_bytes ({}) must be multiples of 128",
-                self.num_nvl_bytes, self.num_rdma_bytes
-            ));
-        }
-        if self.num_rdma_bytes > 0 && !self.low_latency_mode {
-            return invalid(
-                "num_rdma_bytes > 0 outside low-latency mode asks for inter-node normal mode, \
-                 which this buffer does not have: pass num_rdma_bytes=0, or low_latency_mode=True"
-                    .into(),
-            );
-        }
-        if n_pes > MAX_PES {
-            return invalid(format!(
-                "{n_pes} ranks: this buffer runs up to {MAX_PES} ranks of one node"
-            ));
-        }
-        Ok(())
-    }
-}
+const COUNT_WORDS: usize = 1 + MAX_EXPERTS / 2;
+/// u64 words of the per-rank device state of low-latency mode (`LlState` of the contract).
+pub(crate) const LL_STATE_WORDS: usize = std::mem::size_of::<LlState>().div_ceil(8);
 
 /// Symmetric heap bytes one buffer takes on `n_pes` PEs: the communicator's own, then the
-/// buffer's regions (src/layout.rs).
+/// buffer's regions (src/regions.rs).
 pub fn heap_bytes(n_pes: usize, num_nvl_bytes: usize, num_rdma_bytes: usize) -> usize {
     let regions = Regions {
         num_nvl_bytes,
@@ -86,35 +47,26 @@ pub fn heap_bytes(n_pes: usize, num_nvl_bytes: usize, num_rdma_bytes: usize) -> 
         + regions.total()
 }
 
-/// The ring counters each PE keeps to itself (moe.cuh NOTES): tokens pushed and consumed per
-/// (channel, peer), for dispatch and for combine.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Progress {
-    DispatchSent = 0,
-    DispatchReceived = 1,
-    CombineSent = 2,
-    CombineReceived = 3,
-}
-
 // ANCHOR: buffer
 pub struct NvshmemBuffer<W: Deref<Target = World>> {
     pub(crate) comm: Communicator<W>,
     pub(crate) kernels: Kernels,
-    pub(crate) options: BufferOptions,
-    /// Device address of the buffer's regions (after the communicator's own).
-    pub(crate) base: u64,
-    /// Local device [4][MAX_CHANNELS][MAX_PES] u64, indexed by `Progress`.
-    progress: CudaSlice<u64>,
+    /// What the plans know of this buffer: options, PE, addresses.
+    pub(crate) spec: BufferSpec,
+    /// Local device [PROGRESS_WORDS] u64: the ring progress (`Progress`).
+    _progress: CudaSlice<u64>,
     /// The notify step's counts (host-mapped i32, see COUNT_WORDS).
     pub(crate) counts: HostMapped,
+    /// Marks when the notify step's first kernel started (its host deadline counts from it).
+    started: CudaEvent,
     /// Bad input found on the device: [kind, token, value, limit] (host-mapped) and its claim.
-    pub(crate) input_error: HostMapped,
+    input_error: HostMapped,
     input_claim: CudaSlice<u64>,
     /// Low-latency mode's per-rank state (call count, finish counters, slot counters; see
-    /// `LlState` in kernels/cuda/buffer/low_latency.cuh).
-    pub(crate) ll_state: CudaSlice<u64>,
+    /// `LlState` in kernels/contract/defs.rs).
+    _ll_state: CudaSlice<u64>,
     /// A low-latency send phase whose receive (the hook) has not run yet: one call in flight.
-    pub(crate) ll_receive_pending: std::sync::Mutex<Option<crate::low_latency::PendingReceive>>,
+    pub(crate) ll_receive_pending: Mutex<Option<PendingReceive>>,
 }
 // ANCHOR_END: buffer
 
@@ -127,31 +79,31 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
             num_rdma_bytes: options.num_rdma_bytes,
         };
         let kernels = Kernels::load(&world, &MODULES)?;
-        let num_sms = kernels.num_sms() as usize;
-        if options.low_latency_mode && num_sms > kernels::contract::MAX_LL_BLOCKS {
+        let num_sms = kernels.num_sms();
+        if options.low_latency_mode && num_sms as usize > MAX_LL_BLOCKS {
             return Err(BufferError::invalid(
                 "Buffer",
                 format!(
                     "this GPU has {num_sms} SMs, and low-latency mode keeps one call count per SM \
-                     for at most {}: raise MAX_LL_BLOCKS in kernels/contract/defs.rs \
-                     (kernels/cuda/buffer/low_latency.cuh) together",
-                    kernels::contract::MAX_LL_BLOCKS
+                     for at most {MAX_LL_BLOCKS}: raise MAX_LL_BLOCKS in kernels/contract/defs.rs"
                 ),
             ));
         }
         let stream = world.stream().clone();
-        let cuda = |what| {
-            move |e| BufferError::from(ch04_collectives::CollError::Cuda { what, source: e })
-        };
         let progress = stream
-            .alloc_zeros::<u64>(4 * MAX_CHANNELS * MAX_PES)
-            .map_err(cuda("allocating ring state"))?;
+            .alloc_zeros::<u64>(PROGRESS_WORDS)
+            .map_err(BufferError::cuda("allocating ring state"))?;
         let input_claim = stream
             .alloc_zeros::<u64>(1)
-            .map_err(cuda("allocating the input-error claim"))?;
+            .map_err(BufferError::cuda("allocating the input-error claim"))?;
         let ll_state = stream
-            .alloc_zeros::<u64>(crate::low_latency::STATE_WORDS)
-            .map_err(cuda("allocating the low-latency state"))?;
+            .alloc_zeros::<u64>(LL_STATE_WORDS)
+            .map_err(BufferError::cuda("allocating the low-latency state"))?;
+        let started = world
+            .context()
+            .new_event(None)
+            .map_err(BufferError::cuda("creating the notify step's event"))?;
+        let input_error = HostMapped::new(kernels::contract::INPUT_ERROR_WORDS)?;
         let config = CollectivesConfig {
             timeout_ms: options.timeout_ms,
             extra_bytes: regions.total(),
@@ -159,16 +111,29 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         };
         let comm = Communicator::new(world, config)?;
         let (base, _) = comm.extra_region();
+        let spec = BufferSpec {
+            my_pe: comm.world().my_pe(),
+            n_pes: comm.world().n_pes(),
+            options,
+            num_sms,
+            base,
+            progress: progress.device_ptr(&stream).0,
+            ll_state: ll_state.device_ptr(&stream).0,
+            input_error: InputError {
+                claim: input_claim.device_ptr(&stream).0,
+                words: input_error.device_ptr(),
+            },
+        };
         Ok(Self {
             comm,
             kernels,
-            options,
-            base,
-            progress,
+            spec,
+            _progress: progress,
             counts: HostMapped::new(COUNT_WORDS)?,
-            input_error: HostMapped::new(4)?,
+            started,
+            input_error,
             input_claim,
-            ll_state,
+            _ll_state: ll_state,
             ll_receive_pending: Default::default(),
         })
     }
@@ -177,7 +142,11 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         self.comm.world()
     }
     pub fn options(&self) -> &BufferOptions {
-        &self.options
+        &self.spec.options
+    }
+    /// What the plans know of this buffer (`plan_dispatch` and the rest take it).
+    pub fn spec(&self) -> &BufferSpec {
+        &self.spec
     }
     /// The chapter-4 communicator the buffer is built on (its notify step uses all-gather).
     pub fn communicator(&self) -> &Communicator<W> {
@@ -187,108 +156,74 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
     /// This PE's normal-mode region (`rdma = false`) or low-latency region: (address, bytes).
     /// What DeepEP's `get_local_buffer_tensor` views.
     pub fn local_region(&self, rdma: bool) -> (u64, usize) {
-        let regions = Regions {
-            num_nvl_bytes: self.options.num_nvl_bytes,
-            num_rdma_bytes: self.options.num_rdma_bytes,
-        };
-        if rdma {
-            (
-                self.base + regions.rdma() as u64,
-                self.options.num_rdma_bytes,
-            )
-        } else {
-            (
-                self.base + Regions::nvl() as u64,
-                self.options.num_nvl_bytes,
-            )
-        }
+        self.spec.local_region(rdma)
     }
 
     /// `Err` if a kernel of this buffer failed (the buffer is unusable then), or if one found
     /// bad input (raised once; the buffer stays usable). Cheap: reads host-mapped memory.
     pub fn check(&self) -> Result<(), BufferError> {
         self.comm.check().map_err(describe)?;
-        let [kind, token, value, limit]: [u64; 4] = self.input_error.snapshot();
-        if kind == 0 {
+        let words: [u64; 4] = self.input_error.snapshot();
+        if words[0] == 0 {
             return Ok(());
         }
         // Clear after the report: the claim word first (device), then the record.
         self.clear_input_error()?;
-        Err(match Failure::from_code(kind) {
-            Ok(Failure::BadHandle) => BufferError::BadHandle {
-                row: token,
-                token: value as i32 as i64,
-                max_tokens: limit,
-            },
-            Ok(Failure::SlotsFull) => BufferError::SlotsFull {
-                token,
-                expert: value,
-                max_tokens: limit,
-            },
-            Ok(Failure::BadExpert) => BufferError::BadExpert {
-                token,
-                value: value as i64,
-                num_experts: limit,
-            },
-            Ok(other) => BufferError::invalid(
-                "input",
-                format!(
-                    "the kernels recorded {} ({}) as bad input",
-                    other.meaning(),
-                    other.device_name()
-                ),
-            ),
-            Err(code) => BufferError::invalid(
-                "input",
-                format!(
-                    "the input-error record holds kind {code}, which this build does not know: \
-                     were the kernels built from another kernels/contract/defs.rs?"
-                ),
-            ),
-        })
+        Err(input_error(words))
     }
 
     fn clear_input_error(&self) -> Result<(), BufferError> {
         let stream = self.world().stream();
         let (claim, _) = self.input_claim.device_ptr(stream);
         // SAFETY: one u64 of device memory; the stream orders it before the next kernel.
-        unsafe { cudarc::driver::result::memset_d8_async(claim, 0, 8, stream.cu_stream()) }
-            .map_err(|e| {
-                BufferError::from(ch04_collectives::CollError::Cuda {
-                    what: "clearing the input-error claim",
-                    source: e,
-                })
-            })?;
-        stream.synchronize().map_err(|e| {
-            BufferError::from(ch04_collectives::CollError::Cuda {
-                what: "synchronising",
-                source: e,
-            })
-        })?;
+        unsafe {
+            self.memset_zero(
+                claim,
+                8,
+                stream.cu_stream(),
+                "clearing the input-error claim",
+            )
+        }?;
+        stream
+            .synchronize()
+            .map_err(BufferError::cuda("synchronising"))?;
         for i in 0..4 {
             self.input_error.write(i, 0);
         }
         Ok(())
     }
 
-    /// Where the kernels record bad input (the contract's `InputError`).
-    pub(crate) fn input_error_args(&self) -> InputError {
-        let (claim, _) = self.input_claim.device_ptr(self.world().stream());
-        InputError {
-            claim,
-            words: self.input_error.device_ptr(),
-        }
+    /// Zeroes `bytes` of device memory at `ptr` on `stream`.
+    ///
+    /// # Safety
+    /// `ptr..ptr + bytes` must be device memory of this context, `stream` one of its streams.
+    pub(crate) unsafe fn memset_zero(
+        &self,
+        ptr: u64,
+        bytes: usize,
+        stream: sys::CUstream,
+        what: &'static str,
+    ) -> Result<(), BufferError> {
+        // SAFETY: forwarded to the caller.
+        unsafe { cudarc::driver::result::memset_d8_async(ptr, 0, bytes, stream) }
+            .map_err(BufferError::cuda(what))
     }
 
-    /// Device address of one (channel, peer) progress array.
-    pub(crate) fn progress(&self, which: Progress) -> u64 {
-        let (ptr, _) = self.progress.device_ptr(self.world().stream());
-        ptr + (which as usize * MAX_CHANNELS * MAX_PES * 8) as u64
+    /// Records the notify step's start marker on `stream`.
+    ///
+    /// # Safety
+    /// `stream` must be a live stream of this buffer's context.
+    pub(crate) unsafe fn mark_started(&self, stream: sys::CUstream) -> Result<(), BufferError> {
+        // SAFETY: our event; the caller vouches for the stream.
+        unsafe { cudarc::driver::result::event::record(self.started.cu_event(), stream) }
+            .map_err(BufferError::cuda("recording the notify step's event"))
     }
 
-    /// Device address of one symmetric counter array (layout.rs: Regions::counters).
-    pub(crate) fn counters(&self, which: usize) -> u64 {
-        self.base + Regions::counters(which) as u64
+    /// Whether the work before the last `mark_started` has run.
+    pub(crate) fn has_started(&self) -> Result<bool, BufferError> {
+        self.started
+            .try_is_complete()
+            .map_err(BufferError::cuda("querying the notify step's event"))
     }
 
     pub(crate) fn workspace(&self) -> Workspace {
@@ -296,51 +231,31 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
     }
 
     /// Launches a buffer kernel. Its blocks may wait for peers: see `Kernels::launch`.
-    pub(crate) fn launch(
+    ///
+    /// # Safety
+    /// `args` must be the kernel's parameters, in order, pointing at live values; every
+    /// device address in them must be checked (a plan) and `stream` a live stream of this
+    /// buffer's context.
+    pub(crate) unsafe fn launch(
         &self,
         spec: LaunchSpec,
         stream: sys::CUstream,
         args: &mut [*mut c_void],
     ) -> Result<(), BufferError> {
-        self.world().context().bind_to_thread().map_err(|e| {
-            BufferError::from(ch04_collectives::CollError::Cuda {
-                what: "binding the context",
-                source: e,
-            })
-        })?;
-        // SAFETY: every caller passes the kernel's parameters in order (see each call site).
+        self.world()
+            .context()
+            .bind_to_thread()
+            .map_err(BufferError::cuda("binding the context"))?;
+        // SAFETY: forwarded to the caller.
         Ok(unsafe { self.kernels.launch(&spec, stream, args) }?)
-    }
-}
-
-impl<W: Deref<Target = World>> NvshmemBuffer<W> {
-    /// `Err` naming the bytes to ask for unless the rings of a call fit in num_nvl_bytes:
-    /// channels x ranks x ring_tokens slots of slot_bytes (layout.rs).
-    pub(crate) fn check_rings_fit(
-        &self,
-        what: &'static str,
-        channels: usize,
-        ring_tokens: usize,
-        slot_bytes: usize,
-    ) -> Result<(), BufferError> {
-        let n = self.world().n_pes();
-        let needed = crate::layout::ring_bytes(channels, n, ring_tokens, slot_bytes);
-        if needed > self.options.num_nvl_bytes {
-            return Err(BufferError::BufferTooSmall {
-                what,
-                needed,
-                have: self.options.num_nvl_bytes,
-                rings: format!(
-                    "{channels} channels x {n} ranks x {ring_tokens} slots x {slot_bytes} bytes"
-                ),
-            });
-        }
-        Ok(())
     }
 
     /// A dispatch or combine kernel: two blocks per channel (a sender and a receiver), the
     /// communicator's workspace and the kernel's argument struct.
-    pub(crate) fn launch_channels<A>(
+    ///
+    /// # Safety
+    /// As `launch`: `args` is the kernel's checked argument struct.
+    pub(crate) unsafe fn launch_channels<A>(
         &self,
         kernel: &'static str,
         channels: usize,
@@ -355,7 +270,8 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
             shared_mem_bytes: 0,
         };
         let ws = self.workspace();
-        self.launch(spec, stream, &mut [arg(&ws), arg(args)])
+        // SAFETY: forwarded to the caller.
+        unsafe { self.launch(spec, stream, &mut [arg(&ws), arg(args)]) }
     }
 
     /// Threads per block of a dispatch or combine grid of `num_blocks`: `CHANNEL_THREADS`,
@@ -364,7 +280,7 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
     /// gets fewer: its blocks then fit two or four to an SM.
     fn channel_threads(&self, kernel: &'static str, num_blocks: u32) -> Result<u32, BufferError> {
         let min_threads = 32 * self.world().n_pes() as u32;
-        let mut threads = crate::config::CHANNEL_THREADS;
+        let mut threads = CHANNEL_THREADS;
         while threads / 2 >= min_threads
             && self.kernels.max_co_resident(kernel, threads, 0)? < num_blocks
         {
@@ -377,12 +293,49 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
     /// even number): the GPU's SMs with one PE per GPU, far fewer for a PE that shares its GPU
     /// with others.
     pub fn max_num_sms(&self) -> Result<u32, BufferError> {
-        let mut max = 2 * crate::config::MAX_CHANNELS as u32;
+        let mut max = 2 * MAX_CHANNELS as u32;
         for kernel in ["moe_scatter", "moe_gather"] {
             let threads = self.channel_threads(kernel, max)?;
             max = max.min(self.kernels.max_co_resident(kernel, threads, 0)?);
         }
         Ok(max & !1)
+    }
+}
+
+/// The input-error record's words [kind, token, value, limit] as the error they report. Every
+/// kind is named; a kind this build does not know is an error naming its number.
+fn input_error([kind, token, value, limit]: [u64; 4]) -> BufferError {
+    match Failure::from_code(kind) {
+        Ok(Failure::BadHandle) => BufferError::BadHandle {
+            row: token,
+            token: value as i32 as i64,
+            max_tokens: limit,
+        },
+        Ok(Failure::SlotsFull) => BufferError::SlotsFull {
+            token,
+            expert: value,
+            max_tokens: limit,
+        },
+        Ok(Failure::BadExpert) => BufferError::BadExpert {
+            token,
+            value: value as i64,
+            num_experts: limit,
+        },
+        Ok(other) => BufferError::invalid(
+            "input",
+            format!(
+                "the kernels recorded {} ({}) as bad input",
+                other.meaning(),
+                other.device_name()
+            ),
+        ),
+        Err(code) => BufferError::invalid(
+            "input",
+            format!(
+                "the input-error record holds kind {code}, which this build does not know: \
+                 were the kernels built from another kernels/contract/defs.rs?"
+            ),
+        ),
     }
 }
 

@@ -2,7 +2,7 @@
 //! buffer's own limits, and the size hints that tell a caller how many bytes to ask for.
 
 use crate::error::BufferError;
-use crate::layout::{combine_slot_bytes, dispatch_slot};
+use crate::regions::{combine_slot_bytes, dispatch_slot};
 use kernels::contract::MAX_TOPK;
 
 /// `Buffer.num_sms` before `set_num_sms`: DeepEP's default.
@@ -12,10 +12,6 @@ pub const DEFAULT_NUM_SMS: u32 = 20;
 /// threads per dispatch or combine block (32 warps, split among the peers), `WINDOW_TOKENS`
 /// tokens a dispatch sender publishes at once (a ring must hold at least this).
 pub use kernels::contract::{CHANNEL_THREADS, MAX_CHANNELS, WINDOW_TOKENS};
-/// Most experts the notify rows are sized for (DeepEP allows 1024 per rank at 8 ranks).
-pub const MAX_EXPERTS: usize = 8192;
-/// Default bound on every wait, on the device and on the host, in milliseconds.
-pub const DEFAULT_TIMEOUT_MS: u64 = 10_000;
 
 /// How many SMs (and so channels) a dispatch or combine uses, and the ring sizes. Fields as
 /// DeepEP's `Config(num_sms, num_max_nvl_chunked_send_tokens, num_max_nvl_chunked_recv_tokens,
@@ -107,7 +103,7 @@ impl Config {
     // ANCHOR: nvl_hint
     /// Bytes of `num_nvl_bytes` a dispatch or combine of rows of `hidden_bytes` needs with
     /// this config on `num_ranks` PEs: channels x ranks x ring slots x the largest slot
-    /// (src_layout.rs has the slot formulas), for up to 32 experts per token and fp8 scales.
+    /// (regions.rs has the slot formulas), for up to MAX_TOPK experts per token and fp8 scales.
     pub fn get_nvl_buffer_size_hint(&self, hidden_bytes: usize, num_ranks: usize) -> usize {
         let hidden = hidden_bytes / 2; // DeepEP's callers pass H * max(element size, 2)
         let scales = hidden.div_ceil(128);

@@ -52,11 +52,25 @@ pub enum BufferError {
         max_tokens: u64,
     },
     #[error(
-        "rank {me}: timed out after {timeout_ms} ms waiting for the notify step's counts (the \
-         peers' rows of tokens per rank and expert). Did every rank call dispatch with the \
-         same num_experts and config?"
+        "rank {me}: {}",
+        if *started {
+            format!(
+                "timed out after {timeout_ms} ms waiting for the notify step's counts (the \
+                 peers' rows of tokens per rank and expert): a peer never arrived (dead or \
+                 stalled), or the ranks disagree on num_experts or the config"
+            )
+        } else {
+            format!(
+                "the notify step's kernels did not start within 10 x {timeout_ms} ms of being \
+                 queued: earlier work on the stream never finished"
+            )
+        }
     )]
-    NotifyTimeout { me: usize, timeout_ms: u64 },
+    NotifyTimeout {
+        me: usize,
+        timeout_ms: u64,
+        started: bool,
+    },
     #[error("{0}")]
     Ring(String),
     #[error("the buffer was destroyed; create a new one")]
@@ -71,6 +85,11 @@ impl BufferError {
             what,
             message: message.into(),
         }
+    }
+
+    /// A failed CUDA driver call, named by what it was doing: `.map_err(BufferError::cuda(..))`.
+    pub fn cuda(what: &'static str) -> impl FnOnce(cudarc::driver::DriverError) -> Self {
+        move |source| CollError::Cuda { what, source }.into()
     }
 }
 

@@ -1,154 +1,143 @@
-//! Where everything lives, as size formulas. The buffer is one symmetric allocation: chapter
-//! 4's communicator (flags and LL scratch) first, then the buffer's regions:
-//!
-//! ```text
-//! control  4 x MAX_CHANNELS x MAX_PES x u64     ring counters: dispatch tail, dispatch head,
-//!                                               combine tail, combine head (moe.cuh)
-//! rows     (1 + MAX_PES) x ROW_CAPACITY x i32   the notify step's row, then everyone's
-//!          ROW_CAPACITY = MAX_PES + MAX_EXPERTS + MAX_PES x MAX_CHANNELS
-//! nvl      num_nvl_bytes                        the rings: ring (c, s) of a PE holds
-//!                                               ring_tokens slots from PE s in channel c:
-//!                                               num_channels x n_pes x ring_tokens x slot bytes
-//! rdma     num_rdma_bytes                       the low-latency slots (chapter 8)
-//! ```
-//!
-//! A dispatch slot is a token row then its metadata; a combine slot a result row then its
-//! top-k weights (below). Every region starts at a multiple of 256 bytes.
+//! The layout step (kernels/cuda/buffer/layout.cu, `moe_layout`): from each token's top-k
+//! experts, how many tokens go to each rank and to each expert, and which ranks each token
+//! goes to. Local: no communication. DeepEP's `get_dispatch_layout`.
 
-use crate::config::MAX_EXPERTS;
-use ch04_collectives::config::MAX_PES;
-use kernels::contract::{DispatchSlot, MAX_CHANNELS};
+use std::ops::Deref;
 
-fn align16(bytes: usize) -> usize {
-    bytes.next_multiple_of(16)
+use ch01_bootstrap::World;
+use ch04_collectives::LaunchSpec;
+use cudarc::driver::sys;
+use kernels::contract::InputError;
+
+use crate::buffer::{NvshmemBuffer, arg};
+use crate::checks;
+use crate::error::BufferError;
+use crate::regions::MAX_EXPERTS;
+use crate::spec::BufferSpec;
+use crate::view::{ElemType, View};
+
+/// Threads per block of `moe_layout` (its `__launch_bounds__`): one token per thread.
+const LAYOUT_THREADS: u32 = 256;
+
+/// What `get_dispatch_layout` fills: tokens per rank [R] i32, per expert [E] i32, and the
+/// routing [N, R] bool.
+#[derive(Debug, Clone, Copy)]
+pub struct LayoutOutputs {
+    pub num_tokens_per_rank: View,
+    pub num_tokens_per_expert: View,
+    pub is_token_in_rank: View,
 }
 
-// ANCHOR: slots
-/// One dispatch slot: `[row: hidden_bytes][src_idx: i32][pad: i32][topk_idx: i64 x K]
-/// [topk_weights: f32 x K][scales: f32 x S]`, each part 16-byte aligned. `DispatchSlot` is in
-/// the host/device contract; the kernels find the parts from it (`slot_meta` and the rest in
-/// intranode.cu).
-pub fn dispatch_slot(hidden_bytes: usize, num_topk: usize, num_scales: usize) -> DispatchSlot {
-    let bytes = align16(hidden_bytes) + align16(8 + 12 * num_topk + 4 * num_scales);
-    DispatchSlot {
-        hidden_bytes: hidden_bytes as i32,
+/// A checked layout step: the counts to zero, then one launch of `moe_layout`.
+#[derive(Debug, Clone, Copy)]
+pub struct LayoutPlan {
+    pub launch: LaunchSpec,
+    /// The counts the kernel adds into: (address, bytes), zeroed on the stream first.
+    pub zeroed: [(u64, usize); 2],
+    pub topk_idx: u64,
+    pub num_tokens: i32,
+    pub num_topk: i32,
+    pub num_experts: i32,
+    pub n_pes: i32,
+    pub out: LayoutOutputs,
+    pub input_error: InputError,
+}
+
+// ANCHOR: plan_layout
+/// Checks a layout step of `topk_idx` [N, K] i64 (global expert ids, -1 for none) over
+/// `num_experts` experts into `out`, and plans it: a grid of one thread per token, at most
+/// one block per SM of this PE.
+pub fn plan_layout(
+    spec: &BufferSpec,
+    topk_idx: &View,
+    num_experts: usize,
+    out: &LayoutOutputs,
+) -> Result<LayoutPlan, BufferError> {
+    const WHAT: &str = "get_dispatch_layout";
+    let n = spec.n_pes;
+    checks::num_experts(WHAT, "num_experts", num_experts, n, MAX_EXPERTS)?;
+    topk_idx.expect(WHAT, "topk_idx", ElemType::I64, &[None, None])?;
+    let (num_tokens, num_topk) = (topk_idx.rows(), topk_idx.cols());
+    checks::num_topk(WHAT, num_topk)?;
+    out.num_tokens_per_rank
+        .expect(WHAT, "num_tokens_per_rank", ElemType::I32, &[Some(n)])?;
+    out.num_tokens_per_expert.expect(
+        WHAT,
+        "num_tokens_per_expert",
+        ElemType::I32,
+        &[Some(num_experts)],
+    )?;
+    out.is_token_in_rank.expect(
+        WHAT,
+        "is_token_in_rank",
+        ElemType::Bool,
+        &[Some(num_tokens), Some(n)],
+    )?;
+    let num_blocks = num_tokens
+        .div_ceil(LAYOUT_THREADS as usize)
+        .clamp(1, spec.num_sms as usize) as u32;
+    Ok(LayoutPlan {
+        launch: LaunchSpec {
+            kernel: "moe_layout",
+            num_blocks,
+            threads_per_block: LAYOUT_THREADS,
+            shared_mem_bytes: ((n + num_experts) * 4) as u32,
+        },
+        zeroed: [
+            (out.num_tokens_per_rank.ptr, n * 4),
+            (out.num_tokens_per_expert.ptr, num_experts * 4),
+        ],
+        topk_idx: topk_idx.ptr,
+        num_tokens: num_tokens as i32,
         num_topk: num_topk as i32,
-        num_scales: num_scales as i32,
-        bytes: bytes as i32,
-    }
+        num_experts: num_experts as i32,
+        n_pes: n as i32,
+        out: *out,
+        input_error: spec.input_error,
+    })
 }
+// ANCHOR_END: plan_layout
 
-/// One combine slot: `[row: hidden_bytes bf16][topk_weights: f32 x K]`, 16-byte aligned.
-pub fn combine_slot_bytes(hidden_bytes: usize, num_topk: usize) -> usize {
-    align16(hidden_bytes) + align16(4 * num_topk)
-}
-
-/// Bytes of the rings for `num_channels` channels of `ring_tokens` slots of `slot_bytes`.
-pub fn ring_bytes(
-    num_channels: usize,
-    n_pes: usize,
-    ring_tokens: usize,
-    slot_bytes: usize,
-) -> usize {
-    num_channels * n_pes * ring_tokens * slot_bytes
-}
-// ANCHOR_END: slots
-
-/// The original tokens channel c owns: equal contiguous shares (moe.cuh's channel_range).
-pub fn channel_range(num_tokens: usize, num_channels: usize, c: usize) -> (usize, usize) {
-    let per = num_tokens.div_ceil(num_channels);
-    let begin = (per * c).min(num_tokens);
-    (begin, (begin + per).min(num_tokens))
-}
-
-/// i32 of one notify row: tokens per rank, per expert, per (rank, channel) prefix.
-pub fn row_ints(n_pes: usize, num_experts: usize, num_channels: usize) -> usize {
-    n_pes + num_experts + n_pes * num_channels
-}
-
-const ROW_CAPACITY: usize = MAX_PES + MAX_EXPERTS + MAX_PES * MAX_CHANNELS;
-const COUNTERS: usize = MAX_CHANNELS * MAX_PES;
-
-/// Offsets of the buffer's regions inside its part of the allocation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Regions {
-    pub num_nvl_bytes: usize,
-    pub num_rdma_bytes: usize,
-}
-
-impl Regions {
-    pub const CONTROL_BYTES: usize = 4 * COUNTERS * 8;
-    pub const ROWS_BYTES: usize = (1 + MAX_PES) * ROW_CAPACITY * 4;
-
-    /// Counters `which` (0 dispatch tail, 1 dispatch head, 2 combine tail, 3 combine head).
-    pub fn counters(which: usize) -> usize {
-        which * COUNTERS * 8
-    }
-    pub fn my_row() -> usize {
-        Self::CONTROL_BYTES.next_multiple_of(256)
-    }
-    pub fn gathered_rows() -> usize {
-        Self::my_row() + (ROW_CAPACITY * 4).next_multiple_of(256)
-    }
-    pub fn nvl() -> usize {
-        (Self::my_row() + Self::ROWS_BYTES).next_multiple_of(256) + 256
-    }
-    pub fn rdma(&self) -> usize {
-        Self::nvl() + self.num_nvl_bytes.next_multiple_of(256)
-    }
-    /// Bytes the buffer adds to the communicator's allocation.
-    pub fn total(&self) -> usize {
-        self.rdma() + self.num_rdma_bytes
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn regions_are_in_order_and_aligned() {
-        let r = Regions {
-            num_nvl_bytes: 1000,
-            num_rdma_bytes: 77,
-        };
-        assert!(Regions::my_row() >= Regions::CONTROL_BYTES);
-        assert!(Regions::gathered_rows() >= Regions::my_row() + ROW_CAPACITY * 4);
-        assert!(Regions::nvl() >= Regions::gathered_rows() + MAX_PES * ROW_CAPACITY * 4);
-        assert_eq!(r.rdma() - Regions::nvl(), 1024);
-        for offset in [
-            Regions::my_row(),
-            Regions::gathered_rows(),
-            Regions::nvl(),
-            r.rdma(),
-        ] {
-            assert_eq!(offset % 256, 0, "{offset}");
+impl<W: Deref<Target = World>> NvshmemBuffer<W> {
+    /// The layout step on `stream` (see `plan_layout`). An expert id outside -1..num_experts
+    /// is reported by the next `check()` (every dispatch makes one), as
+    /// `BufferError::BadExpert`.
+    ///
+    /// # Safety
+    /// Every [`View`] must describe live memory of its shape and type on this PE's GPU, and
+    /// `stream` must be a live stream of the buffer's context: nothing on the host can check
+    /// a device address, and the kernel writes the outputs.
+    pub unsafe fn get_dispatch_layout_raw(
+        &self,
+        topk_idx: &View,
+        num_experts: usize,
+        out: &LayoutOutputs,
+        stream: sys::CUstream,
+    ) -> Result<(), BufferError> {
+        self.check()?;
+        let p = plan_layout(&self.spec, topk_idx, num_experts, out)?;
+        for (ptr, bytes) in p.zeroed {
+            // SAFETY: the plan checked that the views hold these many bytes.
+            unsafe { self.memset_zero(ptr, bytes, stream, "zeroing the layout counts") }?;
         }
-        assert_eq!(r.total(), r.rdma() + 77);
-    }
-
-    #[test]
-    fn slots_hold_their_parts() {
-        // bf16 7168 with top-8: 14336 + align16(8 + 96) = 14448.
-        assert_eq!(dispatch_slot(14336, 8, 0).bytes, 14448);
-        // fp8 7168 with top-8 and 56 scales: 7168 + align16(8 + 96 + 224) = 7504.
-        assert_eq!(dispatch_slot(7168, 8, 56).bytes, 7504);
-        assert_eq!(combine_slot_bytes(14336, 8), 14368);
-    }
-
-    #[test]
-    fn channels_cover_every_token_once() {
-        for (n, c) in [(0, 3), (1, 12), (4096, 12), (4097, 12), (5, 12)] {
-            let mut next = 0;
-            for i in 0..c {
-                let (b, e) = channel_range(n, c, i);
-                assert!(b <= e);
-                if b < e {
-                    assert_eq!(b, next);
-                    next = e;
-                }
-            }
-            assert_eq!(next, n);
+        // SAFETY: the kernel's parameters in order, from a checked plan; the caller vouches for
+        // the views and the stream.
+        unsafe {
+            self.launch(
+                p.launch,
+                stream,
+                &mut [
+                    arg(&p.topk_idx),
+                    arg(&p.num_tokens),
+                    arg(&p.num_topk),
+                    arg(&p.num_experts),
+                    arg(&p.n_pes),
+                    arg(&p.out.num_tokens_per_rank.ptr),
+                    arg(&p.out.num_tokens_per_expert.ptr),
+                    arg(&p.out.is_token_in_rank.ptr),
+                    arg(&p.input_error),
+                ],
+            )
         }
     }
 }

@@ -35,6 +35,7 @@
 //! crate re-exports them so that an application needs one dependency.
 
 pub mod buffer;
+mod checks;
 pub mod combine;
 pub mod config;
 pub mod dispatch;
@@ -43,23 +44,31 @@ pub mod handle;
 pub mod layout;
 pub mod low_latency;
 pub mod notify;
+pub mod regions;
+pub mod spec;
 pub mod view;
 
-pub use buffer::{BufferOptions, NvshmemBuffer};
+#[cfg(test)]
+mod bad_inputs;
+
+pub use buffer::NvshmemBuffer;
 pub use ch01_bootstrap as bootstrap;
 pub use ch02_symmetric_memory as symmetric_memory;
 pub use ch03_put_get as put_get;
 pub use ch04_collectives as collectives;
-pub use combine::{CombineInputs, CombineOutputs};
+pub use combine::{CombineInputs, CombineOutputs, CombinePlan, plan_combine};
 pub use config::Config;
-pub use dispatch::{DispatchInputs, DispatchOutputs};
+pub use dispatch::{DispatchInputs, DispatchOutputs, DispatchPlan, plan_dispatch};
 pub use error::BufferError;
 pub use handle::Handle;
 pub use kernels;
+pub use layout::{LayoutOutputs, LayoutPlan, plan_layout};
 pub use low_latency::{
-    LlCombineInputs, LlDispatchInputs, LlDispatchOptions, LlDispatchOutputs, LlHandle, LlLayout,
-    Phases, get_low_latency_rdma_size_hint,
+    LlCombineInputs, LlCombinePlan, LlDispatchInputs, LlDispatchOptions, LlDispatchOutputs,
+    LlDispatchPlan, LlHandle, LlShape, Phases, get_low_latency_rdma_size_hint, plan_ll_combine,
+    plan_ll_dispatch,
 };
-pub use notify::{LayoutOutputs, NotifyInputs, NotifyOutputs, RecvCounts};
+pub use notify::{NotifyInputs, NotifyOutputs, NotifyPlan, RecvCounts, plan_notify};
 pub use nvshmem_sys;
+pub use spec::{BufferOptions, BufferSpec, DEFAULT_TIMEOUT_MS};
 pub use view::{ElemType, View};

@@ -1,27 +1,24 @@
-//! The layout step and the notify step: from each token's experts, who gets what; then every
-//! rank tells every other how many tokens to expect, through chapter 4's all-gather.
+//! The notify step (kernels/cuda/buffer/notify.cu): every rank tells every other how many
+//! tokens to expect, per channel and per expert, through chapter 4's all-gather; then each
+//! rank's prefix sums give the first three matrices of the handle.
 
 use std::ops::Deref;
+use std::time::{Duration, Instant};
 
 use ch01_bootstrap::World;
 use ch04_collectives::LaunchSpec;
 use cudarc::driver::sys;
 
 use crate::buffer::{NvshmemBuffer, arg};
-use crate::config::{Config, MAX_EXPERTS};
+use crate::checks;
+use crate::config::Config;
 use crate::error::BufferError;
-use crate::layout::{Regions, row_ints};
+use crate::regions::{MAX_EXPERTS, row_ints};
+use crate::spec::BufferSpec;
 use crate::view::{ElemType, View};
-use kernels::contract::MAX_TOPK;
 
-/// What `get_dispatch_layout` fills: tokens per rank [R] i32, per expert [E] i32, and the
-/// routing [N, R] bool.
-#[derive(Debug, Clone, Copy)]
-pub struct LayoutOutputs {
-    pub num_tokens_per_rank: View,
-    pub num_tokens_per_expert: View,
-    pub is_token_in_rank: View,
-}
+/// Threads per block of both notify kernels (their `__launch_bounds__`).
+const NOTIFY_THREADS: u32 = 256;
 
 /// The notify step's inputs: the layout of this rank's tokens.
 #[derive(Debug, Clone, Copy)]
@@ -48,112 +45,104 @@ pub struct RecvCounts {
     pub per_local_expert: Vec<i32>,
 }
 
-fn cuda_error(what: &'static str) -> impl FnOnce(cudarc::driver::DriverError) -> BufferError {
-    move |source| ch04_collectives::CollError::Cuda { what, source }.into()
+/// A checked notify step: `moe_notify_prepare` (one block per destination), the all-gather
+/// of every rank's row, `moe_notify_finish` (one block).
+#[derive(Debug, Clone, Copy)]
+pub struct NotifyPlan {
+    pub inputs: NotifyInputs,
+    pub outputs: NotifyOutputs,
+    pub num_tokens: i32,
+    pub n_pes: i32,
+    pub my_pe: i32,
+    pub num_channels: i32,
+    pub num_experts: i32,
+    pub expert_alignment: i32,
+    /// This rank's row and everyone's (symmetric), and a row's bytes.
+    pub my_row: u64,
+    pub rows: u64,
+    pub row_bytes: usize,
+    pub num_local_experts: usize,
 }
 
-impl<W: Deref<Target = World>> NvshmemBuffer<W> {
-    // ANCHOR: get_dispatch_layout
-    /// From `topk_idx` [N, K] i64 (global expert ids, -1 for none): how many tokens go to
-    /// each rank and expert, and which ranks each token goes to. Local: no communication.
-    /// An id outside -1..num_experts is reported by the next `check()` (every dispatch makes
-    /// one), as `BufferError::BadExpert`.
-    ///
-    /// # Safety
-    /// Every [`View`] must describe live memory of its shape and type on this PE's GPU:
-    /// nothing on the host can check a device address, and the kernels write the outputs.
-    pub unsafe fn get_dispatch_layout(
-        &self,
-        topk_idx: &View,
-        num_experts: usize,
-        out: &LayoutOutputs,
-        stream: sys::CUstream,
-    ) -> Result<(), BufferError> {
-        const WHAT: &str = "get_dispatch_layout";
-        self.check()?;
-        let n = self.world().n_pes();
-        if num_experts == 0 || !num_experts.is_multiple_of(n) || num_experts > MAX_EXPERTS {
-            return Err(BufferError::invalid(
-                WHAT,
-                format!(
-                    "num_experts = {num_experts} must be a positive multiple of the {n} ranks, at most {MAX_EXPERTS}"
-                ),
-            ));
-        }
-        topk_idx.expect(WHAT, "topk_idx", ElemType::I64, &[None, None])?;
-        let (num_tokens, num_topk) = (topk_idx.rows(), topk_idx.cols());
-        if num_topk > MAX_TOPK {
-            return Err(BufferError::invalid(
-                WHAT,
-                format!("{num_topk} experts per token; at most {MAX_TOPK}"),
-            ));
-        }
-        out.num_tokens_per_rank
-            .expect(WHAT, "num_tokens_per_rank", ElemType::I32, &[Some(n)])?;
-        out.num_tokens_per_expert.expect(
-            WHAT,
-            "num_tokens_per_expert",
-            ElemType::I32,
-            &[Some(num_experts)],
-        )?;
-        out.is_token_in_rank.expect(
-            WHAT,
-            "is_token_in_rank",
-            ElemType::Bool,
-            &[Some(num_tokens), Some(n)],
-        )?;
-        for (view, bytes) in [
-            (&out.num_tokens_per_rank, n * 4),
-            (&out.num_tokens_per_expert, num_experts * 4),
-        ] {
-            // SAFETY: the views were checked to hold these many bytes.
-            unsafe { cudarc::driver::result::memset_d8_async(view.ptr, 0, bytes, stream) }
-                .map_err(cuda_error("zeroing the layout counts"))?;
-        }
-        let spec = LaunchSpec {
-            kernel: "moe_layout",
-            num_blocks: num_tokens
-                .div_ceil(256)
-                .clamp(1, self.kernels.num_sms() as usize) as u32,
-            threads_per_block: 256,
-            shared_mem_bytes: ((n + num_experts) * 4) as u32,
-        };
-        let (num_tokens, num_topk, num_experts, n) = (
-            num_tokens as i32,
-            num_topk as i32,
-            num_experts as i32,
-            n as i32,
-        );
-        let input_error = self.input_error_args();
-        self.launch(
-            spec,
-            stream,
-            &mut [
-                arg(&topk_idx.ptr),
-                arg(&num_tokens),
-                arg(&num_topk),
-                arg(&num_experts),
-                arg(&n),
-                arg(&out.num_tokens_per_rank.ptr),
-                arg(&out.num_tokens_per_expert.ptr),
-                arg(&out.is_token_in_rank.ptr),
-                arg(&input_error),
-            ],
-        )
+// ANCHOR: plan_notify
+/// Checks a notify step for `config` (its channels) and plans it.
+pub fn plan_notify(
+    spec: &BufferSpec,
+    config: &Config,
+    inputs: &NotifyInputs,
+    outputs: &NotifyOutputs,
+) -> Result<NotifyPlan, BufferError> {
+    const WHAT: &str = "dispatch";
+    let n = spec.n_pes;
+    config.check_for_launch(n)?;
+    let c = config.num_channels();
+    let num_experts = inputs.num_tokens_per_expert.rows();
+    checks::num_experts(
+        WHAT,
+        "num_tokens_per_expert's length",
+        num_experts,
+        n,
+        MAX_EXPERTS,
+    )?;
+    let (r, ch) = (Some(n), Some(c));
+    inputs
+        .num_tokens_per_rank
+        .expect(WHAT, "num_tokens_per_rank", ElemType::I32, &[r])?;
+    inputs
+        .num_tokens_per_expert
+        .expect(WHAT, "num_tokens_per_expert", ElemType::I32, &[None])?;
+    inputs
+        .is_token_in_rank
+        .expect(WHAT, "is_token_in_rank", ElemType::Bool, &[None, r])?;
+    let named = [
+        (&outputs.rank_prefix_matrix, "rank_prefix_matrix", r),
+        (&outputs.channel_prefix_matrix, "channel_prefix_matrix", ch),
+        (
+            &outputs.recv_channel_prefix_matrix,
+            "recv_channel_prefix_matrix",
+            ch,
+        ),
+    ];
+    for (view, name, cols) in named {
+        view.expect(WHAT, name, ElemType::I32, &[r, cols])?;
     }
-    // ANCHOR_END: get_dispatch_layout
+    if inputs.expert_alignment == 0 || inputs.expert_alignment > i32::MAX as usize {
+        return Err(BufferError::invalid(
+            WHAT,
+            format!(
+                "expert_alignment = {} must be at least 1",
+                inputs.expert_alignment
+            ),
+        ));
+    }
+    let (my_row, rows) = spec.notify_rows();
+    Ok(NotifyPlan {
+        inputs: *inputs,
+        outputs: *outputs,
+        num_tokens: inputs.is_token_in_rank.rows() as i32,
+        n_pes: n as i32,
+        my_pe: spec.my_pe as i32,
+        num_channels: c as i32,
+        num_experts: num_experts as i32,
+        expert_alignment: inputs.expert_alignment as i32,
+        my_row,
+        rows,
+        row_bytes: row_ints(n, num_experts, c) * 4,
+        num_local_experts: num_experts / n,
+    })
+}
+// ANCHOR_END: plan_notify
 
+impl<W: Deref<Target = World>> NvshmemBuffer<W> {
     // ANCHOR: notify
-    /// The notify step, on `stream`: this rank's per-channel counts, one all-gather of every
-    /// rank's row (chapter 4, one LL traversal), then this rank's prefix sums into the three
-    /// matrices of the handle. With `wait`, blocks (bounded) until the counts reached the
-    /// host and returns them: what a dispatch needs to size its outputs. Without (the
-    /// fixed-size `num_worst_tokens` path, CUDA graphs), returns at once.
+    /// The notify step, on `stream` (see `plan_notify`). With `wait`, blocks (bounded, from
+    /// the moment its first kernel starts) until the counts reached the host and returns them:
+    /// what a dispatch needs to size its outputs. Without (the fixed-size `num_worst_tokens`
+    /// path, CUDA graphs), returns at once.
     ///
     /// # Safety
-    /// Every [`View`] must describe live memory of its shape and type on this PE's GPU:
-    /// nothing on the host can check a device address, and the kernels write the outputs.
-    pub unsafe fn notify(
+    /// As `get_dispatch_layout_raw`.
+    pub unsafe fn notify_raw(
         &self,
         inputs: &NotifyInputs,
         outputs: &NotifyOutputs,
@@ -161,130 +150,75 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         wait: bool,
         stream: sys::CUstream,
     ) -> Result<Option<RecvCounts>, BufferError> {
-        const WHAT: &str = "dispatch";
         self.check()?;
-        let n = self.world().n_pes();
-        config.check_for_launch(n)?;
-        let c = config.num_channels();
-        let num_experts = inputs.num_tokens_per_expert.rows();
-        let num_tokens = inputs.is_token_in_rank.rows();
-        if num_experts == 0 || !num_experts.is_multiple_of(n) || num_experts > MAX_EXPERTS {
-            return Err(BufferError::invalid(
-                WHAT,
-                format!(
-                    "num_tokens_per_expert has {num_experts} entries: a positive multiple of the {n} ranks, at most {MAX_EXPERTS}"
-                ),
-            ));
-        }
-        inputs.num_tokens_per_rank.expect(
-            WHAT,
-            "num_tokens_per_rank",
-            ElemType::I32,
-            &[Some(n)],
-        )?;
-        inputs.num_tokens_per_expert.expect(
-            WHAT,
-            "num_tokens_per_expert",
-            ElemType::I32,
-            &[None],
-        )?;
-        inputs.is_token_in_rank.expect(
-            WHAT,
-            "is_token_in_rank",
-            ElemType::Bool,
-            &[None, Some(n)],
-        )?;
-        outputs.rank_prefix_matrix.expect(
-            WHAT,
-            "rank_prefix_matrix",
-            ElemType::I32,
-            &[Some(n), Some(n)],
-        )?;
-        outputs.channel_prefix_matrix.expect(
-            WHAT,
-            "channel_prefix_matrix",
-            ElemType::I32,
-            &[Some(n), Some(c)],
-        )?;
-        outputs.recv_channel_prefix_matrix.expect(
-            WHAT,
-            "recv_channel_prefix_matrix",
-            ElemType::I32,
-            &[Some(n), Some(c)],
-        )?;
-        if inputs.expert_alignment == 0 {
-            return Err(BufferError::invalid(
-                WHAT,
-                "expert_alignment must be at least 1",
-            ));
-        }
-        let my_row = self.base + Regions::my_row() as u64;
-        let rows = self.base + Regions::gathered_rows() as u64;
-        let row_bytes = row_ints(n, num_experts, c) * 4;
-        let (ni, ci, ei, ti) = (n as i32, c as i32, num_experts as i32, num_tokens as i32);
-        let prepare = LaunchSpec {
-            kernel: "moe_notify_prepare",
-            num_blocks: n as u32,
-            threads_per_block: 256,
+        let p = plan_notify(&self.spec, config, inputs, outputs)?;
+        let kernel = |kernel, num_blocks| LaunchSpec {
+            kernel,
+            num_blocks,
+            threads_per_block: NOTIFY_THREADS,
             shared_mem_bytes: 0,
         };
-        self.launch(
-            prepare,
-            stream,
-            &mut [
-                arg(&inputs.is_token_in_rank.ptr),
-                arg(&ti),
-                arg(&ni),
-                arg(&ci),
-                arg(&ei),
-                arg(&inputs.num_tokens_per_rank.ptr),
-                arg(&inputs.num_tokens_per_expert.ptr),
-                arg(&outputs.channel_prefix_matrix.ptr),
-                arg(&my_row),
-            ],
-        )?;
-        self.comm
-            .all_gather_raw(rows, my_row, row_bytes, None, stream)?;
         if wait {
             self.counts.write_i32(0, -1); // the kernel writes the total last: -1 = not yet
+            // SAFETY: the caller vouches for the stream.
+            unsafe { self.mark_started(stream) }?;
         }
-        let (me, align, counts) = (
-            self.world().my_pe() as i32,
-            inputs.expert_alignment as i32,
-            self.counts.device_ptr(),
-        );
-        let finish = LaunchSpec {
-            kernel: "moe_notify_finish",
-            num_blocks: 1,
-            threads_per_block: 256,
-            shared_mem_bytes: 0,
-        };
-        self.launch(
-            finish,
-            stream,
-            &mut [
-                arg(&rows),
-                arg(&ni),
-                arg(&me),
-                arg(&ci),
-                arg(&ei),
-                arg(&align),
-                arg(&outputs.rank_prefix_matrix.ptr),
-                arg(&outputs.recv_channel_prefix_matrix.ptr),
-                arg(&counts),
-            ],
-        )?;
+        // SAFETY (both launches): the kernels' parameters in order, from a checked plan; the
+        // caller vouches for the views and the stream.
+        unsafe {
+            self.launch(
+                kernel("moe_notify_prepare", p.n_pes as u32),
+                stream,
+                &mut [
+                    arg(&p.inputs.is_token_in_rank.ptr),
+                    arg(&p.num_tokens),
+                    arg(&p.n_pes),
+                    arg(&p.num_channels),
+                    arg(&p.num_experts),
+                    arg(&p.inputs.num_tokens_per_rank.ptr),
+                    arg(&p.inputs.num_tokens_per_expert.ptr),
+                    arg(&p.outputs.channel_prefix_matrix.ptr),
+                    arg(&p.my_row),
+                ],
+            )
+        }?;
+        self.comm
+            .all_gather_raw(p.rows, p.my_row, p.row_bytes, None, stream)?;
+        let counts = self.counts.device_ptr();
+        unsafe {
+            self.launch(
+                kernel("moe_notify_finish", 1),
+                stream,
+                &mut [
+                    arg(&p.rows),
+                    arg(&p.n_pes),
+                    arg(&p.my_pe),
+                    arg(&p.num_channels),
+                    arg(&p.num_experts),
+                    arg(&p.expert_alignment),
+                    arg(&p.outputs.rank_prefix_matrix.ptr),
+                    arg(&p.outputs.recv_channel_prefix_matrix.ptr),
+                    arg(&counts),
+                ],
+            )
+        }?;
         if !wait {
             return Ok(None);
         }
-        self.wait_for_counts(num_experts / n).map(Some)
+        self.wait_for_counts(p.num_local_experts).map(Some)
     }
     // ANCHOR_END: notify
 
-    /// Spins (bounded) on the host-mapped total the notify kernel writes last.
+    /// Spins on the host-mapped total the notify kernel writes last. The bound counts from
+    /// when the step's first kernel started (an event recorded before it), not from when it
+    /// was queued: a long queue of compute ahead of it is not a timeout. A queue that does not
+    /// reach it within `QUEUE_BOUND` timeouts is one.
     fn wait_for_counts(&self, num_local_experts: usize) -> Result<RecvCounts, BufferError> {
-        let deadline =
-            std::time::Instant::now() + std::time::Duration::from_millis(self.options.timeout_ms);
+        const QUEUE_BOUND: u32 = 10;
+        let timeout_ms = self.spec.options.timeout_ms;
+        let timeout = Duration::from_millis(timeout_ms);
+        let queued = Instant::now();
+        let mut started: Option<Instant> = None;
         loop {
             let total = self.counts.read_i32(0);
             if total >= 0 {
@@ -298,11 +232,24 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
                 });
             }
             self.check()?; // a kernel that failed will never write the counts
-            if std::time::Instant::now() > deadline {
-                return Err(BufferError::NotifyTimeout {
-                    me: self.world().my_pe(),
-                    timeout_ms: self.options.timeout_ms,
-                });
+            let now = Instant::now();
+            match started {
+                None if self.has_started()? => started = Some(now),
+                None if now > queued + timeout * QUEUE_BOUND => {
+                    return Err(BufferError::NotifyTimeout {
+                        me: self.world().my_pe(),
+                        timeout_ms,
+                        started: false,
+                    });
+                }
+                Some(at) if now > at + timeout => {
+                    return Err(BufferError::NotifyTimeout {
+                        me: self.world().my_pe(),
+                        timeout_ms,
+                        started: true,
+                    });
+                }
+                _ => {}
             }
             std::hint::spin_loop();
         }

@@ -84,8 +84,21 @@ impl View {
     pub fn cols(&self) -> usize {
         self.shape[1]
     }
+    /// torch's rule (`Tensor.is_contiguous`): row-major strides, where a dimension of size 1
+    /// may have any stride and an empty array is contiguous whatever its strides.
     pub fn is_contiguous(&self) -> bool {
-        self.strides[self.dims - 1] == 1 && (self.dims == 1 || self.strides[0] == self.shape[1])
+        let shape = &self.shape[..self.dims];
+        if shape.contains(&0) {
+            return true;
+        }
+        let mut expected = 1;
+        for d in (0..self.dims).rev() {
+            if shape[d] != 1 && self.strides[d] != expected {
+                return false;
+            }
+            expected *= shape[d];
+        }
+        true
     }
     fn describe(&self) -> String {
         format!("{} {:?}", self.elem.name(), &self.shape[..self.dims])
@@ -129,6 +142,27 @@ impl View {
                 ),
             ));
         }
+        self.expect_aligned(what, name, elem.size())
+    }
+
+    /// `Err` naming `name` unless its address is a multiple of `align` bytes (the kernels
+    /// copy rows 16 bytes at a time; every element must sit at a multiple of its size).
+    pub fn expect_aligned(
+        &self,
+        what: &'static str,
+        name: &str,
+        align: usize,
+    ) -> Result<(), BufferError> {
+        if !self.ptr.is_multiple_of(align as u64) {
+            return Err(BufferError::invalid(
+                what,
+                format!(
+                    "{name} starts at {:#x}, not a multiple of {align} bytes: pass a tensor of \
+                     its own (.clone()) rather than a view that starts mid-row",
+                    self.ptr
+                ),
+            ));
+        }
         Ok(())
     }
 }
@@ -162,6 +196,25 @@ mod tests {
                 .unwrap_err()
                 .to_string()
                 .contains("contiguous")
+        );
+        // torch's rule: a size-1 dimension's stride does not count (DeepEP's [N, 1] routing).
+        let column = View {
+            strides: [1, 1],
+            ..View::matrix(0x1000, 4096, 1, ElemType::Bool)
+        };
+        assert!(column.is_contiguous());
+        let empty = View {
+            strides: [7, 3],
+            ..View::matrix(0x1000, 0, 8, ElemType::I32)
+        };
+        assert!(empty.is_contiguous());
+        let misaligned = View::matrix(0x1002, 4, 8, ElemType::I32);
+        assert!(
+            misaligned
+                .expect("dispatch", "x", ElemType::I32, &[None, None])
+                .unwrap_err()
+                .to_string()
+                .contains("not a multiple of 4 bytes")
         );
         assert_eq!(
             ElemType::from_name("float8_e4m3fn"),

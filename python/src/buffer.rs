@@ -240,7 +240,7 @@ impl BufferCore {
         // SAFETY: buffer.py passes views of live torch tensors on this GPU.
         self.with(py, move |b| {
             Ok(unsafe {
-                b.get_dispatch_layout(&topk_idx, num_experts, &out, stream_handle(stream) as _)
+                b.get_dispatch_layout_raw(&topk_idx, num_experts, &out, stream_handle(stream) as _)
             }?)
         })
     }
@@ -279,7 +279,7 @@ impl BufferCore {
         self.with(py, move |b| {
             // SAFETY: as in get_dispatch_layout.
             let counts =
-                unsafe { b.notify(&inputs, &outputs, &config, wait, stream_handle(stream) as _) }?;
+                unsafe { b.notify_raw(&inputs, &outputs, &config, wait, stream_handle(stream) as _) }?;
             Ok(counts.map(|c| (c.num_recv_tokens, c.per_local_expert)))
         })
     }
@@ -322,7 +322,7 @@ impl BufferCore {
         // SAFETY: as in get_dispatch_layout.
         self.with(py, move |b| {
             Ok(unsafe {
-                b.dispatch(
+                b.dispatch_raw(
                     &inputs,
                     &handle,
                     &outputs,
@@ -362,7 +362,7 @@ impl BufferCore {
         // SAFETY: as in get_dispatch_layout.
         self.with(py, move |b| {
             Ok(unsafe {
-                b.combine(
+                b.combine_raw(
                     &inputs,
                     &handle,
                     &outputs,

@@ -99,7 +99,7 @@ pub fn low_latency_dispatch(
     // SAFETY: buffer.py passes views of live torch tensors and live streams of this GPU.
     core.with(py, move |b| unsafe {
         order.around(compute, comm, join, |stream| {
-            Ok(b.low_latency_dispatch(
+            Ok(b.low_latency_dispatch_raw(
                 &inputs,
                 &outputs,
                 &options,
@@ -155,7 +155,7 @@ pub fn low_latency_combine(
     // SAFETY: as in low_latency_dispatch.
     core.with(py, move |b| unsafe {
         order.around(compute, comm, join, |stream| {
-            Ok(b.low_latency_combine(&inputs, &handle, &out, phases, stream_handle(stream) as _)?)
+            Ok(b.low_latency_combine_raw(&inputs, &handle, &out, phases, stream_handle(stream) as _)?)
         })
     })
 }
@@ -170,7 +170,7 @@ pub fn next_low_latency_combine_buffer(
     num_experts: usize,
 ) -> PyResult<(u64, usize, usize)> {
     core.with(py, move |b| {
-        let v = b.next_low_latency_combine_buffer(
+        let v = b.next_low_latency_combine_buffer_raw(
             num_max_dispatch_tokens_per_rank,
             hidden,
             num_experts,
@@ -192,7 +192,7 @@ pub fn clean_low_latency_buffer(
     // SAFETY: buffer.py passes the current torch stream of this GPU.
     core.with(py, move |b| {
         Ok(unsafe {
-            b.clean_low_latency_buffer(
+            b.clean_low_latency_buffer_raw(
                 num_max_dispatch_tokens_per_rank,
                 hidden,
                 num_experts,

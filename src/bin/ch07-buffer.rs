@@ -195,7 +195,7 @@ fn check_round_trip(
     };
     let topk_view = View::matrix(a.ptr(&topk_idx), t_count, NUM_TOPK, ElemType::I64);
     // SAFETY (every buffer call below): the views describe the allocations just made.
-    unsafe { buffer.get_dispatch_layout(&topk_view, num_experts, &layout, cs)? };
+    unsafe { buffer.get_dispatch_layout_raw(&topk_view, num_experts, &layout, cs)? };
     let expected_per_rank: Vec<i32> = (0..n)
         .map(|r| (0..t_count).filter(|&t| mine.goes_to(t, r)).count() as i32)
         .collect();
@@ -220,7 +220,7 @@ fn check_round_trip(
         expert_alignment: 1,
     };
     let counts =
-        unsafe { buffer.notify(&notify_in, &notify_out, config, true, cs)? }.expect("waited");
+        unsafe { buffer.notify_raw(&notify_in, &notify_out, config, true, cs)? }.expect("waited");
 
     // The host reference: rows from rank 0, then 1, ..., each in token order.
     let received: Vec<(usize, usize)> = (0..n)
@@ -279,7 +279,7 @@ fn check_round_trip(
             ElemType::F32,
         )),
     };
-    unsafe { buffer.dispatch(&inputs, &handle, &outputs, config, cs)? };
+    unsafe { buffer.dispatch_raw(&inputs, &handle, &outputs, config, cs)? };
     let got_x = stream.clone_dtoh(&recv_x)?;
     let got_src = stream.clone_dtoh(&recv_src_idx)?;
     let got_idx = stream.clone_dtoh(&recv_topk_idx)?;
@@ -324,7 +324,7 @@ fn check_round_trip(
         recv_topk_weights: None,
         ..outputs
     };
-    unsafe { buffer.dispatch(&cached_in, &handle, &cached_out, config, cs)? };
+    unsafe { buffer.dispatch_raw(&cached_in, &handle, &cached_out, config, cs)? };
     tally.check(me, stream.clone_dtoh(&again)? == got_x, || {
         format!("{case}: cached dispatch differs")
     });
@@ -359,7 +359,7 @@ fn check_round_trip(
             ElemType::F32,
         )),
     };
-    unsafe { buffer.combine(&combine_in, &handle, &combine_out, config, cs)? };
+    unsafe { buffer.combine_raw(&combine_in, &handle, &combine_out, config, cs)? };
     let got = stream.clone_dtoh(&combined)?;
     let got_w = stream.clone_dtoh(&combined_w)?;
     buffer.check()?;
@@ -410,13 +410,13 @@ fn check_mistakes(
     let cs = stream.cu_stream();
     // SAFETY: the views describe the allocations above; each call is refused before it writes.
     let result =
-        unsafe { buffer.get_dispatch_layout(&int32_topk, EXPERTS_PER_RANK * n, &layout, cs) };
+        unsafe { buffer.get_dispatch_layout_raw(&int32_topk, EXPERTS_PER_RANK * n, &layout, cs) };
     tally.expect_error(me, "int32 topk_idx", result, "topk_idx must be int64");
     let i64_topk = View {
         elem: ElemType::I64,
         ..int32_topk
     };
-    let result = unsafe { buffer.get_dispatch_layout(&i64_topk, 0, &layout, cs) };
+    let result = unsafe { buffer.get_dispatch_layout_raw(&i64_topk, 0, &layout, cs) };
     tally.expect_error(me, "no experts", result, "positive multiple");
     let odd = Config::new(23, 8, 256, 6, 128)?;
     tally.expect_error(me, "odd num_sms", odd.check_for_launch(n), "must be even");

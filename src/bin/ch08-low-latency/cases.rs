@@ -46,7 +46,7 @@ pub(crate) struct Case {
 }
 
 impl Case {
-    pub(crate) fn options(&self, layout: &LlLayout) -> LlDispatchOptions {
+    pub(crate) fn options(&self, layout: &LlShape) -> LlDispatchOptions {
         use Precision::*;
         LlDispatchOptions {
             num_max_dispatch_tokens_per_rank: layout.max_tokens,
@@ -154,7 +154,7 @@ pub(crate) fn pair_case(pair: usize) -> Case {
     }
 }
 
-pub(crate) fn bad_expert_id(layout: &LlLayout) -> i64 {
+pub(crate) fn bad_expert_id(layout: &LlShape) -> i64 {
     layout.num_experts as i64 + 3
 }
 
@@ -179,7 +179,7 @@ pub(crate) fn x_value(seed: u64, rank: usize, t: usize, c: usize) -> f32 {
 }
 
 impl Tokens {
-    pub(crate) fn new(case: &Case, seed: u64, rank: usize, layout: &LlLayout) -> Self {
+    pub(crate) fn new(case: &Case, seed: u64, rank: usize, layout: &LlShape) -> Self {
         let hidden = layout.hidden;
         let silent = case.routing == Routing::LastRankSilent && rank == layout.num_ranks - 1;
         let num_tokens = if silent { 0 } else { case.num_tokens };

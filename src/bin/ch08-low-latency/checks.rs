@@ -6,7 +6,7 @@ use super::*;
 pub(crate) struct Checks {
     pub(crate) me: usize,
     pub(crate) case: Case,
-    pub(crate) layout: LlLayout,
+    pub(crate) layout: LlShape,
     pub(crate) tally: Tally,
     pub(crate) num_tokens_sent: usize,
     pub(crate) num_rows_received: usize,
@@ -248,7 +248,7 @@ pub(crate) fn e4m3_to_f32(byte: u8) -> f32 {
 /// token the handle names, times expert_gain(g). Rows the handle does not name stay NaN, so a
 /// combine that reads one shows it.
 pub(crate) fn expert_results(
-    layout: &LlLayout,
+    layout: &LlShape,
     me: usize,
     all: &[Tokens],
     got: &Received,

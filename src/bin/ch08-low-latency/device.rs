@@ -81,7 +81,7 @@ pub(crate) fn row_bytes(precision: Precision, hidden: usize) -> usize {
 /// of four in an int32.
 pub(crate) fn scale_bytes(
     precision: Precision,
-    layout: &LlLayout,
+    layout: &LlShape,
     e: usize,
     group: usize,
     i: usize,
@@ -98,11 +98,7 @@ pub(crate) fn scale_bytes(
 }
 
 impl RecvBuffers {
-    pub(crate) fn new(
-        gpu: &Gpu,
-        layout: &LlLayout,
-        precision: Precision,
-    ) -> Result<Self, AnyError> {
+    pub(crate) fn new(gpu: &Gpu, layout: &LlShape, precision: Precision) -> Result<Self, AnyError> {
         let (l, rows_per_expert) = (
             layout.num_local_experts(),
             layout.num_ranks * layout.max_tokens,
@@ -121,7 +117,7 @@ impl RecvBuffers {
     pub(crate) fn views(
         &self,
         gpu: &Gpu,
-        layout: &LlLayout,
+        layout: &LlShape,
         precision: Precision,
     ) -> LlDispatchOutputs {
         let (l, n) = (layout.num_local_experts(), layout.num_ranks);

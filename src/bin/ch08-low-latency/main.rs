@@ -22,11 +22,11 @@ use ch01_bootstrap::{LaunchEnv, World};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr, ValidAsZeroBits};
 use half::bf16;
 use nvshmem_tutorial::buffer::heap_bytes;
-use nvshmem_tutorial::config::DEFAULT_TIMEOUT_MS;
+use nvshmem_tutorial::DEFAULT_TIMEOUT_MS;
 use nvshmem_tutorial::symmetric_memory::SYMMETRIC_SIZE_VAR;
 use nvshmem_tutorial::{
     BufferError, BufferOptions, ElemType, LlCombineInputs, LlDispatchInputs, LlDispatchOptions,
-    LlDispatchOutputs, LlHandle, LlLayout, NvshmemBuffer, Phases, View,
+    LlDispatchOutputs, LlHandle, LlShape, NvshmemBuffer, Phases, View,
     get_low_latency_rdma_size_hint,
 };
 use rand::{Rng, SeedableRng, rngs::StdRng};
@@ -123,7 +123,7 @@ fn run() -> Result<bool, AnyError> {
     // Collective: every rank zeroes its control words and call count between two barriers.
     // SAFETY: the world's stream, live for the whole run.
     unsafe {
-        buffer.clean_low_latency_buffer(
+        buffer.clean_low_latency_buffer_raw(
             MAX_TOKENS,
             SMALL_HIDDEN,
             num_experts,
@@ -182,7 +182,7 @@ fn round_trip(buffer: &NvshmemBuffer<&World>, case: &Case, seed: u64) -> Result<
     let stream = world.stream();
     let cs = stream.cu_stream();
     let gpu = Gpu(stream);
-    let layout = LlLayout {
+    let layout = LlShape {
         max_tokens: MAX_TOKENS,
         hidden: case.hidden,
         num_ranks: n,
@@ -225,7 +225,7 @@ fn round_trip(buffer: &NvshmemBuffer<&World>, case: &Case, seed: u64) -> Result<
     let options = case.options(&layout);
     in_phases(case.split, |phases| {
         // SAFETY: the views describe the allocations above, alive past the synchronise below.
-        unsafe { buffer.low_latency_dispatch(&inputs, &outputs, &options, phases, cs) }
+        unsafe { buffer.low_latency_dispatch_raw(&inputs, &outputs, &options, phases, cs) }
     })?;
     stream.synchronize()?;
     // ANCHOR_END: dispatch_call
@@ -262,7 +262,7 @@ fn round_trip(buffer: &NvshmemBuffer<&World>, case: &Case, seed: u64) -> Result<
         // write its output there; here a device copy), so combine sends from there instead
         // of copying them in first.
         let staging =
-            buffer.next_low_latency_combine_buffer(MAX_TOKENS, hidden, layout.num_experts)?;
+            buffer.next_low_latency_combine_buffer_raw(MAX_TOKENS, hidden, layout.num_experts)?;
         // SAFETY: both are [L x n x T, hidden] bf16 on this GPU; stream-ordered.
         unsafe {
             let (dst, src, num_bytes) = (staging.ptr, gpu.ptr(&results), results.len() * 2);
@@ -287,7 +287,7 @@ fn round_trip(buffer: &NvshmemBuffer<&World>, case: &Case, seed: u64) -> Result<
     let out = View::matrix(gpu.ptr(&combined), num_tokens, hidden, ElemType::Bf16);
     in_phases(case.split, |phases| {
         // SAFETY: as for the dispatch.
-        unsafe { buffer.low_latency_combine(&combine_inputs, &handle, &out, phases, cs) }
+        unsafe { buffer.low_latency_combine_raw(&combine_inputs, &handle, &out, phases, cs) }
     })?;
     stream.synchronize()?;
     // ANCHOR_END: combine_call

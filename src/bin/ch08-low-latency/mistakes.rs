@@ -16,7 +16,7 @@ pub(crate) fn check_mistakes(
     let gpu = Gpu(stream);
     // The shape of the calls before and after: the one real call below keeps it.
     let (t, hidden) = (MAX_TOKENS, SMALL_HIDDEN);
-    let layout = LlLayout {
+    let layout = LlShape {
         max_tokens: t,
         hidden,
         num_ranks: n,
@@ -46,7 +46,7 @@ pub(crate) fn check_mistakes(
     };
     // SAFETY (both): every view describes memory allocated above.
     let dispatch = |inputs: LlDispatchInputs, options: LlDispatchOptions, phases| unsafe {
-        buffer.low_latency_dispatch(&inputs, &outputs, &options, phases, cs)
+        buffer.low_latency_dispatch_raw(&inputs, &outputs, &options, phases, cs)
     };
     let combine = |num_tokens: usize, handle: &LlHandle, phases| unsafe {
         let inputs = LlCombineInputs {
@@ -56,7 +56,7 @@ pub(crate) fn check_mistakes(
             combine_wait_recv_cost_stats: None,
         };
         let out = View::matrix(gpu.ptr(&out), num_tokens, hidden, ElemType::Bf16);
-        buffer.low_latency_combine(&inputs, handle, &out, phases, cs)
+        buffer.low_latency_combine_raw(&inputs, handle, &out, phases, cs)
     };
     let handle = LlHandle {
         src_info: outputs.recv_src_info,

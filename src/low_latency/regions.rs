@@ -1,5 +1,5 @@
-//! The low-latency region: its layout as size formulas (host mirror of
-//! kernels/cuda/buffer/low_latency.cuh), and the shape checks every call shares.
+//! The low-latency region: its parts as size formulas (the kernels address them through
+//! `LlRegion`, kernels/contract/defs.rs), and the shape checks every call shares.
 //!
 //! # The low-latency region (num_rdma_bytes), as size formulas
 //!
@@ -24,12 +24,13 @@
 
 use ch04_collectives::config::MAX_PES;
 
+use crate::checks;
 use crate::error::BufferError;
 
 // The limits are the contract's (kernels/contract/defs.rs): MAX_LL_EXPERTS experts (global)
 // per call, MAX_TOPK per token, and rows up to MAX_LL_HIDDEN wide (the send phase stages a
 // row's fp8 scales in shared memory).
-use kernels::contract::{MAX_LL_EXPERTS, MAX_LL_HIDDEN, MAX_TOPK};
+use kernels::contract::{FP8_GROUP, MAX_LL_EXPERTS, MAX_LL_HIDDEN};
 /// Bytes of the control words at the start of the region.
 pub const CONTROL_BYTES: usize = (2 * MAX_PES * 8 + 2 * MAX_LL_EXPERTS * 8).next_multiple_of(256);
 
@@ -37,26 +38,25 @@ fn align256(bytes: usize) -> usize {
     bytes.next_multiple_of(256)
 }
 
-// ANCHOR: layout
+// ANCHOR: shape
 /// The shape of a low-latency call and what it needs (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LlLayout {
+pub struct LlShape {
     pub max_tokens: usize,
     pub hidden: usize,
     pub num_ranks: usize,
     pub num_experts: usize,
 }
 
-impl LlLayout {
+impl LlShape {
     pub fn num_local_experts(&self) -> usize {
         self.num_experts / self.num_ranks
     }
-    /// One dispatch message: a 16-byte header (the source token), the row, fp8 scales.
     /// One dispatch message: a 16-byte header, the row, the fp8 scales; rounded up to 16
     /// bytes so that every slot is 16-byte aligned (`dispatch_msg_bytes` in ll_dispatch.cu).
     pub fn dispatch_msg_bytes(&self, use_fp8: bool) -> usize {
         (16 + if use_fp8 {
-            self.hidden + self.hidden / 128 * 4
+            self.hidden + self.hidden / FP8_GROUP * 4
         } else {
             self.hidden * 2
         })
@@ -75,11 +75,11 @@ impl LlLayout {
 
 /// The parts of a region of `num_rdma_bytes`: the same for every call of a buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LlParts {
+pub struct LlRegions {
     pub part_bytes: usize,
 }
 
-impl LlParts {
+impl LlRegions {
     pub fn new(num_rdma_bytes: usize) -> Self {
         Self {
             part_bytes: (num_rdma_bytes.saturating_sub(CONTROL_BYTES) / 3) & !255,
@@ -98,7 +98,7 @@ impl LlParts {
         self.half(2)
     }
 }
-// ANCHOR_END: layout
+// ANCHOR_END: shape
 
 /// DeepEP's `Buffer.get_low_latency_rdma_size_hint`: the num_rdma_bytes a low-latency buffer
 /// needs for this shape (bf16 dispatch, the largest), rounded up to 128 bytes.
@@ -108,7 +108,7 @@ pub fn get_low_latency_rdma_size_hint(
     num_ranks: usize,
     num_experts: usize,
 ) -> usize {
-    LlLayout {
+    LlShape {
         max_tokens: num_max_dispatch_tokens_per_rank,
         hidden,
         num_ranks: num_ranks.max(1),
@@ -118,54 +118,41 @@ pub fn get_low_latency_rdma_size_hint(
     .next_multiple_of(128)
 }
 
-pub(super) fn invalid(what: &'static str, message: String) -> BufferError {
+pub(crate) fn invalid(what: &'static str, message: String) -> BufferError {
     BufferError::invalid(what, message)
 }
 
 /// The shape checks every low-latency call shares: DeepEP's, plus our limits.
-pub(super) fn check_shape(
+pub fn check_shape(
     what: &'static str,
-    layout: &LlLayout,
+    shape: &LlShape,
     num_topk: usize,
     num_rdma_bytes: usize,
 ) -> Result<(), BufferError> {
-    let LlLayout {
+    let LlShape {
         max_tokens,
         hidden,
         num_ranks,
         num_experts,
-    } = *layout;
+    } = *shape;
     if max_tokens == 0 {
         return Err(invalid(
             what,
             "num_max_dispatch_tokens_per_rank must be positive".into(),
         ));
     }
-    if num_experts == 0 || !num_experts.is_multiple_of(num_ranks) || num_experts > MAX_LL_EXPERTS {
+    checks::num_experts(what, "num_experts", num_experts, num_ranks, MAX_LL_EXPERTS)?;
+    if hidden == 0 || !hidden.is_multiple_of(FP8_GROUP) || hidden > MAX_LL_HIDDEN {
         return Err(invalid(
             what,
             format!(
-                "num_experts = {num_experts} must be a positive multiple of the {num_ranks} \
-                 ranks and at most {MAX_LL_EXPERTS}"
+                "hidden = {hidden} is not supported: the kernels take any multiple of \
+                 {FP8_GROUP} (one fp8 scale per {FP8_GROUP} channels) up to {MAX_LL_HIDDEN}, \
+                 e.g. 2048, 2560, 4096, 5120, 6144, 7168, 8192"
             ),
         ));
     }
-    if hidden == 0 || !hidden.is_multiple_of(128) || hidden > MAX_LL_HIDDEN {
-        return Err(invalid(
-            what,
-            format!(
-                "hidden = {hidden} is not supported: the kernels take any multiple of 128 (one \
-                 fp8 scale per 128 channels) up to {MAX_LL_HIDDEN}, e.g. 2048, 2560, 4096, 5120, \
-                 6144, 7168, 8192"
-            ),
-        ));
-    }
-    if num_topk > MAX_TOPK {
-        return Err(invalid(
-            what,
-            format!("top-k = {num_topk}: at most {MAX_TOPK} experts per token"),
-        ));
-    }
+    checks::num_topk(what, num_topk)?;
     let needed = get_low_latency_rdma_size_hint(max_tokens, hidden, num_ranks, num_experts);
     if num_rdma_bytes < needed {
         return Err(invalid(
@@ -188,7 +175,7 @@ mod tests {
 
     #[test]
     fn layout_parts_are_ordered_aligned_and_large_enough() {
-        let layout = LlLayout {
+        let layout = LlShape {
             max_tokens: 128,
             hidden: 7168,
             num_ranks: 2,
@@ -197,7 +184,7 @@ mod tests {
         assert_eq!(layout.dispatch_msg_bytes(false), 16 + 14336);
         assert_eq!(layout.dispatch_msg_bytes(true), 16 + 7168 + 56 * 4);
         // hidden = 128 x 3: 12 bytes of scales, padded so that the next slot stays aligned.
-        let odd = LlLayout {
+        let odd = LlShape {
             hidden: 384,
             ..layout
         };
@@ -210,15 +197,15 @@ mod tests {
         let hint = get_low_latency_rdma_size_hint(128, 7168, 2, 288);
         assert_eq!(hint, layout.total_bytes().next_multiple_of(128));
         // In a region of the hint's size, every part holds what the shape needs.
-        let parts = LlParts::new(hint);
+        let parts = LlRegions::new(hint);
         assert!(parts.part_bytes >= layout.half_bytes());
         assert!(parts.staging() + parts.part_bytes <= hint);
         for offset in [parts.half(0), parts.half(1), parts.staging()] {
             assert_eq!(offset % 256, 0);
         }
-        assert!(LlParts::counts(1) + MAX_LL_EXPERTS * 8 <= CONTROL_BYTES);
+        assert!(LlRegions::counts(1) + MAX_LL_EXPERTS * 8 <= CONTROL_BYTES);
         // A smaller shape in the same region uses the same parts.
-        let small = LlLayout {
+        let small = LlShape {
             hidden: 2048,
             ..layout
         };
@@ -227,7 +214,7 @@ mod tests {
 
     #[test]
     fn shapes_outside_the_kernels_limits_are_refused_with_the_limit() {
-        let layout = |hidden| LlLayout {
+        let layout = |hidden| LlShape {
             max_tokens: 128,
             hidden,
             num_ranks: 2,

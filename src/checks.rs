@@ -1,0 +1,72 @@
+//! The checks more than one plan makes, each written once, each error naming the argument and
+//! what it must be.
+
+use kernels::contract::MAX_TOPK;
+
+use crate::error::BufferError;
+use crate::regions::ring_bytes;
+
+/// `num_experts` experts spread evenly over `n_pes` ranks, at most `max`.
+pub(crate) fn num_experts(
+    what: &'static str,
+    name: &str,
+    num_experts: usize,
+    n_pes: usize,
+    max: usize,
+) -> Result<(), BufferError> {
+    if num_experts == 0 || !num_experts.is_multiple_of(n_pes) || num_experts > max {
+        return Err(BufferError::invalid(
+            what,
+            format!(
+                "{name} = {num_experts} must be a positive multiple of the {n_pes} ranks, at \
+                 most {max}"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// At most `MAX_TOPK` experts per token (the kernels keep a token's top-k in registers).
+pub(crate) fn num_topk(what: &'static str, num_topk: usize) -> Result<(), BufferError> {
+    if num_topk > MAX_TOPK {
+        return Err(BufferError::invalid(
+            what,
+            format!("{num_topk} experts per token (topk_idx's columns); at most {MAX_TOPK}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Rows the kernels copy 16 bytes at a time.
+pub(crate) fn row_bytes(what: &'static str, hidden_bytes: usize) -> Result<(), BufferError> {
+    if !hidden_bytes.is_multiple_of(16) {
+        return Err(BufferError::invalid(
+            what,
+            format!("a row of x is {hidden_bytes} bytes; rows must be a multiple of 16 bytes"),
+        ));
+    }
+    Ok(())
+}
+
+/// `Err` naming the bytes to ask for unless the rings of a call fit in the buffer's
+/// num_nvl_bytes (`have`): channels x `n` ranks x ring_tokens slots of slot_bytes (regions.rs).
+pub(crate) fn rings_fit(
+    what: &'static str,
+    (n, have): (usize, usize),
+    channels: usize,
+    ring_tokens: usize,
+    slot_bytes: usize,
+) -> Result<(), BufferError> {
+    let needed = ring_bytes(channels, n, ring_tokens, slot_bytes);
+    if needed > have {
+        return Err(BufferError::BufferTooSmall {
+            what,
+            needed,
+            have,
+            rings: format!(
+                "{channels} channels x {n} ranks x {ring_tokens} slots x {slot_bytes} bytes"
+            ),
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,166 @@
+//! What low-latency dispatch and combine share at launch: their kernels (one symbol each,
+//! launched with a phase argument), the launch itself with the one-call-in-flight state, and
+//! DeepEP's two helpers on the region (`get_next_low_latency_combine_buffer`,
+//! `clean_low_latency_buffer`).
+
+use std::ops::Deref;
+use std::sync::OnceLock;
+
+use ch01_bootstrap::World;
+use ch04_collectives::{CollError, LaunchSpec};
+use cudarc::driver::sys;
+use kernels::contract::LL_THREADS;
+
+use crate::buffer::{NvshmemBuffer, arg};
+use crate::error::BufferError;
+use crate::low_latency::phases::PendingReceive;
+use crate::low_latency::regions::{CONTROL_BYTES, LlShape, check_shape, invalid};
+use crate::spec::BufferSpec;
+use crate::view::{ElemType, View};
+
+/// The two kernels, each one symbol launched with a phase argument; their mangled names are
+/// looked up once, not on every call.
+pub(crate) static DISPATCH_KERNEL: Kernel =
+    Kernel::new("buffer/ll_dispatch", "nvshmem_tutorial::dispatch");
+pub(crate) static COMBINE_KERNEL: Kernel =
+    Kernel::new("buffer/ll_combine", "nvshmem_tutorial::combine");
+
+/// A C++ kernel by module and `namespace::name`, its symbol found on first use.
+pub(crate) struct Kernel {
+    module: &'static str,
+    name: &'static str,
+    symbol: OnceLock<&'static str>,
+}
+
+impl Kernel {
+    const fn new(module: &'static str, name: &'static str) -> Self {
+        Self {
+            module,
+            name,
+            symbol: OnceLock::new(),
+        }
+    }
+    fn symbol(&self) -> Result<&'static str, BufferError> {
+        if let Some(symbol) = self.symbol.get() {
+            return Ok(symbol);
+        }
+        let symbol = kernels::kernel_symbol(self.module, self.name).map_err(CollError::from)?;
+        Ok(self.symbol.get_or_init(|| symbol))
+    }
+}
+
+/// The shape of a low-latency call on the buffer of `spec`, checked (`check_shape`): a
+/// low-latency buffer, and a shape the kernels take, with `num_topk` experts per token, that
+/// fits in its num_rdma_bytes.
+pub fn ll_shape(
+    spec: &BufferSpec,
+    what: &'static str,
+    max_tokens: usize,
+    hidden: usize,
+    num_experts: usize,
+    num_topk: usize,
+) -> Result<LlShape, BufferError> {
+    if !spec.options.low_latency_mode {
+        return Err(invalid(
+            what,
+            "this buffer was made without low_latency_mode: create it with \
+             low_latency_mode=True and num_rdma_bytes = get_low_latency_rdma_size_hint(...)"
+                .into(),
+        ));
+    }
+    let shape = LlShape {
+        max_tokens,
+        hidden,
+        num_ranks: spec.n_pes,
+        num_experts,
+    };
+    check_shape(what, &shape, num_topk, spec.options.num_rdma_bytes)?;
+    Ok(shape)
+}
+
+impl<W: Deref<Target = World>> NvshmemBuffer<W> {
+    /// Launches a checked low-latency plan: one block per SM of this PE, the workspace, the
+    /// argument struct and the phases; then records what is pending after it.
+    ///
+    /// # Safety
+    /// As `NvshmemBuffer::launch`: `args` is the kernel's checked argument struct.
+    pub(crate) unsafe fn ll_launch<A>(
+        &self,
+        kernel: &Kernel,
+        args: &A,
+        phases: i32,
+        pending_after: Option<PendingReceive>,
+        stream: sys::CUstream,
+    ) -> Result<(), BufferError> {
+        let spec = LaunchSpec {
+            kernel: kernel.symbol()?,
+            num_blocks: self.kernels.num_sms(),
+            threads_per_block: LL_THREADS,
+            shared_mem_bytes: 0,
+        };
+        let ws = self.workspace();
+        // SAFETY: forwarded to the caller.
+        unsafe { self.launch(spec, stream, &mut [arg(&ws), arg(args), arg(&phases)]) }?;
+        *self.ll_pending() = pending_after;
+        Ok(())
+    }
+
+    /// The send waiting for its receive, under its lock.
+    pub(crate) fn ll_pending(&self) -> std::sync::MutexGuard<'_, Option<PendingReceive>> {
+        self.ll_receive_pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// DeepEP's `get_next_low_latency_combine_buffer`: the staging rows a zero-copy combine
+    /// reads, [L x R x T, H] bf16 (a view of this rank's region; fill it, then combine with
+    /// `x: None`). The view is valid while the buffer lives: typed.rs ties it to a borrow.
+    pub fn next_low_latency_combine_buffer_raw(
+        &self,
+        num_max_dispatch_tokens_per_rank: usize,
+        hidden: usize,
+        num_experts: usize,
+    ) -> Result<View, BufferError> {
+        const WHAT: &str = "get_next_low_latency_combine_buffer";
+        let t = num_max_dispatch_tokens_per_rank;
+        ll_shape(&self.spec, WHAT, t, hidden, num_experts, 0)?;
+        Ok(View::matrix(
+            self.spec.ll_staging(),
+            num_experts * t,
+            hidden,
+            ElemType::Bf16,
+        ))
+    }
+
+    /// DeepEP's `clean_low_latency_buffer` (collective): zeroes the control words and the
+    /// call count on every rank, between two barriers. The protocol never needs it (flags
+    /// only grow, nothing is left to clean between calls); it exists for DeepEP's API and
+    /// as a known starting point. It does not revive a buffer whose kernel timed out (that
+    /// failure is the communicator's, and final): destroy such a buffer.
+    ///
+    /// # Safety
+    /// `stream` must be a live stream of this buffer's context.
+    pub unsafe fn clean_low_latency_buffer_raw(
+        &self,
+        num_max_dispatch_tokens_per_rank: usize,
+        hidden: usize,
+        num_experts: usize,
+        stream: sys::CUstream,
+    ) -> Result<(), BufferError> {
+        const WHAT: &str = "clean_low_latency_buffer";
+        let t = num_max_dispatch_tokens_per_rank;
+        ll_shape(&self.spec, WHAT, t, hidden, num_experts, 0)?;
+        self.comm.sync_all_raw(stream)?;
+        let (region, state) = (self.spec.local_region(true).0, self.spec.ll_state);
+        let what = "zeroing the low-latency control words";
+        // SAFETY: the control words of this rank's region and its state, both device memory
+        // of this context; the stream orders the memsets between the two barriers.
+        unsafe {
+            self.memset_zero(region, CONTROL_BYTES, stream, what)?;
+            self.memset_zero(state, crate::buffer::LL_STATE_WORDS * 8, stream, what)?;
+        }
+        self.comm.sync_all_raw(stream)?;
+        *self.ll_pending() = None;
+        Ok(())
+    }
+}

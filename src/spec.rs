@@ -1,0 +1,199 @@
+//! What a buffer is made with (`BufferOptions`) and what a plan knows of a made buffer
+//! (`BufferSpec`): its options, its PE, and where its parts live on this PE, as plain numbers.
+//! The plans (`plan_layout`, `plan_notify`, `plan_dispatch`, `plan_combine`,
+//! `plan_ll_dispatch`, `plan_ll_combine`) take a spec instead of a live buffer, so every check
+//! they make is reached by CPU tests (src/bad_inputs.rs) with a spec of made-up addresses.
+
+use ch04_collectives::config::MAX_PES;
+use kernels::contract::{InputError, LlRegion, MAX_CHANNELS};
+
+use crate::error::BufferError;
+use crate::low_latency::regions::LlRegions;
+use crate::regions::Regions;
+
+/// Default bound on every wait, on the device and on the host, in milliseconds: long enough
+/// for a rank that pauses (a checkpoint save, a compilation) to catch up, as DeepEP's 100 s.
+pub const DEFAULT_TIMEOUT_MS: u64 = 100_000;
+
+/// How a buffer is made (DeepEP's constructor arguments that matter inside one node).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BufferOptions {
+    /// Bytes of the rings of normal mode (a multiple of 128).
+    pub num_nvl_bytes: usize,
+    /// Bytes of the low-latency region (low-latency mode only).
+    pub num_rdma_bytes: usize,
+    pub low_latency_mode: bool,
+    /// Bound on every wait, device and host, in milliseconds.
+    pub timeout_ms: u64,
+}
+
+impl BufferOptions {
+    /// A normal-mode buffer with rings of `num_nvl_bytes`.
+    pub fn normal(num_nvl_bytes: usize) -> Self {
+        Self {
+            num_nvl_bytes,
+            num_rdma_bytes: 0,
+            low_latency_mode: false,
+            timeout_ms: DEFAULT_TIMEOUT_MS,
+        }
+    }
+
+    /// A low-latency buffer with a region of `num_rdma_bytes`
+    /// (`get_low_latency_rdma_size_hint`).
+    pub fn low_latency(num_rdma_bytes: usize) -> Self {
+        Self {
+            num_nvl_bytes: 0,
+            num_rdma_bytes,
+            low_latency_mode: true,
+            timeout_ms: DEFAULT_TIMEOUT_MS,
+        }
+    }
+
+    /// DeepEP's checks on the sizes, and ours on the mode, the rank count and the timeout.
+    pub fn check(&self, n_pes: usize) -> Result<(), BufferError> {
+        let invalid = |m: String| Err(BufferError::invalid("Buffer", m));
+        if !self.num_nvl_bytes.is_multiple_of(128) || !self.num_rdma_bytes.is_multiple_of(128) {
+            return invalid(format!(
+                "num_nvl_bytes ({}) and num_rdma_bytes ({}) must be multiples of 128",
+                self.num_nvl_bytes, self.num_rdma_bytes
+            ));
+        }
+        if self.num_rdma_bytes > 0 && !self.low_latency_mode {
+            return invalid(
+                "num_rdma_bytes > 0 outside low-latency mode asks for inter-node normal mode, \
+                 which this buffer does not have: pass num_rdma_bytes=0, or low_latency_mode=True"
+                    .into(),
+            );
+        }
+        if n_pes > MAX_PES {
+            return invalid(format!(
+                "{n_pes} ranks: this buffer runs up to {MAX_PES} ranks of one node"
+            ));
+        }
+        check_timeout_ms(self.timeout_ms)
+    }
+}
+
+/// Bounds on a wait's timeout: at least 1 ms, and at most a day (the device counts it in SM
+/// clock cycles, which must not overflow).
+pub fn check_timeout_ms(timeout_ms: u64) -> Result<(), BufferError> {
+    const DAY_MS: u64 = 24 * 3600 * 1000;
+    if timeout_ms == 0 || timeout_ms > DAY_MS {
+        return Err(BufferError::invalid(
+            "Buffer",
+            format!(
+                "timeout_ms = {timeout_ms} must be between 1 and {DAY_MS} (a day); the default \
+                 is {DEFAULT_TIMEOUT_MS}"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The ring counters each PE keeps to itself (moe.cuh NOTES): tokens pushed and consumed per
+/// (channel, peer), for dispatch and for combine.
+#[derive(Debug, Clone, Copy)]
+pub enum Progress {
+    DispatchSent = 0,
+    DispatchReceived = 1,
+    CombineSent = 2,
+    CombineReceived = 3,
+}
+
+/// u64 words of the local progress array: [4][MAX_CHANNELS][MAX_PES], indexed by `Progress`.
+pub const PROGRESS_WORDS: usize = 4 * MAX_CHANNELS * MAX_PES;
+
+/// A made buffer as its plans see it. Addresses are device addresses on this PE's GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BufferSpec {
+    pub my_pe: usize,
+    pub n_pes: usize,
+    pub options: BufferOptions,
+    /// SMs this PE's grids may fill (`Kernels::num_sms`: the GPU's, or this PE's share).
+    pub num_sms: u32,
+    /// The buffer's regions (regions.rs), inside its symmetric allocation.
+    pub base: u64,
+    /// Local [PROGRESS_WORDS] u64: the ring progress, by `Progress`.
+    pub progress: u64,
+    /// Local `LlState` of low-latency mode.
+    pub ll_state: u64,
+    /// Where the kernels record bad input.
+    pub input_error: InputError,
+}
+
+impl BufferSpec {
+    fn regions(&self) -> Regions {
+        Regions {
+            num_nvl_bytes: self.options.num_nvl_bytes,
+            num_rdma_bytes: self.options.num_rdma_bytes,
+        }
+    }
+    /// The rings of normal mode.
+    pub fn nvl(&self) -> u64 {
+        self.base + Regions::nvl() as u64
+    }
+    /// Symmetric counters `which` (0 dispatch tail, 1 dispatch head, 2 combine tail, 3
+    /// combine head).
+    pub fn counters(&self, which: usize) -> u64 {
+        self.base + Regions::counters(which) as u64
+    }
+    /// Local progress counters `which`.
+    pub fn progress(&self, which: Progress) -> u64 {
+        self.progress + (which as usize * MAX_CHANNELS * MAX_PES * 8) as u64
+    }
+    /// This PE's notify row and everyone's, gathered.
+    pub fn notify_rows(&self) -> (u64, u64) {
+        (
+            self.base + Regions::my_row() as u64,
+            self.base + Regions::gathered_rows() as u64,
+        )
+    }
+    /// This PE's normal-mode region (`rdma = false`) or low-latency region: (address, bytes).
+    pub fn local_region(&self, rdma: bool) -> (u64, usize) {
+        if rdma {
+            (
+                self.base + self.regions().rdma() as u64,
+                self.options.num_rdma_bytes,
+            )
+        } else {
+            (self.nvl(), self.options.num_nvl_bytes)
+        }
+    }
+    /// The parts of the low-latency region.
+    pub fn ll_regions(&self) -> LlRegions {
+        LlRegions::new(self.options.num_rdma_bytes)
+    }
+    /// The low-latency region as the kernels address it.
+    pub fn ll_region(&self) -> LlRegion {
+        let (base, _) = self.local_region(true);
+        let parts = self.ll_regions();
+        let at = |offset: usize| base + offset as u64;
+        LlRegion {
+            data: [at(parts.half(0)), at(parts.half(1))],
+            counts: [at(LlRegions::counts(0)), at(LlRegions::counts(1))],
+            flags: [at(LlRegions::flags(0)), at(LlRegions::flags(1))],
+        }
+    }
+    /// The zero-copy combine's staging rows.
+    pub fn ll_staging(&self) -> u64 {
+        self.local_region(true).0 + self.ll_regions().staging() as u64
+    }
+
+    /// A spec with made-up addresses, for CPU tests of the plans.
+    #[cfg(test)]
+    pub(crate) fn for_tests(n_pes: usize, options: BufferOptions) -> Self {
+        Self {
+            my_pe: 0,
+            n_pes,
+            options,
+            num_sms: 132,
+            base: 0x7f00_0000_0000,
+            progress: 0x7e00_0000_0000,
+            ll_state: 0x7d00_0000_0000,
+            input_error: InputError {
+                claim: 0x7c00_0000_0000,
+                words: 0x7b00_0000_0000,
+            },
+        }
+    }
+}
