@@ -278,8 +278,9 @@ impl BufferCore {
         };
         self.with(py, move |b| {
             // SAFETY: as in get_dispatch_layout.
-            let counts =
-                unsafe { b.notify_raw(&inputs, &outputs, &config, wait, stream_handle(stream) as _) }?;
+            let counts = unsafe {
+                b.notify_raw(&inputs, &outputs, &config, wait, stream_handle(stream) as _)
+            }?;
             Ok(counts.map(|c| (c.num_recv_tokens, c.per_local_expert)))
         })
     }

@@ -155,7 +155,13 @@ pub fn low_latency_combine(
     // SAFETY: as in low_latency_dispatch.
     core.with(py, move |b| unsafe {
         order.around(compute, comm, join, |stream| {
-            Ok(b.low_latency_combine_raw(&inputs, &handle, &out, phases, stream_handle(stream) as _)?)
+            Ok(b.low_latency_combine_raw(
+                &inputs,
+                &handle,
+                &out,
+                phases,
+                stream_handle(stream) as _,
+            )?)
         })
     })
 }
