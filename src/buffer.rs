@@ -67,6 +67,8 @@ pub struct NvshmemBuffer<W: Deref<Target = World>> {
     _ll_state: CudaSlice<u64>,
     /// A low-latency send phase whose receive (the hook) has not run yet: one call in flight.
     pub(crate) ll_receive_pending: Mutex<Option<PendingReceive>>,
+    /// Whether the typed calls (typed.rs) poison the outputs they allocate.
+    pub(crate) poison_outputs: bool,
 }
 // ANCHOR_END: buffer
 
@@ -135,6 +137,7 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
             input_claim,
             _ll_state: ll_state,
             ll_receive_pending: Default::default(),
+            poison_outputs: false,
         })
     }
 

@@ -46,6 +46,7 @@ pub mod low_latency;
 pub mod notify;
 pub mod regions;
 pub mod spec;
+pub mod typed;
 pub mod view;
 
 #[cfg(test)]
@@ -71,4 +72,8 @@ pub use low_latency::{
 pub use notify::{NotifyInputs, NotifyOutputs, NotifyPlan, RecvCounts, plan_notify};
 pub use nvshmem_sys;
 pub use spec::{BufferOptions, BufferSpec, DEFAULT_TIMEOUT_MS};
+pub use typed::{
+    DeviceArray, DispatchHandle, Dispatched, Element, Fp8E4m3, Layout, LlDispatchHandle,
+    LlDispatched, LlRecvTokens, LlStats, Pending, RecvTokens, StagingRows, Tokens, TopK,
+};
 pub use view::{ElemType, View};

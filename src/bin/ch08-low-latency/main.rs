@@ -21,8 +21,8 @@ use ch01_bootstrap::checks::{POISON_BYTE, Tally, poison};
 use ch01_bootstrap::{LaunchEnv, World};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr, ValidAsZeroBits};
 use half::bf16;
-use nvshmem_tutorial::buffer::heap_bytes;
 use nvshmem_tutorial::DEFAULT_TIMEOUT_MS;
+use nvshmem_tutorial::buffer::heap_bytes;
 use nvshmem_tutorial::symmetric_memory::SYMMETRIC_SIZE_VAR;
 use nvshmem_tutorial::{
     BufferError, BufferOptions, ElemType, LlCombineInputs, LlDispatchInputs, LlDispatchOptions,
