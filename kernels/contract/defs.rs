@@ -31,8 +31,14 @@ contract! {
         WINDOW_TOKENS: u32 = 32 => "int";
         /// Most experts per token.
         MAX_TOPK: usize = 32 => "int";
-        /// Channels of a row that share one fp8 scale.
+        /// Channels of a row that share one fp8 scale (normal and low-latency mode).
         FP8_GROUP: usize = 128 => "int";
+        /// Bytes before a dispatch slot's top-k ids: [src_idx: i32][pad: i32] (8-aligns the i64 ids).
+        DISPATCH_SLOT_HEADER_BYTES: usize = 8 => "int";
+        /// Threads per block of the layout step (`moe_layout`): one token per thread.
+        LAYOUT_THREADS: u32 = 256 => "int";
+        /// Threads per block of both notify kernels (`moe_notify_prepare`, `moe_notify_finish`).
+        NOTIFY_THREADS: u32 = 256 => "int";
         /// u64 words of the input-error record: kind, token, value, limit.
         INPUT_ERROR_WORDS: usize = 4 => "int";
 
@@ -45,6 +51,12 @@ contract! {
         MAX_LL_EXPERTS: usize = 2048 => "int";
         /// Largest hidden size in low-latency mode: a row's fp8 scales are staged in shared memory.
         MAX_LL_HIDDEN: usize = 32768 => "int";
+        /// Bytes before a low-latency dispatch message's row: [src token: i32][pad: i32 x 3]
+        /// (16 keeps the row 16-byte aligned for vector copies).
+        LL_MSG_HEADER_BYTES: usize = 16 => "int";
+        /// UE8M0 scales (exponent bytes) packed into one i32 of `recv_x_scales`: hidden must be a
+        /// multiple of FP8_GROUP x UE8M0_PER_INT.
+        UE8M0_PER_INT: usize = 4 => "int";
         /// `phases` of a low-latency launch: the send half, the receive half, or both (3).
         PHASE_SEND: i32 = 1 => "int";
         PHASE_RECV: i32 = 2 => "int";
@@ -122,7 +134,7 @@ contract! {
         bytes: i32 => "int",
     }
 
-    /// Normal-mode dispatch (`dispatch` in intranode.cu).
+    /// Normal-mode dispatch (`moe_scatter` in buffer/dispatch.cu).
     struct ScatterArgs {
         /// local [num_tokens, hidden_bytes] (bf16 or fp8 rows)
         x: u64 => "const uint8_t*",
@@ -172,7 +184,7 @@ contract! {
         num_recv_rows: i32 => "int",
     }
 
-    /// Normal-mode combine (`combine` in intranode.cu).
+    /// Normal-mode combine (`moe_gather` in buffer/combine.cu).
     struct GatherArgs {
         /// local bf16 [num_recv_rows, hidden_bytes]: results for the tokens dispatch delivered here
         x: u64 => "const uint8_t*",

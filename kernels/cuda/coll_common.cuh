@@ -40,31 +40,19 @@
 
 #include "common.cuh"
 #include "contract.cuh"
+#include "ptx.cuh"
 
 namespace coll {
 
 // The limits, the failure kinds and `Workspace` (the communicator as a kernel sees it) are
 // the host/device contract: kernels/contract/defs.rs, generated into contract.cuh.
 using namespace contract;
+// Loads, stores and barriers with the order they need: ptx.cuh.
+using namespace ptx;
 
 // ANCHOR: ticket
 __host__ __device__ constexpr uint64_t ticket(uint64_t epoch, uint64_t step) { return epoch * STEPS_PER_EPOCH + step; }
 // ANCHOR_END: ticket
-
-// ---- memory operations with the ordering they need -------------------------------------------
-
-__device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t* p) {
-    uint64_t v;
-    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
-__device__ __forceinline__ void st_release_sys(uint64_t* p, uint64_t v) {
-    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-__device__ __forceinline__ void st_relaxed_sys(uint64_t* p, uint64_t v) {
-    asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-__device__ __forceinline__ uint64_t ld_volatile(const uint64_t* p) { return *reinterpret_cast<const volatile uint64_t*>(p); }
 
 // The copy of symmetric `ptr` that lives on `pe`, as a pointer this GPU loads from and stores
 // to directly: nvshmem_ptr(ptr, pe), with the offset the host read from it once.
@@ -125,7 +113,7 @@ __device__ __forceinline__ bool wait_at_least(const Workspace& ws, const uint64_
 __device__ __forceinline__ uint64_t begin_call(const Workspace& ws) {
     const int pe = threadIdx.x;
     if (blockIdx.x == 0 && pe < ws.n_pes && pe != ws.my_pe) {
-        asm volatile("red.relaxed.sys.global.add.u64 [%0], 1;" ::"l"(peer(ws, ws.ready + ws.my_pe, pe)) : "memory");
+        red_add_one_relaxed_sys(peer(ws, ws.ready + ws.my_pe, pe));
     }
     return ld_volatile(ws.state + STATE_EPOCHS + blockIdx.x) + 1;
 }
@@ -209,9 +197,7 @@ __device__ __forceinline__ bool block_wait_done_all(const Workspace& ws, uint64_
 
 // ANCHOR: ll_line
 __device__ __forceinline__ void ll_store(uint4* line, uint64_t payload, uint32_t flag) {
-    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(line), "r"(static_cast<uint32_t>(payload)),
-                 "r"(flag), "r"(static_cast<uint32_t>(payload >> 32)), "r"(flag)
-                 : "memory");
+    st_volatile_v4(line, static_cast<uint32_t>(payload), flag, static_cast<uint32_t>(payload >> 32), flag);
 }
 
 // Polls `line` until both halves carry `flag`; false on failure (recorded).
@@ -220,10 +206,7 @@ __device__ __forceinline__ bool ll_load(const Workspace& ws, const uint4* line, 
     uint32_t d0, f0, d1, f1;
     const long long start = clock64();
     for (;;) {
-        asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(d0), "=r"(f0), "=r"(d1), "=r"(f1)
-                     : "l"(line)
-                     : "memory");
+        ld_volatile_v4(line, d0, f0, d1, f1);
         if (f0 == flag && f1 == flag) break;
         if (failed(ws)) return false;
         if (clock64() - start > ws.timeout_cycles) {

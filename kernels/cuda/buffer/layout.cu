@@ -12,10 +12,10 @@ using namespace moe;
 // in shared memory (n_pes + num_experts ints), then one atomic per block and counter.
 // A bad expert id is an input error, not a failure of the buffer: it goes to `input_error`
 // (see record_input_error) and the host raises it at its next check.
-extern "C" __global__ void __launch_bounds__(256) moe_layout(const int64_t* topk_idx, int num_tokens, int num_topk,
-                                                             int num_experts, int n, int* num_tokens_per_rank,
-                                                             int* num_tokens_per_expert, bool* is_token_in_rank,
-                                                             InputError input_error) {
+extern "C" __global__ void __launch_bounds__(LAYOUT_THREADS) moe_layout(const int64_t* topk_idx, int num_tokens, int num_topk,
+                                                                        int num_experts, int n, int* num_tokens_per_rank,
+                                                                        int* num_tokens_per_expert, bool* is_token_in_rank,
+                                                                        InputError input_error) {
     extern __shared__ int shared_counts[];  // [n + num_experts]
     const int experts_per_rank = num_experts / n;
     int* rank_counts = shared_counts;

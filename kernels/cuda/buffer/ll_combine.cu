@@ -5,29 +5,29 @@
 
 namespace nvshmem_tutorial {
 
-__device__ __forceinline__ int global_warp() { return blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; }
-__device__ __forceinline__ int num_global_warps() { return gridDim.x * (blockDim.x / 32); }
+__device__ __forceinline__ int global_warp() { return blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE; }
+__device__ __forceinline__ int num_global_warps() { return gridDim.x * (blockDim.x / WARP_SIZE); }
 
 // Exclusive prefix sum of `data[0..n)` in shared memory, in place; returns the total. Every
 // thread of the block calls it.
 __device__ inline int block_exclusive_scan(int* data, int n) {
-    __shared__ int warp_sums[32];
+    __shared__ int warp_sums[WARP_SIZE];  // one per warp: at most 32 warps a block
     __shared__ int total;
     const int per = (n + blockDim.x - 1) / blockDim.x;
     const int begin = min(n, static_cast<int>(threadIdx.x) * per), end = min(n, begin + per);
     int sum = 0;
     for (int i = begin; i < end; ++i) sum += data[i];
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     int inclusive = sum;
-    for (int d = 1; d < 32; d *= 2) {
-        const int v = __shfl_up_sync(0xffffffffu, inclusive, d);
+    for (int d = 1; d < WARP_SIZE; d *= 2) {
+        const int v = __shfl_up_sync(ALL_LANES, inclusive, d);
         if (lane >= d) inclusive += v;
     }
-    if (lane == 31) warp_sums[warp] = inclusive;
+    if (lane == WARP_SIZE - 1) warp_sums[warp] = inclusive;
     __syncthreads();
     if (threadIdx.x == 0) {
         int run = 0;
-        for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) {
+        for (int w = 0; w < static_cast<int>(blockDim.x / WARP_SIZE); ++w) {
             const int s = warp_sums[w];
             warp_sums[w] = run;
             run += s;
@@ -130,8 +130,8 @@ __device__ __forceinline__ void combine_send(const Workspace& ws, const LlCombin
     }
     __syncthreads();
     const int total_rows = runs.index_experts();
-    const int row_bytes = a.hidden * 2;
-    const int lane = threadIdx.x % 32;
+    const int row_bytes = a.hidden * int(sizeof(__nv_bfloat16));
+    const int lane = threadIdx.x % WARP_SIZE;
     for (int g = global_warp(); g < total_rows; g += num_global_warps()) {
         int e, i, s;
         runs.locate(g, &e, &i, &s);
@@ -158,7 +158,9 @@ __device__ __forceinline__ void combine_recv(const Workspace& ws, const LlCombin
     __shared__ float weight[MAX_TOPK];
     if (!wait_all_sources(ws, a.region, h, k, WAIT_LL_COMBINE, a.wait_recv_cost)) return;
     const int K = a.num_topk, T = a.max_tokens;
-    const int vectors = a.hidden / 8;  // 8 bf16 per 16 bytes
+    const int vectors = a.hidden / BF16_PER_VECTOR;
+    // Experts' rows loaded before any is summed: one memory latency per this many.
+    constexpr int kRowsInFlight = 8;
     for (int t = blockIdx.x; t < a.num_tokens; t += gridDim.x) {
         __syncthreads();
         if (threadIdx.x < K) {
@@ -169,26 +171,25 @@ __device__ __forceinline__ void combine_recv(const Workspace& ws, const LlCombin
         }
         __syncthreads();
         for (int v = threadIdx.x; v < vectors; v += blockDim.x) {
-            float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            // Up to 8 experts' rows loaded before any is summed: one memory latency per 8.
-            for (int first = 0; first < K; first += 8) {
-                uint4 raw[8];
+            float acc[BF16_PER_VECTOR] = {};
+            for (int first = 0; first < K; first += kRowsInFlight) {
+                uint4 raw[kRowsInFlight];
 #pragma unroll
-                for (int j = 0; j < 8; ++j) {
+                for (int j = 0; j < kRowsInFlight; ++j) {
                     const int i = first + j;
                     if (i < K && expert[i] >= 0) {
                         const uint4* src = reinterpret_cast<const uint4*>(
-                            a.region.data[h] + (static_cast<int64_t>(expert[i]) * T + t) * a.hidden * 2);
+                            a.region.data[h] + (static_cast<int64_t>(expert[i]) * T + t) * a.hidden * int(sizeof(__nv_bfloat16)));
                         raw[j] = __ldcg(src + v);
                     }
                 }
 #pragma unroll
-                for (int j = 0; j < 8; ++j) {
+                for (int j = 0; j < kRowsInFlight; ++j) {
                     const int i = first + j;
                     if (i >= K || expert[i] < 0) continue;
                     const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw[j]);
 #pragma unroll
-                    for (int c = 0; c < 4; ++c) {
+                    for (int c = 0; c < BF16_PER_VECTOR / 2; ++c) {
                         const float2 f = __bfloat1622float2(pairs[c]);
                         acc[2 * c] += weight[i] * f.x;
                         acc[2 * c + 1] += weight[i] * f.y;
@@ -198,8 +199,8 @@ __device__ __forceinline__ void combine_recv(const Workspace& ws, const LlCombin
             uint4 out;
             auto* pairs = reinterpret_cast<__nv_bfloat162*>(&out);
 #pragma unroll
-            for (int j = 0; j < 4; ++j) pairs[j] = __floats2bfloat162_rn(acc[2 * j], acc[2 * j + 1]);
-            reinterpret_cast<uint4*>(a.out + static_cast<int64_t>(t) * a.hidden * 2)[v] = out;
+            for (int j = 0; j < BF16_PER_VECTOR / 2; ++j) pairs[j] = __floats2bfloat162_rn(acc[2 * j], acc[2 * j + 1]);
+            reinterpret_cast<uint4*>(a.out + static_cast<int64_t>(t) * a.hidden * int(sizeof(__nv_bfloat16)))[v] = out;
         }
     }
 }

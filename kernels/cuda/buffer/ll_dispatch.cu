@@ -5,61 +5,119 @@
 
 namespace nvshmem_tutorial {
 
-// Rounded up to 16 bytes: every slot, and so every row in it, must be 16-byte aligned for
-// the vector copies (an fp8 message of hidden = 128 x k carries 4k bytes of scales).
+// Rounded up to a vector: every slot, and so every row in it, must be 16-byte aligned for
+// the vector copies (an fp8 message of hidden = FP8_GROUP x k carries 4k bytes of scales).
 __host__ __device__ constexpr int dispatch_msg_bytes(int hidden, bool fp8) {
-    return (16 + (fp8 ? hidden + hidden / 128 * 4 : hidden * 2) + 15) / 16 * 16;
+    return round_up_to_vector(LL_MSG_HEADER_BYTES + (fp8 ? hidden + hidden / FP8_GROUP * int(sizeof(float))
+                                                         : hidden * int(sizeof(__nv_bfloat16))));
+}
+
+// What the send phase derives from its arguments, computed once at its top and handed to its
+// helpers (rather than each re-reading `ws`: after a store through a pointer the compiler
+// reads `ws` from memory again, and the kernel is at its register limit).
+struct DispatchShape {
+    int n, me;            // PEs, and this one
+    int L, T;             // local experts per PE, slots per (expert, source)
+    int msg_bytes;        // one message: header, row, scales, vector-aligned
+    int row_bytes;        // a row as it travels: fp8 (one byte a channel) or bf16
+    int num_scales;       // per row: one per FP8_GROUP channels in fp8, none in bf16
+    int rows_per_expert;  // packed rows of one local expert: n x T
+};
+
+__device__ __forceinline__ DispatchShape dispatch_shape(const Workspace& ws, const LlDispatchArgs& a) {
+    const int n = ws.n_pes, T = a.max_tokens;
+    return DispatchShape{n,
+                         ws.my_pe,
+                         a.num_experts / n,
+                         T,
+                         dispatch_msg_bytes(a.hidden, a.use_fp8),
+                         a.use_fp8 ? a.hidden : a.hidden * int(sizeof(__nv_bfloat16)),
+                         a.use_fp8 ? a.hidden / FP8_GROUP : 0,
+                         n * T};
 }
 
 // ---- dispatch -----------------------------------------------------------------------------
+
+// The send phase's grain: 16 channels of a row, one lane's share of a cast. In: 32 bf16 bytes
+// (two vectors); out: 16 fp8 bytes (one vector), or the same 32 bf16 bytes.
+constexpr int UNIT_CHANNELS = 16;
+constexpr int UNIT_BF16_BYTES = UNIT_CHANNELS * int(sizeof(__nv_bfloat16));
+constexpr int UNIT_FP8_BYTES = UNIT_CHANNELS * int(sizeof(__nv_fp8_storage_t));
+static_assert(UNIT_FP8_BYTES == VECTOR_BYTES && UNIT_BF16_BYTES == 2 * VECTOR_BYTES, "a unit is whole vectors");
+// Lanes whose units share one fp8 scale: the amax is reduced across them.
+constexpr int UNITS_PER_GROUP = FP8_GROUP / UNIT_CHANNELS;
+
+// e4m3's largest finite value: a group's amax is scaled onto it.
+constexpr float FP8_E4M3_MAX = 448.0f;
+// The smallest amax a group is scaled by: an all-zero group stays finite.
+constexpr float AMAX_FLOOR = 1e-4f;
+// The f32 fields, to read a scale's power of two off its bits (round_scale, UE8M0).
+constexpr int F32_MANTISSA_BITS = 23;
+constexpr uint32_t F32_MANTISSA_MASK = (1u << F32_MANTISSA_BITS) - 1;
+constexpr uint32_t F32_EXPONENT_MASK = 0xff;
+constexpr int F32_EXPONENT_BIAS = 127;
 
 // ANCHOR: cast
 // 16 channels of a bf16 row (32 bytes) to fp8 e4m3 with one scale per 128 channels, DeepEP's
 // recipe: amax over the 128 channels (8 lanes, at least 1e-4), scale = 448 / amax, rounded
 // to a power of two with round_scale. Returns the 16 fp8 bytes; *scale_inv is what the
 // receiver multiplies by. Every lane of the warp must call it (8-lane shuffles).
-__device__ __forceinline__ uint4 cast_fp8(const float (&v)[16], bool round_scale, float* scale_inv) {
-    float amax = 1e-4f;
+__device__ __forceinline__ uint4 cast_fp8(const float (&v)[UNIT_CHANNELS], bool round_scale, float* scale_inv) {
+    float amax = AMAX_FLOOR;
 #pragma unroll
-    for (int j = 0; j < 16; ++j) amax = fmaxf(amax, fabsf(v[j]));
+    for (int j = 0; j < UNIT_CHANNELS; ++j) amax = fmaxf(amax, fabsf(v[j]));
 #pragma unroll
-    for (int d = 1; d < 8; d *= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, d));
+    for (int d = 1; d < UNITS_PER_GROUP; d *= 2) amax = fmaxf(amax, __shfl_xor_sync(ALL_LANES, amax, d));
     // DeepEP's arithmetic, to the bit: amax x (1 / 448) for the stored scale, 448 / amax to cast.
-    constexpr float kInv448 = 1.0f / 448.0f;
+    constexpr float kInvMax = 1.0f / FP8_E4M3_MAX;
     float scale;
     if (round_scale) {
-        const float x = amax * kInv448;
+        const float x = amax * kInvMax;
         const uint32_t bits = __float_as_uint(x);
-        const int exponent = static_cast<int>((bits >> 23) & 0xff) - 127 + ((bits & 0x7fffff) != 0);
-        scale = __uint_as_float(static_cast<uint32_t>(127 - exponent) << 23);
-        *scale_inv = __uint_as_float(static_cast<uint32_t>(127 + exponent) << 23);
+        const int exponent = static_cast<int>((bits >> F32_MANTISSA_BITS) & F32_EXPONENT_MASK) - F32_EXPONENT_BIAS +
+                             ((bits & F32_MANTISSA_MASK) != 0);
+        scale = __uint_as_float(static_cast<uint32_t>(F32_EXPONENT_BIAS - exponent) << F32_MANTISSA_BITS);
+        *scale_inv = __uint_as_float(static_cast<uint32_t>(F32_EXPONENT_BIAS + exponent) << F32_MANTISSA_BITS);
     } else {
-        scale = 448.0f / amax;
-        *scale_inv = amax * kInv448;
+        scale = FP8_E4M3_MAX / amax;
+        *scale_inv = amax * kInvMax;
     }
     uint4 out;
     auto* pairs = reinterpret_cast<__nv_fp8x2_storage_t*>(&out);
 #pragma unroll
-    for (int j = 0; j < 16; j += 2) {
+    for (int j = 0; j < UNIT_CHANNELS; j += 2) {
         pairs[j / 2] = __nv_cvt_float2_to_fp8x2(make_float2(v[j] * scale, v[j + 1] * scale), __NV_SATFINITE, __NV_E4M3);
     }
     return out;
 }
 // ANCHOR_END: cast
 
-__device__ __forceinline__ void load_bf16x16(const uint8_t* p, float (&v)[16]) {
+// One unit of bf16 (two vectors at p) as 16 floats.
+__device__ __forceinline__ void load_bf16_unit(const uint8_t* p, float (&v)[UNIT_CHANNELS]) {
     const uint4 a = __ldg(reinterpret_cast<const uint4*>(p));
     const uint4 b = __ldg(reinterpret_cast<const uint4*>(p) + 1);
     const auto* ha = reinterpret_cast<const __nv_bfloat162*>(&a);
     const auto* hb = reinterpret_cast<const __nv_bfloat162*>(&b);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
+    for (int j = 0; j < BF16_PER_VECTOR / 2; ++j) {
         const float2 fa = __bfloat1622float2(ha[j]), fb = __bfloat1622float2(hb[j]);
         v[2 * j] = fa.x;
         v[2 * j + 1] = fa.y;
-        v[8 + 2 * j] = fb.x;
-        v[8 + 2 * j + 1] = fb.y;
+        v[BF16_PER_VECTOR + 2 * j] = fb.x;
+        v[BF16_PER_VECTOR + 2 * j + 1] = fb.y;
     }
+}
+
+// Unit u of `row` cast to fp8 (zeros past the row's `units`); every lane calls it.
+__device__ __forceinline__ uint4 cast_unit(const LlDispatchArgs& a, const uint8_t* row, int u, int units, float* scale_inv) {
+    float v[UNIT_CHANNELS];
+    if (u < units) {
+        load_bf16_unit(row + u * UNIT_BF16_BYTES, v);
+    } else {
+#pragma unroll
+        for (int j = 0; j < UNIT_CHANNELS; ++j) v[j] = 0.0f;
+    }
+    return cast_fp8(v, a.round_scale, scale_inv);  // every lane: 8-lane shuffles
 }
 
 // Where a token's copy for one of its experts goes. A peer's expert gets a message in its
@@ -74,14 +132,121 @@ struct Destination {
 };
 
 // Scale c of a row into the packed receive layout, column-major ([e][c][rows], DeepEP's
-// TMA-friendly layout): f32, or with use_ue8m0 the exponent byte, four per int32
+// TMA-friendly layout): f32, or with use_ue8m0 the exponent byte, UE8M0_PER_INT per int32
 // ([e][c / 4][rows][4]). `column` is recv_scales' element for (e, c = 0, this row).
 __device__ __forceinline__ void store_packed_scale(void* column, int c, int rows_per_expert, bool ue8m0, float value) {
     if (ue8m0) {
-        static_cast<uint8_t*>(column)[(static_cast<int64_t>(c / 4) * rows_per_expert) * 4 + c % 4] =
-            static_cast<uint8_t>(__float_as_uint(value) >> 23);
+        static_cast<uint8_t*>(column)[(static_cast<int64_t>(c / UE8M0_PER_INT) * rows_per_expert) * UE8M0_PER_INT +
+                                      c % UE8M0_PER_INT] = static_cast<uint8_t>(__float_as_uint(value) >> F32_MANTISSA_BITS);
     } else {
         static_cast<float*>(column)[static_cast<int64_t>(c) * rows_per_expert] = value;
+    }
+}
+
+// ANCHOR: dispatch_destination
+// Token t's destination for expert e, claimed by one thread: a slot from the expert's counter,
+// then either the peer's message slot (its header written here) or, for an expert of this
+// rank, the packed output row itself. No destination for -1, a bad id, or a full run.
+__device__ __forceinline__ Destination claim_destination(const Workspace& ws, const LlDispatchArgs& a, const DispatchShape& sh,
+                                                         int h, int t, int64_t e) {
+    const int L = sh.L, T = sh.T, num_scales = sh.num_scales, rows_per_expert = sh.rows_per_expert;
+    Destination d{nullptr, nullptr, false};
+    if (valid_expert(a.bad_input, e, a.num_experts, t)) {
+        const int i = atomicAdd(a.state->slots + e, 1);
+        const int pe = static_cast<int>(e / L);
+        const int local = static_cast<int>(e % L);
+        if (i >= T) {
+            // Only a token naming one expert twice can get here (N <= T): the run of T slots
+            // is full. Counted as sent, so the call completes; raised later.
+            moe::record_input_error(a.bad_input, SLOTS_FULL, t, static_cast<uint64_t>(e), T);
+        } else if (pe == sh.me) {
+            const int64_t packed = static_cast<int64_t>(local) * rows_per_expert + i;
+            a.recv_src_info[packed] = t;
+            d.row = a.recv_x + packed * sh.row_bytes;
+            d.local = true;
+            if (num_scales > 0) {
+                d.scales = a.use_ue8m0 ? static_cast<void*>(static_cast<uint8_t*>(a.recv_scales) +
+                                                            (static_cast<int64_t>(local) * (num_scales / UE8M0_PER_INT) * rows_per_expert + i) *
+                                                                UE8M0_PER_INT)
+                                       : static_cast<void*>(static_cast<float*>(a.recv_scales) +
+                                                            static_cast<int64_t>(local) * num_scales * rows_per_expert + i);
+            }
+        } else {
+            uint8_t* slot = peer(ws, a.region.data[h] + ((static_cast<int64_t>(local) * sh.n + sh.me) * T + i) * sh.msg_bytes, pe);
+            *reinterpret_cast<int4*>(slot) = make_int4(t, 0, 0, 0);
+            d.row = slot + LL_MSG_HEADER_BYTES;
+            d.scales = slot + LL_MSG_HEADER_BYTES + a.hidden;
+        }
+    }
+    return d;
+}
+// ANCHOR_END: dispatch_destination
+
+// ANCHOR: dispatch_fp8
+// An fp8 row to every destination, after each thread cast its first unit (`first`): every
+// warp walks the rest 16 channels a lane, casts each unit once and stores the same 16 bytes
+// to all K destinations; each group's scale is kept in `row_scales` (one lane in 8).
+__device__ __forceinline__ void send_fp8_row(const LlDispatchArgs& a, const Destination (&dst)[MAX_TOPK], float* row_scales,
+                                             const uint8_t* row, int K, int lane, int units, const uint4& first,
+                                             float first_scale) {
+    auto store = [&](int u, const uint4& packed, float scale_inv) {
+        for (int i = 0; i < K; ++i) {
+            if (dst[i].row != nullptr) *reinterpret_cast<uint4*>(dst[i].row + u * UNIT_FP8_BYTES) = packed;
+        }
+        if (lane % UNITS_PER_GROUP == 0) row_scales[u / UNITS_PER_GROUP] = scale_inv;
+    };
+    const int u0 = threadIdx.x;
+    if (u0 < units) store(u0, first, first_scale);
+    // The rest of a long row; the whole warp runs every iteration (shuffles).
+    for (int base = threadIdx.x - lane + blockDim.x; base < units; base += blockDim.x) {
+        float scale_inv;
+        const uint4 packed = cast_unit(a, row, base + lane, units, &scale_inv);
+        if (base + lane < units) store(base + lane, packed, scale_inv);
+    }
+}
+
+// After send_fp8_row (and a barrier): the row's scales, as 16-byte vectors into a message (its
+// padding takes a partial last vector), one column entry each into this rank's packed layout.
+__device__ __forceinline__ void send_scales(const LlDispatchArgs& a, const DispatchShape& sh, const Destination (&dst)[MAX_TOPK],
+                                            const float* row_scales) {
+    constexpr int F32_PER_VECTOR = VECTOR_BYTES / int(sizeof(float));
+    const int K = a.num_topk, num_scales = sh.num_scales, rows_per_expert = sh.rows_per_expert;
+    const int vectors = (num_scales + F32_PER_VECTOR - 1) / F32_PER_VECTOR;
+    for (int j = threadIdx.x; j < K * num_scales; j += blockDim.x) {
+        const Destination& d = dst[j / num_scales];
+        const int c = j % num_scales;
+        if (d.row == nullptr) continue;
+        if (d.local) {
+            store_packed_scale(d.scales, c, rows_per_expert, a.use_ue8m0, row_scales[c]);
+        } else if (c < vectors) {
+            uint4 v;
+            v.x = __float_as_uint(row_scales[4 * c]);
+            v.y = 4 * c + 1 < num_scales ? __float_as_uint(row_scales[4 * c + 1]) : 0u;
+            v.z = 4 * c + 2 < num_scales ? __float_as_uint(row_scales[4 * c + 2]) : 0u;
+            v.w = 4 * c + 3 < num_scales ? __float_as_uint(row_scales[4 * c + 3]) : 0u;
+            reinterpret_cast<uint4*>(d.scales)[c] = v;
+        }
+    }
+}
+// ANCHOR_END: dispatch_fp8
+
+// A bf16 row to every destination: each thread copies 32 bytes at a time to all K, starting
+// with the unit it loaded first (`lo`, `hi`).
+__device__ __forceinline__ void send_bf16_row(const LlDispatchArgs& a, const Destination (&dst)[MAX_TOPK], const uint8_t* row,
+                                              int K, int units, const uint4& lo, const uint4& hi) {
+    auto store = [&](int u, const uint4& first_vector, const uint4& second_vector) {
+        for (int i = 0; i < K; ++i) {
+            if (dst[i].row == nullptr) continue;
+            uint4* out = reinterpret_cast<uint4*>(dst[i].row + u * UNIT_BF16_BYTES);
+            out[0] = first_vector;
+            out[1] = second_vector;
+        }
+    };
+    const int u0 = threadIdx.x;
+    if (u0 < units) store(u0, lo, hi);
+    for (int u = u0 + blockDim.x; u < units; u += blockDim.x) {
+        const uint4* src = reinterpret_cast<const uint4*>(row + u * UNIT_BF16_BYTES);
+        store(u, __ldg(src), __ldg(src + 1));
     }
 }
 
@@ -90,128 +255,39 @@ __device__ __forceinline__ void store_packed_scale(void* column, int c, int rows
 // slot each, and the block streams the token (cast once, from registers) into every slot.
 __device__ __forceinline__ void dispatch_send(const Workspace& ws, const LlDispatchArgs& a, int h, uint64_t k) {
     __shared__ Destination dst[MAX_TOPK];
-    __shared__ float row_scales[MAX_LL_HIDDEN / 128];
-    const int n = ws.n_pes, me = ws.my_pe;
-    const int L = a.num_experts / n, K = a.num_topk, T = a.max_tokens;
-    const int msg_bytes = dispatch_msg_bytes(a.hidden, a.use_fp8);
-    const int row_bytes = a.use_fp8 ? a.hidden : a.hidden * 2;
-    const int num_scales = a.use_fp8 ? a.hidden / 128 : 0;
-    const int rows_per_expert = n * T;
-    const int lane = threadIdx.x % 32;
-    const int units = a.hidden / 16;  // 16 channels each: 32 bytes in, 16 (fp8) or 32 out
-    auto cast_unit = [&](const uint8_t* row, int u, float* scale_inv) {
-        float v[16];
-        if (u < units) {
-            load_bf16x16(row + u * 32, v);
-        } else {
-#pragma unroll
-            for (int j = 0; j < 16; ++j) v[j] = 0.0f;
-        }
-        return cast_fp8(v, a.round_scale, scale_inv);  // every lane: 8-lane shuffles
-    };
-    // One 16-channel unit of the row to every destination: 16 fp8 bytes, its group's scale
-    // kept for later (one lane in 8), or 32 bf16 bytes.
-    auto store_fp8 = [&](int u, const uint4& packed, float scale_inv) {
-        for (int i = 0; i < K; ++i) {
-            if (dst[i].row != nullptr) *reinterpret_cast<uint4*>(dst[i].row + u * 16) = packed;
-        }
-        if (lane % 8 == 0) row_scales[u / 8] = scale_inv;
-    };
-    auto store_bf16 = [&](int u, const uint4& lo, const uint4& hi) {
-        for (int i = 0; i < K; ++i) {
-            if (dst[i].row == nullptr) continue;
-            uint4* out = reinterpret_cast<uint4*>(dst[i].row + u * 32);
-            out[0] = lo;
-            out[1] = hi;
-        }
-    };
+    __shared__ float row_scales[MAX_LL_HIDDEN / FP8_GROUP];
+    const DispatchShape sh = dispatch_shape(ws, a);
+    const int K = a.num_topk, lane = threadIdx.x % WARP_SIZE;
+    const int units = a.hidden / UNIT_CHANNELS;
     for (int t = blockIdx.x; t < a.num_tokens; t += gridDim.x) {
         __syncthreads();  // the previous token's destinations and scales are no longer read
-        const uint8_t* row = a.x + static_cast<int64_t>(t) * a.hidden * 2;
+        const uint8_t* row = a.x + static_cast<int64_t>(t) * a.hidden * int(sizeof(__nv_bfloat16));
         // Each thread's first unit is loaded (and cast) while threads < K take slots: the
         // two memory round trips overlap instead of following each other.
         const int u0 = threadIdx.x;
         uint4 first_lo = make_uint4(0, 0, 0, 0), first_hi = first_lo;
         float first_scale = 0.0f;
         if (a.use_fp8) {
-            first_lo = cast_unit(row, u0, &first_scale);
+            first_lo = cast_unit(a, row, u0, units, &first_scale);
         } else if (u0 < units) {
-            first_lo = __ldg(reinterpret_cast<const uint4*>(row + u0 * 32));
-            first_hi = __ldg(reinterpret_cast<const uint4*>(row + u0 * 32) + 1);
+            first_lo = __ldg(reinterpret_cast<const uint4*>(row + u0 * UNIT_BF16_BYTES));
+            first_hi = __ldg(reinterpret_cast<const uint4*>(row + u0 * UNIT_BF16_BYTES) + 1);
         }
-        if (threadIdx.x < K) {
-            const int64_t e = __ldg(a.topk_idx + t * K + threadIdx.x);
-            Destination d{nullptr, nullptr, false};
-            if (valid_expert(a.bad_input, e, a.num_experts, t)) {
-                const int i = atomicAdd(a.state->slots + e, 1);
-                const int pe = static_cast<int>(e / L);
-                const int local = static_cast<int>(e % L);
-                if (i >= T) {
-                    // Only a token naming one expert twice can get here (N <= T): the run of
-                    // T slots is full. Counted as sent, so the call completes; raised later.
-                    moe::record_input_error(a.bad_input, SLOTS_FULL, t, static_cast<uint64_t>(e), T);
-                } else if (pe == me) {
-                    const int64_t packed = static_cast<int64_t>(local) * rows_per_expert + i;
-                    a.recv_src_info[packed] = t;
-                    d.row = a.recv_x + packed * row_bytes;
-                    d.local = true;
-                    if (num_scales > 0) {
-                        d.scales = a.use_ue8m0
-                                       ? static_cast<void*>(static_cast<uint8_t*>(a.recv_scales) +
-                                                            (static_cast<int64_t>(local) * (num_scales / 4) * rows_per_expert + i) * 4)
-                                       : static_cast<void*>(static_cast<float*>(a.recv_scales) +
-                                                            static_cast<int64_t>(local) * num_scales * rows_per_expert + i);
-                    }
-                } else {
-                    uint8_t* slot = peer(ws, a.region.data[h] + ((static_cast<int64_t>(local) * n + me) * T + i) * msg_bytes, pe);
-                    *reinterpret_cast<int4*>(slot) = make_int4(t, 0, 0, 0);
-                    d.row = slot + 16;
-                    d.scales = slot + 16 + a.hidden;
-                }
-            }
-            dst[threadIdx.x] = d;
-        }
+        if (threadIdx.x < K) dst[threadIdx.x] = claim_destination(ws, a, sh, h, t, __ldg(a.topk_idx + t * K + threadIdx.x));
         __syncthreads();
         if (a.use_fp8) {
-            if (u0 < units) store_fp8(u0, first_lo, first_scale);
-            // The rest of a long row; the whole warp runs every iteration (shuffles).
-            for (int base = threadIdx.x - lane + blockDim.x; base < units; base += blockDim.x) {
-                float scale_inv;
-                const uint4 packed = cast_unit(row, base + lane, &scale_inv);
-                if (base + lane < units) store_fp8(base + lane, packed, scale_inv);
-            }
+            send_fp8_row(a, dst, row_scales, row, K, lane, units, first_lo, first_scale);
             __syncthreads();  // row_scales complete
-            // The scales: 16-byte vectors into a message (its padding takes a partial last
-            // vector), one column entry each into this rank's packed layout.
-            const int vectors = (num_scales + 3) / 4;
-            for (int j = threadIdx.x; j < K * num_scales; j += blockDim.x) {
-                const Destination& d = dst[j / num_scales];
-                const int c = j % num_scales;
-                if (d.row == nullptr) continue;
-                if (d.local) {
-                    store_packed_scale(d.scales, c, rows_per_expert, a.use_ue8m0, row_scales[c]);
-                } else if (c < vectors) {
-                    uint4 v;
-                    v.x = __float_as_uint(row_scales[4 * c]);
-                    v.y = 4 * c + 1 < num_scales ? __float_as_uint(row_scales[4 * c + 1]) : 0u;
-                    v.z = 4 * c + 2 < num_scales ? __float_as_uint(row_scales[4 * c + 2]) : 0u;
-                    v.w = 4 * c + 3 < num_scales ? __float_as_uint(row_scales[4 * c + 3]) : 0u;
-                    reinterpret_cast<uint4*>(d.scales)[c] = v;
-                }
-            }
+            send_scales(a, sh, dst, row_scales);
         } else {
-            if (u0 < units) store_bf16(u0, first_lo, first_hi);
-            for (int u = u0 + blockDim.x; u < units; u += blockDim.x) {
-                const uint4* src = reinterpret_cast<const uint4*>(row + u * 32);
-                store_bf16(u, __ldg(src), __ldg(src + 1));
-            }
+            send_bf16_row(a, dst, row, K, units, first_lo, first_hi);
         }
     }
     finish_sends(ws, a.state, [&](int pe) {
         // PE pe's experts' count words: each read and reset in one step, sent with the call.
-        uint64_t* words = peer(ws, a.region.counts[h] + me * L, pe);
-        for (int e = threadIdx.x; e < L; e += blockDim.x) {
-            const int count = min(atomicExch(a.state->slots + pe * L + e, 0), T);
+        uint64_t* words = peer(ws, a.region.counts[h] + sh.me * sh.L, pe);
+        for (int e = threadIdx.x; e < sh.L; e += blockDim.x) {
+            const int count = min(atomicExch(a.state->slots + pe * sh.L + e, 0), sh.T);
             st_release_sys(words + e, (k << 32) | static_cast<uint32_t>(count));
         }
     });
@@ -235,13 +311,13 @@ __device__ __forceinline__ void dispatch_recv(const Workspace& ws, const LlDispa
     int groups = 1;
     while (groups < kMaxGroups && groups * static_cast<int>(gridDim.x) < units) groups *= 2;
     const int group_threads = blockDim.x / groups, group = threadIdx.x / group_threads;
-    const int tid = threadIdx.x % group_threads, lane = tid % 32, warp = tid / 32, warps = group_threads / 32;
+    const int tid = threadIdx.x % group_threads, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE, warps = group_threads / WARP_SIZE;
     int* seen = counts[group];
     // Named barrier 1 + group: the group's threads only (barrier 0 is __syncthreads).
-    auto group_sync = [&] { asm volatile("bar.sync %0, %1;" ::"r"(group + 1), "r"(group_threads) : "memory"); };
+    auto group_sync = [&] { named_barrier_sync(group + 1, group_threads); };
     const int msg_bytes = dispatch_msg_bytes(a.hidden, a.use_fp8);
-    const int row_bytes = a.use_fp8 ? a.hidden : a.hidden * 2;
-    const int num_scales = a.use_fp8 ? a.hidden / 128 : 0;
+    const int row_bytes = a.use_fp8 ? a.hidden : a.hidden * int(sizeof(__nv_bfloat16));
+    const int num_scales = a.use_fp8 ? a.hidden / FP8_GROUP : 0;
     const int rows_per_expert = n * T;
     for (int u = blockIdx.x + group * gridDim.x; u < units; u += gridDim.x * groups) {
         const int e = u % L;
@@ -283,19 +359,20 @@ __device__ __forceinline__ void dispatch_recv(const Workspace& ws, const LlDispa
             const uint8_t* m = run + static_cast<int64_t>(i) * msg_bytes;
             const int64_t packed = static_cast<int64_t>(e) * rows_per_expert + begin + i;
             const int token = lane == 0 ? __ldcg(reinterpret_cast<const int*>(m)) : 0;
-            const float* scales = reinterpret_cast<const float*>(m + 16 + row_bytes);
+            const float* scales = reinterpret_cast<const float*>(m + LL_MSG_HEADER_BYTES + row_bytes);
             const float scale0 = lane < num_scales ? __ldcg(scales + lane) : 0.0f;
-            const float scale1 = lane + 32 < num_scales ? __ldcg(scales + lane + 32) : 0.0f;
-            warp_copy<true, 8>(a.recv_x + packed * row_bytes, m + 16, row_bytes, lane);
+            const float scale1 = lane + WARP_SIZE < num_scales ? __ldcg(scales + lane + WARP_SIZE) : 0.0f;
+            warp_copy<true, 8>(a.recv_x + packed * row_bytes, m + LL_MSG_HEADER_BYTES, row_bytes, lane);
             if (lane == 0) a.recv_src_info[packed] = token;
             if (num_scales == 0) continue;
             void* column = a.use_ue8m0 ? static_cast<void*>(static_cast<uint8_t*>(a.recv_scales) +
-                                                            (static_cast<int64_t>(e) * (num_scales / 4) * rows_per_expert + begin + i) * 4)
+                                                            (static_cast<int64_t>(e) * (num_scales / UE8M0_PER_INT) * rows_per_expert + begin + i) *
+                                                                UE8M0_PER_INT)
                                        : static_cast<void*>(static_cast<float*>(a.recv_scales) +
                                                             static_cast<int64_t>(e) * num_scales * rows_per_expert + begin + i);
             if (lane < num_scales) store_packed_scale(column, lane, rows_per_expert, a.use_ue8m0, scale0);
-            if (lane + 32 < num_scales) store_packed_scale(column, lane + 32, rows_per_expert, a.use_ue8m0, scale1);
-            for (int c = lane + 64; c < num_scales; c += 32)  // hidden > 8192: the rest
+            if (lane + WARP_SIZE < num_scales) store_packed_scale(column, lane + WARP_SIZE, rows_per_expert, a.use_ue8m0, scale1);
+            for (int c = lane + 2 * WARP_SIZE; c < num_scales; c += WARP_SIZE)  // hidden > 8192: the rest
                 store_packed_scale(column, c, rows_per_expert, a.use_ue8m0, __ldcg(scales + c));
         }
     }

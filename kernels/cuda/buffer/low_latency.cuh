@@ -1,7 +1,7 @@
 // Chapter 8: what low-latency dispatch (ll_dispatch.cu) and combine (ll_combine.cu) share.
 //
 // A decoding step moves few tokens (tens to hundreds per rank), so its cost is latency: kernel
-// launches, round trips, fences. Normal mode (intranode.cu) first exchanges counts (the notify
+// launches, round trips, fences. Normal mode (dispatch.cu) first exchanges counts (the notify
 // step) so that every token lands in its final row; here nothing is exchanged before the data.
 // Every (local expert, source rank) pair owns a fixed run of num_max_dispatch_tokens_per_rank
 // (T) slots on the expert's rank, big enough for the worst case, so a sender can write a token
@@ -9,7 +9,7 @@
 // Shapes are fixed by (T, hidden, num_experts) alone, which is what lets a CUDA graph capture
 // a dispatch and a combine once and replay them with new data.
 //
-// Layout of the low-latency region (host mirror with the size formulas: src/low_latency/layout.rs):
+// Layout of the low-latency region (host mirror with the size formulas: src/low_latency/regions.rs):
 //
 //   control  (fixed offsets, whatever the call's shape)
 //     flags[2][MAX_PES]    u64   flags[h][s]: the last combine whose rows PE s finished
@@ -67,6 +67,9 @@
 namespace nvshmem_tutorial {
 
 using namespace coll;
+using moe::BF16_PER_VECTOR;
+using moe::round_up_to_vector;
+using moe::VECTOR_BYTES;
 using moe::warp_copy;
 
 // PHASE_SEND / PHASE_RECV, the limits (MAX_LL_EXPERTS, MAX_TOPK, MAX_LL_HIDDEN,

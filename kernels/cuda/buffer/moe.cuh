@@ -1,6 +1,7 @@
-// Chapter 7: what the buffer's kernels share. The buffer is a chapter-4 communicator whose
-// one symmetric allocation carries, after the communicator's own flags and scratch, the
-// buffer's regions (layout and size formulas: src/layout.rs):
+// Chapter 7: what the buffer's kernels share (layout.cu, notify.cu, dispatch.cu, combine.cu,
+// and chapter 8's low_latency.cuh). The buffer is a chapter-4 communicator whose one symmetric
+// allocation carries, after the communicator's own flags and scratch, the buffer's regions
+// (layout and size formulas: src/regions.rs):
 //
 //   control   ring counters, MAX_CHANNELS x MAX_PES u64 each:
 //               dispatch_tail[c][src]   on the receiver: tokens src pushed into ring (c, src)
@@ -25,7 +26,7 @@
 //   only after the peer announced this call (chapter 4's ready flags), i.e. after the peer's
 //   previous kernel, which drained every ring it was reading, has finished.
 // - A sender publishes its tail after a window (dispatch: the tokens of one 32-token ballot;
-//   combine: COMBINE_WINDOW rows, intranode.cu), from one thread, after a named barrier over
+//   combine: COMBINE_WINDOW rows, combine.cu), from one thread, after a named barrier over
 //   the warps that wrote the window: the barrier orders their stores before the releasing
 //   thread's store (the pattern DeepEP also relies on).
 // ANCHOR_END: ring_notes
@@ -56,11 +57,40 @@ __device__ __forceinline__ bool wait_counter(const Workspace& ws, const uint64_t
 }
 
 // [begin, end) of the original tokens channel c owns: equal shares in token order. Host
-// mirror: src/layout.rs channel_range.
+// mirror: src/regions.rs channel_range.
 __device__ __forceinline__ void channel_range(int num_tokens, int num_channels, int c, int* begin, int* end) {
     const int per = (num_tokens + num_channels - 1) / num_channels;
     *begin = min(per * c, num_tokens);
     *end = min(*begin + per, num_tokens);
+}
+
+// Rows PE `src` delivered to us in channel c: where they start in our received rows, and how
+// many there are. Dispatch's receiver writes them; combine's sender sends them back.
+__device__ __forceinline__ void rows_from(const int* rank_prefix_matrix, const int* recv_channel_prefix_matrix, int n,
+                                          int me, int num_channels, int src, int c, int* first, int* count) {
+    const int before_src = src > 0 ? rank_prefix_matrix[(src - 1) * n + me] : 0;
+    const int total = rank_prefix_matrix[src * n + me] - before_src;
+    const int start = recv_channel_prefix_matrix[src * num_channels + c];
+    const int next = c + 1 < num_channels ? recv_channel_prefix_matrix[src * num_channels + c + 1] : total;
+    *first = before_src + start;
+    *count = next - start;
+}
+
+// Before filling a ring up to position `end`, the receiver's head must have reached
+// end - ring_tokens (counters are unsigned: nothing to wait for while end fits).
+__device__ __forceinline__ uint64_t space_needed(uint64_t end, int ring_tokens) {
+    return end > uint64_t(ring_tokens) ? end - ring_tokens : 0;
+}
+
+// Bytes of one uint4, the widest load and store: rows and the parts of ring slots and messages
+// start at multiples of it so that warp_copy moves them as vectors.
+constexpr int VECTOR_BYTES = 16;
+static_assert(VECTOR_BYTES == sizeof(uint4), "a vector is one uint4");
+// bf16 elements in one vector.
+constexpr int BF16_PER_VECTOR = VECTOR_BYTES / int(sizeof(__nv_bfloat16));
+
+__host__ __device__ __forceinline__ constexpr int round_up_to_vector(int num_bytes) {
+    return (num_bytes + (VECTOR_BYTES - 1)) / VECTOR_BYTES * VECTOR_BYTES;
 }
 
 // Warps of a block split into groups, one per PE, or, with `skip` = a PE, one per PE but
@@ -70,37 +100,35 @@ struct PeerGroup {
     int peer, member, size, index, groups;
     __device__ PeerGroup(int n_pes, int skip = -1) {
         groups = skip >= 0 ? n_pes - 1 : n_pes;
-        size = groups > 0 ? int(blockDim.x / 32) / groups : 0;
-        index = size > 0 ? int(threadIdx.x / 32) / size : groups;
-        member = size > 0 ? int(threadIdx.x / 32) % size : 0;
+        size = groups > 0 ? int(blockDim.x / WARP_SIZE) / groups : 0;
+        index = size > 0 ? int(threadIdx.x / WARP_SIZE) / size : groups;
+        member = size > 0 ? int(threadIdx.x / WARP_SIZE) % size : 0;
         peer = skip >= 0 && index >= skip ? index + 1 : index;
     }
     __device__ bool active() const { return size > 0 && index < groups; }
     // A barrier over just this group's warps (named barrier 1 + index; 0 is __syncthreads).
-    __device__ void sync() const {
-        asm volatile("bar.sync %0, %1;" ::"r"(1 + index), "r"(size * 32) : "memory");
-    }
+    __device__ void sync() const { named_barrier_sync(1 + index, size * WARP_SIZE); }
 };
 
-// Copies `num_bytes` (a multiple of 16) with the 32 lanes of a warp, kDepth loads in flight
-// per lane before the first store: a decode-sized row is a few such rounds, so the copy costs
-// a few memory latencies rather than one per 512 bytes. `kCoherent` reads through L2 only
+// Copies `num_bytes` (a multiple of VECTOR_BYTES) with the lanes of a warp, kDepth loads in
+// flight per lane before the first store: a decode-sized row is a few such rounds, so the copy
+// costs a few memory latencies rather than one per 512 bytes. `kCoherent` reads through L2 only
 // (data a peer wrote during this kernel); otherwise through the read-only path (inputs).
 template <bool kCoherent, int kDepth = 8>
 __device__ __forceinline__ void warp_copy(uint8_t* dst, const uint8_t* src, int num_bytes, int lane) {
     const uint4* s = reinterpret_cast<const uint4*>(src);
     uint4* d = reinterpret_cast<uint4*>(dst);
-    const int n = num_bytes / 16;
-    for (int base = 0; base < n; base += 32 * kDepth) {
+    const int n = num_bytes / VECTOR_BYTES;
+    for (int base = 0; base < n; base += WARP_SIZE * kDepth) {
         uint4 v[kDepth];
 #pragma unroll
         for (int j = 0; j < kDepth; ++j) {
-            const int i = base + j * 32 + lane;
+            const int i = base + j * WARP_SIZE + lane;
             if (i < n) v[j] = kCoherent ? __ldcg(s + i) : __ldg(s + i);
         }
 #pragma unroll
         for (int j = 0; j < kDepth; ++j) {
-            const int i = base + j * 32 + lane;
+            const int i = base + j * WARP_SIZE + lane;
             if (i < n) d[i] = v[j];
         }
     }

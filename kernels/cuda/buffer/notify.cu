@@ -17,11 +17,11 @@ using namespace moe;
 // is_token_in_rank: local bool [num_tokens, n]; num_tokens_per_rank: local int32 [n];
 // num_tokens_per_expert: local int32 [num_experts]; channel_prefix_matrix: local int32
 // [n, num_channels]; row: symmetric int32 [n + num_experts + n * num_channels].
-extern "C" __global__ void __launch_bounds__(256) moe_notify_prepare(const bool* is_token_in_rank, int num_tokens,
-                                                                     int n, int num_channels, int num_experts,
-                                                                     const int* num_tokens_per_rank,
-                                                                     const int* num_tokens_per_expert,
-                                                                     int* channel_prefix_matrix, int* row) {
+extern "C" __global__ void __launch_bounds__(NOTIFY_THREADS) moe_notify_prepare(const bool* is_token_in_rank, int num_tokens,
+                                                                                int n, int num_channels, int num_experts,
+                                                                                const int* num_tokens_per_rank,
+                                                                                const int* num_tokens_per_expert,
+                                                                                int* channel_prefix_matrix, int* row) {
     __shared__ int per_channel[MAX_CHANNELS];
     const int dst = blockIdx.x;
     for (int c = threadIdx.x; c < num_channels; c += blockDim.x) per_channel[c] = 0;
@@ -31,8 +31,8 @@ extern "C" __global__ void __launch_bounds__(256) moe_notify_prepare(const bool*
         channel_range(num_tokens, num_channels, c, &begin, &end);
         int count = 0;
         for (int t = begin + threadIdx.x; t < end; t += blockDim.x) count += is_token_in_rank[int64_t(t) * n + dst];
-        for (int offset = 16; offset > 0; offset /= 2) count += __shfl_xor_sync(0xffffffff, count, offset);
-        if (threadIdx.x % 32 == 0 && count > 0) atomicAdd(&per_channel[c], count);
+        for (int offset = WARP_SIZE / 2; offset > 0; offset /= 2) count += __shfl_xor_sync(ALL_LANES, count, offset);
+        if (threadIdx.x % WARP_SIZE == 0 && count > 0) atomicAdd(&per_channel[c], count);
     }
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -59,10 +59,10 @@ extern "C" __global__ void __launch_bounds__(256) moe_notify_prepare(const bool*
 // (counters: host-mapped int32 [1 + num_local_experts], word 0 written last): the number of
 // tokens to receive and each local expert's count rounded up to `expert_alignment`.
 // One block.
-extern "C" __global__ void __launch_bounds__(256) moe_notify_finish(const int* rows, int n, int my_pe,
-                                                                    int num_channels, int num_experts,
-                                                                    int expert_alignment, int* rank_prefix_matrix,
-                                                                    int* recv_channel_prefix_matrix, int* counters) {
+extern "C" __global__ void __launch_bounds__(NOTIFY_THREADS) moe_notify_finish(const int* rows, int n, int my_pe,
+                                                                               int num_channels, int num_experts,
+                                                                               int expert_alignment, int* rank_prefix_matrix,
+                                                                               int* recv_channel_prefix_matrix, int* counters) {
     const int row_len = n + num_experts + n * num_channels;
     const int num_local = num_experts / n;
     for (int j = threadIdx.x; j < n; j += blockDim.x) {
