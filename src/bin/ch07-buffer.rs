@@ -4,22 +4,26 @@
 //! torchrun --standalone --nproc_per_node=N --no-python target/release/ch07-buffer
 //! ```
 //!
-//! A mixture-of-experts layer's communication on every rank: the layout of random top-k
-//! routing (with -1 entries), dispatch (bf16 and fp8, with and without top-k, fresh and with
-//! a cached handle, fixed-size outputs), combine (with weights and biases), 200 dispatch and
-//! combine pairs in a row with new routing and no cleanup, then the mistakes. Every result is
-//! checked against a host reference built from every rank's inputs (each rank can rebuild
-//! every other's from the shared seed). Ends `N passed, M failed`.
+//! A mixture-of-experts layer's communication on every rank, through the buffer's typed layer
+//! (src/typed.rs): the layout of random top-k routing (with -1 entries), dispatch (bf16 with
+//! top-k and the notify step; then bf16 and fp8 with the cached handle), combine (with
+//! weights and a bias), 200 dispatch and combine pairs in a row with new routing and no
+//! cleanup, then mistakes a live buffer refuses (src/bad_inputs.rs has the whole table, on
+//! the CPU). Outputs are poisoned before every call. Every result is checked against a host
+//! reference built from every rank's inputs (each rank can rebuild every other's from the
+//! shared seed). Ends `N passed, M failed`.
 
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use ch01_bootstrap::World;
 use ch01_bootstrap::checks::Tally;
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr, ValidAsZeroBits};
+use cudarc::driver::CudaStream;
 use half::bf16;
+use nvshmem_tutorial::kernels::contract::FP8_GROUP;
 use nvshmem_tutorial::{
-    BufferOptions, CombineInputs, CombineOutputs, Config, DispatchInputs, DispatchOutputs,
-    ElemType, Handle, LayoutOutputs, NotifyInputs, NotifyOutputs, NvshmemBuffer, View,
+    BufferOptions, Config, DeviceArray, Element, Fp8E4m3, LayoutOutputs, NvshmemBuffer, RecvTokens,
+    Tokens as TokenRows, TopK, View,
 };
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
@@ -81,19 +85,13 @@ impl Tokens {
     }
 }
 
-/// Device memory a case allocates (cudarc frees it when dropped).
-struct Alloc<'s>(&'s std::sync::Arc<CudaStream>);
-
-impl Alloc<'_> {
-    fn upload<T: DeviceRepr>(&self, host: &[T]) -> Result<CudaSlice<T>, AnyError> {
-        Ok(self.0.clone_htod(host)?)
-    }
-    fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<CudaSlice<T>, AnyError> {
-        Ok(self.0.alloc_zeros::<T>(len.max(1))?)
-    }
-    fn ptr<T>(&self, slice: &CudaSlice<T>) -> u64 {
-        slice.device_ptr(self.0).0
-    }
+fn upload<T: Element>(
+    stream: &Arc<CudaStream>,
+    host: &[T],
+    rows: usize,
+    cols: usize,
+) -> Result<DeviceArray<T>, AnyError> {
+    Ok(DeviceArray::from_host(stream, host, rows, cols)?)
 }
 
 fn run() -> Result<bool, AnyError> {
@@ -103,8 +101,9 @@ fn run() -> Result<bool, AnyError> {
     let config = Config::new(24, 8, 256, 6, 128)?; // DeepEP test_intranode.py's
     let num_nvl_bytes = config.get_nvl_buffer_size_hint(HIDDEN * 2, n);
     // ANCHOR: create
-    let buffer = NvshmemBuffer::new(&world, BufferOptions::normal(num_nvl_bytes))?;
+    let mut buffer = NvshmemBuffer::new(&world, BufferOptions::normal(num_nvl_bytes))?;
     // ANCHOR_END: create
+    buffer.set_poison_outputs(true); // what no kernel wrote shows as 0xFF bytes
     // A PE that shares its GPU with others (a folded run) has room for fewer blocks.
     let config = Config::new(config.num_sms.min(buffer.max_num_sms()?), 8, 256, 6, 128)?;
     let mut tally = Tally::default();
@@ -129,7 +128,7 @@ fn run() -> Result<bool, AnyError> {
             })
             .collect();
         check_round_trip(
-            &buffer,
+            &mut buffer,
             &mut tally,
             &all,
             &config,
@@ -154,233 +153,95 @@ fn run() -> Result<bool, AnyError> {
             })
             .collect();
         let mut quiet = Tally::default();
-        check_round_trip(&buffer, &mut quiet, &all, &config, "pair")?;
+        check_round_trip(&mut buffer, &mut quiet, &all, &config, "pair")?;
         ok &= quiet.failed == 0;
     }
     tally.check(me, ok, || {
         "200 dispatch/combine pairs in a row: a result was wrong".into()
     });
-    check_mistakes(&buffer, &mut tally, &config)?;
+    check_mistakes(&mut buffer, &mut tally)?;
     Ok(tally.finish(&world)?)
 }
 
 // ANCHOR: round_trip
-/// Layout, notify, dispatch, cached dispatch, combine for one routing; every output checked.
+/// Layout, dispatch (notify included), cached dispatch and combine for one routing, on the
+/// typed layer; every output checked against the host reference.
 fn check_round_trip(
-    buffer: &NvshmemBuffer<&World>,
+    buffer: &mut NvshmemBuffer<&World>,
     tally: &mut Tally,
     all: &[Tokens],
     config: &Config,
     case: &str,
 ) -> Result<(), AnyError> {
     let world = buffer.world();
-    let (me, n) = (world.my_pe(), world.n_pes());
-    let stream = world.stream();
-    let cs = stream.cu_stream();
-    let a = Alloc(stream);
+    let (me, n, stream) = (world.my_pe(), world.n_pes(), world.stream().clone());
     let mine = &all[me];
+    let num_tokens = mine.num_tokens;
     let num_experts = EXPERTS_PER_RANK * n;
-    let (t_count, c) = (mine.num_tokens, config.num_channels());
 
-    let x = a.upload(&mine.x)?;
-    let topk_idx = a.upload(&mine.topk_idx)?;
-    let topk_weights = a.upload(&mine.topk_weights)?;
-    let per_rank = a.zeros::<i32>(n)?;
-    let per_expert = a.zeros::<i32>(num_experts)?;
-    let in_rank = a.zeros::<bool>(t_count * n)?;
-    let layout = LayoutOutputs {
-        num_tokens_per_rank: View::vector(a.ptr(&per_rank), n, ElemType::I32),
-        num_tokens_per_expert: View::vector(a.ptr(&per_expert), num_experts, ElemType::I32),
-        is_token_in_rank: View::matrix(a.ptr(&in_rank), t_count, n, ElemType::Bool),
+    let x = upload(&stream, &mine.x, num_tokens, HIDDEN)?;
+    let topk_idx = upload(&stream, &mine.topk_idx, num_tokens, NUM_TOPK)?;
+    let topk_weights = upload(&stream, &mine.topk_weights, num_tokens, NUM_TOPK)?;
+    let layout = buffer.get_dispatch_layout(&topk_idx, num_experts)?;
+    let topk = TopK {
+        idx: &topk_idx,
+        weights: &topk_weights,
     };
-    let topk_view = View::matrix(a.ptr(&topk_idx), t_count, NUM_TOPK, ElemType::I64);
-    // SAFETY (every buffer call below): the views describe the allocations just made.
-    unsafe { buffer.get_dispatch_layout_raw(&topk_view, num_experts, &layout, cs)? };
-    let expected_per_rank: Vec<i32> = (0..n)
-        .map(|r| (0..t_count).filter(|&t| mine.goes_to(t, r)).count() as i32)
-        .collect();
-    tally.check(
-        me,
-        stream.clone_dtoh(&per_rank)? == expected_per_rank,
-        || format!("{case}: num_tokens_per_rank"),
-    );
-
-    let rpm = a.zeros::<i32>(n * n)?;
-    let cpm = a.zeros::<i32>(n * c)?;
-    let rcpm = a.zeros::<i32>(n * c)?;
-    let notify_out = NotifyOutputs {
-        rank_prefix_matrix: View::matrix(a.ptr(&rpm), n, n, ElemType::I32),
-        channel_prefix_matrix: View::matrix(a.ptr(&cpm), n, c, ElemType::I32),
-        recv_channel_prefix_matrix: View::matrix(a.ptr(&rcpm), n, c, ElemType::I32),
-    };
-    let notify_in = NotifyInputs {
-        num_tokens_per_rank: layout.num_tokens_per_rank,
-        num_tokens_per_expert: layout.num_tokens_per_expert,
-        is_token_in_rank: layout.is_token_in_rank,
-        expert_alignment: 1,
-    };
-    let counts =
-        unsafe { buffer.notify_raw(&notify_in, &notify_out, config, true, cs)? }.expect("waited");
-
-    // The host reference: rows from rank 0, then 1, ..., each in token order.
-    let received: Vec<(usize, usize)> = (0..n)
-        .flat_map(|s| {
-            (0..all[s].num_tokens)
-                .filter(move |&t| all[s].goes_to(t, me))
-                .map(move |t| (s, t))
-        })
-        .collect();
-    tally.check(me, counts.num_recv_tokens == received.len(), || {
-        format!(
-            "{case}: notify says {} tokens, expected {}",
-            counts.num_recv_tokens,
-            received.len()
-        )
-    });
-    let rows = received.len();
-    let recv_x = a.zeros::<bf16>(rows * HIDDEN)?;
-    let recv_src_idx = a.zeros::<i32>(rows)?;
-    let recv_topk_idx = a.zeros::<i64>(rows * NUM_TOPK)?;
-    let recv_topk_weights = a.zeros::<f32>(rows * NUM_TOPK)?;
-    let send_head = a.zeros::<i32>(t_count * n)?;
-    let handle = Handle {
-        rank_prefix_matrix: notify_out.rank_prefix_matrix,
-        channel_prefix_matrix: notify_out.channel_prefix_matrix,
-        recv_channel_prefix_matrix: notify_out.recv_channel_prefix_matrix,
-        recv_src_idx: View::vector(a.ptr(&recv_src_idx), rows, ElemType::I32),
-        is_token_in_rank: layout.is_token_in_rank,
-        send_head: View::matrix(a.ptr(&send_head), t_count, n, ElemType::I32),
-    };
-    let inputs = DispatchInputs {
-        x: View::matrix(a.ptr(&x), t_count, HIDDEN, ElemType::Bf16),
-        x_scales: None,
-        topk_idx: Some(topk_view),
-        topk_weights: Some(View::matrix(
-            a.ptr(&topk_weights),
-            t_count,
-            NUM_TOPK,
-            ElemType::F32,
-        )),
-        num_experts,
-    };
-    let outputs = DispatchOutputs {
-        recv_x: View::matrix(a.ptr(&recv_x), rows, HIDDEN, ElemType::Bf16),
-        recv_x_scales: None,
-        recv_topk_idx: Some(View::matrix(
-            a.ptr(&recv_topk_idx),
-            rows,
-            NUM_TOPK,
-            ElemType::I64,
-        )),
-        recv_topk_weights: Some(View::matrix(
-            a.ptr(&recv_topk_weights),
-            rows,
-            NUM_TOPK,
-            ElemType::F32,
-        )),
-    };
-    unsafe { buffer.dispatch_raw(&inputs, &handle, &outputs, config, cs)? };
-    let got_x = stream.clone_dtoh(&recv_x)?;
-    let got_src = stream.clone_dtoh(&recv_src_idx)?;
-    let got_idx = stream.clone_dtoh(&recv_topk_idx)?;
-    let got_w = stream.clone_dtoh(&recv_topk_weights)?;
-    buffer.check()?;
-    let mut wrong = 0;
-    for (row, &(s, t)) in received.iter().enumerate() {
-        wrong += usize::from(
-            got_x[row * HIDDEN..(row + 1) * HIDDEN] != all[s].x[t * HIDDEN..(t + 1) * HIDDEN]
-                || got_src[row] != t as i32,
-        );
-        for k in 0..NUM_TOPK {
-            let e = all[s].topk_idx[t * NUM_TOPK + k];
-            let local = e >= 0 && e as usize / EXPERTS_PER_RANK == me;
-            let (want_idx, want_w) = if local {
-                (
-                    e - (me * EXPERTS_PER_RANK) as i64,
-                    all[s].topk_weights[t * NUM_TOPK + k],
-                )
-            } else {
-                (-1, 0.0)
-            };
-            wrong += usize::from(
-                got_idx[row * NUM_TOPK + k] != want_idx || got_w[row * NUM_TOPK + k] != want_w,
-            );
-        }
-    }
-    tally.check(me, wrong == 0, || {
-        format!("{case}: dispatch: {wrong} rows or top-k entries wrong")
-    });
-
-    // Cached: the handle instead of the notify step; the same rows again.
-    let again = a.zeros::<bf16>(rows * HIDDEN)?;
-    let cached_in = DispatchInputs {
-        topk_idx: None,
-        topk_weights: None,
-        ..inputs
-    };
-    let cached_out = DispatchOutputs {
-        recv_x: View::matrix(a.ptr(&again), rows, HIDDEN, ElemType::Bf16),
-        recv_topk_idx: None,
-        recv_topk_weights: None,
-        ..outputs
-    };
-    unsafe { buffer.dispatch_raw(&cached_in, &handle, &cached_out, config, cs)? };
-    tally.check(me, stream.clone_dtoh(&again)? == got_x, || {
-        format!("{case}: cached dispatch differs")
-    });
-
-    // Combine: each rank sends back what it received (an identity expert), plus a bias;
-    // the token's rank gets bias + x * (ranks it went to), summed in fp32 in rank order.
-    let bias: Vec<bf16> = (0..t_count * HIDDEN)
+    let got = buffer.dispatch(TokenRows::Bf16(&x), Some(topk), &layout, 1, config)?;
+    let again = buffer.dispatch_cached(TokenRows::Bf16(&x), &got.handle, config)?;
+    // Combine: each rank sends back what it received (an identity expert) with a bias.
+    let bias: Vec<bf16> = (0..num_tokens * HIDDEN)
         .map(|i| bf16::from_f32((i % 7) as f32))
         .collect();
-    let bias_dev = a.upload(&bias)?;
-    let combined = a.zeros::<bf16>(t_count * HIDDEN)?;
-    let combined_w = a.zeros::<f32>(t_count * NUM_TOPK)?;
-    let combine_in = CombineInputs {
-        x: outputs.recv_x,
-        topk_weights: outputs.recv_topk_weights,
-        bias: [
-            Some(View::matrix(
-                a.ptr(&bias_dev),
-                t_count,
-                HIDDEN,
-                ElemType::Bf16,
-            )),
-            None,
-        ],
+    let bias_dev = upload(&stream, &bias, num_tokens, HIDDEN)?;
+    let RecvTokens::Bf16(recv_x) = &got.x else {
+        unreachable!("bf16 in, bf16 out")
     };
-    let combine_out = CombineOutputs {
-        combined_x: View::matrix(a.ptr(&combined), t_count, HIDDEN, ElemType::Bf16),
-        combined_topk_weights: Some(View::matrix(
-            a.ptr(&combined_w),
-            t_count,
-            NUM_TOPK,
-            ElemType::F32,
-        )),
-    };
-    unsafe { buffer.combine_raw(&combine_in, &handle, &combine_out, config, cs)? };
-    let got = stream.clone_dtoh(&combined)?;
-    let got_w = stream.clone_dtoh(&combined_w)?;
+    let (combined, combined_w) = buffer.combine(
+        recv_x,
+        got.topk_weights.as_ref(),
+        [Some(&bias_dev), None],
+        &got.handle,
+        config,
+    )?;
     buffer.check()?;
-    let mut wrong = 0;
-    for t in 0..t_count {
-        let ranks = (0..n).filter(|&r| mine.goes_to(t, r)).count();
-        for h in 0..HIDDEN {
-            let value = mine.x[t * HIDDEN + h].to_f32();
-            let sum = (0..ranks).fold(bias[t * HIDDEN + h].to_f32(), |acc, _| acc + value);
-            wrong += usize::from(got[t * HIDDEN + h] != bf16::from_f32(sum));
-        }
-        for k in 0..NUM_TOPK {
-            let e = mine.topk_idx[t * NUM_TOPK + k];
-            let want = if e >= 0 {
-                mine.topk_weights[t * NUM_TOPK + k]
-            } else {
-                0.0
-            };
-            wrong += usize::from(got_w[t * NUM_TOPK + k] != want);
-        }
+
+    let expected_per_rank: Vec<i32> = (0..n)
+        .map(|r| (0..num_tokens).filter(|&t| mine.goes_to(t, r)).count() as i32)
+        .collect();
+    let per_rank = layout.num_tokens_per_rank.to_host(&stream)?;
+    tally.check(me, per_rank == expected_per_rank, || {
+        format!("{case}: num_tokens_per_rank {per_rank:?}, expected {expected_per_rank:?}")
+    });
+    let received = received_rows(all, me);
+    let rows = check_dispatch(tally, all, &received, me, case, &stream, &got)?;
+    let RecvTokens::Bf16(again) = again else {
+        unreachable!("bf16 in, bf16 out")
+    };
+    tally.check(me, again.to_host(&stream)? == rows, || {
+        format!("{case}: cached dispatch differs")
+    });
+    // fp8 rows and their scales with the same handle: bytes and scales arrive as sent.
+    let (x8, scales) = fp8_rows(me, num_tokens);
+    let x8 = upload(&stream, &x8, num_tokens, HIDDEN)?;
+    let scales = upload(&stream, &scales, num_tokens, HIDDEN / FP8_GROUP)?;
+    let got8 = buffer.dispatch_cached(TokenRows::Fp8(&x8, &scales), &got.handle, config)?;
+    let RecvTokens::Fp8(got8, got_scales) = got8 else {
+        unreachable!("fp8 in, fp8 out")
+    };
+    let (got8, got_scales) = (got8.to_host(&stream)?, got_scales.to_host(&stream)?);
+    let (mut want8, mut want_scales) = (Vec::new(), Vec::new());
+    for &(s, t) in &received {
+        let (x, scales) = fp8_rows(s, t + 1);
+        want8.extend_from_slice(&x[t * HIDDEN..]);
+        want_scales.extend_from_slice(&scales[t * HIDDEN / FP8_GROUP..]);
     }
+    tally.check(me, got8 == want8 && got_scales == want_scales, || {
+        format!("{case}: fp8 dispatch: rows or scales differ")
+    });
+    let combined = combined.to_host(&stream)?;
+    let combined_w = combined_w.expect("with weights").to_host(&stream)?;
+    let wrong = combine_errors(mine, n, &bias, &combined, &combined_w);
     tally.check(me, wrong == 0, || {
         format!("{case}: combine: {wrong} values wrong")
     });
@@ -388,47 +249,148 @@ fn check_round_trip(
 }
 // ANCHOR_END: round_trip
 
-/// Each is an error before anything is launched.
-fn check_mistakes(
-    buffer: &NvshmemBuffer<&World>,
+/// What rank `me` receives, in order: (source rank, token) from rank 0, then 1, ..., each
+/// in token order.
+fn received_rows(all: &[Tokens], me: usize) -> Vec<(usize, usize)> {
+    (0..all.len())
+        .flat_map(|s| {
+            (0..all[s].num_tokens)
+                .filter(move |&t| all[s].goes_to(t, me))
+                .map(move |t| (s, t))
+        })
+        .collect()
+}
+
+/// fp8 rows [num_tokens, HIDDEN] and f32 scales [num_tokens, HIDDEN / FP8_GROUP] of rank
+/// `rank`: bytes and values that name their rank, token and position.
+fn fp8_rows(rank: usize, num_tokens: usize) -> (Vec<Fp8E4m3>, Vec<f32>) {
+    let x = (0..num_tokens * HIDDEN)
+        .map(|i| Fp8E4m3((rank * 31 + i * 7 % 251) as u8))
+        .collect();
+    let scales = (0..num_tokens * HIDDEN / FP8_GROUP)
+        .map(|i| (rank * 100_000 + i) as f32)
+        .collect();
+    (x, scales)
+}
+
+/// The received rows against the host reference: the rows, their source indices, their top-k
+/// restricted to this rank. Returns the rows received.
+fn check_dispatch(
     tally: &mut Tally,
-    config: &Config,
-) -> Result<(), AnyError> {
+    all: &[Tokens],
+    received: &[(usize, usize)],
+    me: usize,
+    case: &str,
+    stream: &Arc<CudaStream>,
+    got: &nvshmem_tutorial::Dispatched,
+) -> Result<Vec<bf16>, AnyError> {
+    let rows = got.x.rows();
+    tally.check(me, rows == received.len(), || {
+        format!(
+            "{case}: received {rows} tokens, expected {}",
+            received.len()
+        )
+    });
+    let RecvTokens::Bf16(recv_x) = &got.x else {
+        unreachable!("bf16 in, bf16 out")
+    };
+    let got_x = recv_x.to_host(stream)?;
+    let got_src = got.handle.recv_src_idx.to_host(stream)?;
+    let got_idx = got.topk_idx.as_ref().expect("with top-k").to_host(stream)?;
+    let got_w = got
+        .topk_weights
+        .as_ref()
+        .expect("with top-k")
+        .to_host(stream)?;
+    let mut wrong = usize::from(rows != received.len());
+    for (row, &(s, t)) in received.iter().enumerate().take(rows) {
+        let want_x = &all[s].x[t * HIDDEN..(t + 1) * HIDDEN];
+        wrong += usize::from(&got_x[row * HIDDEN..(row + 1) * HIDDEN] != want_x);
+        wrong += usize::from(got_src[row] != t as i32);
+        for k in 0..NUM_TOPK {
+            let e = all[s].topk_idx[t * NUM_TOPK + k];
+            let local = e >= 0 && e as usize / EXPERTS_PER_RANK == me;
+            let (want_idx, want_w) = if local {
+                let w = all[s].topk_weights[t * NUM_TOPK + k];
+                (e - (me * EXPERTS_PER_RANK) as i64, w)
+            } else {
+                (-1, 0.0)
+            };
+            let i = row * NUM_TOPK + k;
+            wrong += usize::from(got_idx[i] != want_idx || got_w[i] != want_w);
+        }
+    }
+    tally.check(me, wrong == 0, || {
+        format!("{case}: dispatch: {wrong} rows or top-k entries wrong")
+    });
+    Ok(got_x)
+}
+
+/// Wrong values of a combine whose experts are the identity: each token's rank gets bias +
+/// x x (ranks it went to), summed in fp32 in rank order and rounded once; the weights come
+/// back summed (0 where the expert was -1).
+fn combine_errors(mine: &Tokens, n: usize, bias: &[bf16], got: &[bf16], got_w: &[f32]) -> usize {
+    let mut wrong = 0;
+    for t in 0..mine.num_tokens {
+        let ranks = (0..n).filter(|&r| mine.goes_to(t, r)).count();
+        for h in 0..HIDDEN {
+            let value = mine.x[t * HIDDEN + h].to_f32();
+            let sum = (0..ranks).fold(bias[t * HIDDEN + h].to_f32(), |acc, _| acc + value);
+            wrong += usize::from(got[t * HIDDEN + h] != bf16::from_f32(sum));
+        }
+        for k in 0..NUM_TOPK {
+            let i = t * NUM_TOPK + k;
+            let want = if mine.topk_idx[i] >= 0 {
+                mine.topk_weights[i]
+            } else {
+                0.0
+            };
+            wrong += usize::from(got_w[i] != want);
+        }
+    }
+    wrong
+}
+
+/// Each is an error before anything is launched (the whole table of bad inputs is
+/// src/bad_inputs.rs, on the CPU; these go through a live buffer).
+fn check_mistakes(buffer: &mut NvshmemBuffer<&World>, tally: &mut Tally) -> Result<(), AnyError> {
     let world = buffer.world();
-    let (me, n) = (world.my_pe(), world.n_pes());
-    let stream = world.stream();
-    let a = Alloc(stream);
-    let topk = a.zeros::<i32>(16 * NUM_TOPK)?;
-    let counts = a.zeros::<i32>(64)?;
-    let routing = a.zeros::<bool>(16 * n)?;
+    let (me, n, stream) = (world.my_pe(), world.n_pes(), world.stream().clone());
+    let int32_topk = upload(&stream, &[0i32; 16 * NUM_TOPK], 16, NUM_TOPK)?;
+    let counts = upload(&stream, &[0i32; 64], 64, 0)?;
+    let routing = upload(&stream, &vec![false; 16 * n], 16, n)?;
     let layout = LayoutOutputs {
-        num_tokens_per_rank: View::vector(a.ptr(&counts), n, ElemType::I32),
-        num_tokens_per_expert: View::vector(a.ptr(&counts), EXPERTS_PER_RANK * n, ElemType::I32),
-        is_token_in_rank: View::matrix(a.ptr(&routing), 16, n, ElemType::Bool),
+        num_tokens_per_rank: View::vector(counts.view().ptr, n, counts.view().elem),
+        num_tokens_per_expert: View::vector(
+            counts.view().ptr,
+            EXPERTS_PER_RANK * n,
+            counts.view().elem,
+        ),
+        is_token_in_rank: routing.view(),
     };
-    let int32_topk = View::matrix(a.ptr(&topk), 16, NUM_TOPK, ElemType::I32);
-    let cs = stream.cu_stream();
-    // SAFETY: the views describe the allocations above; each call is refused before it writes.
-    let result =
-        unsafe { buffer.get_dispatch_layout_raw(&int32_topk, EXPERTS_PER_RANK * n, &layout, cs) };
+    // SAFETY: the views describe the arrays above; each call is refused before it writes.
+    let result = unsafe {
+        buffer.get_dispatch_layout_raw(
+            &int32_topk.view(),
+            EXPERTS_PER_RANK * n,
+            &layout,
+            stream.cu_stream(),
+        )
+    };
     tally.expect_error(me, "int32 topk_idx", result, "topk_idx must be int64");
-    let i64_topk = View {
-        elem: ElemType::I64,
-        ..int32_topk
-    };
-    let result = unsafe { buffer.get_dispatch_layout_raw(&i64_topk, 0, &layout, cs) };
+    let topk = upload(&stream, &[0i64; 16 * NUM_TOPK], 16, NUM_TOPK)?;
+    let result = buffer.get_dispatch_layout(&topk, 0).map(drop);
     tally.expect_error(me, "no experts", result, "positive multiple");
     let odd = Config::new(23, 8, 256, 6, 128)?;
     tally.expect_error(me, "odd num_sms", odd.check_for_launch(n), "must be even");
-    let hint = config.get_nvl_buffer_size_hint(HIDDEN * 2, n);
+    let options = BufferOptions {
+        num_rdma_bytes: 1 << 20,
+        ..BufferOptions::normal(1 << 20)
+    };
     tally.expect_error(
         me,
         "num_rdma_bytes outside low-latency mode",
-        BufferOptions {
-            num_rdma_bytes: 1 << 20,
-            ..BufferOptions::normal(hint)
-        }
-        .check(n),
+        options.check(n),
         "inter-node",
     );
     Ok(())
