@@ -94,38 +94,39 @@ fn x_scales_format(
     }
 }
 
-// ANCHOR: plan_dispatch
-/// Checks a dispatch with `handle` (the notify step's matrices, fresh or cached) into
-/// `outputs` for `config`, and plans it.
-pub fn plan_dispatch(
-    spec: &BufferSpec,
-    config: &Config,
+/// What a dispatch's rows hold: their dtype and width, their scales, their top-k.
+struct RowFormat {
+    elem: ElemType,
+    hidden: usize,
+    num_scales: usize,
+    scale_elem: ElemType,
+    num_topk: usize,
+}
+
+impl RowFormat {
+    fn hidden_bytes(&self) -> usize {
+        self.hidden * self.elem.size()
+    }
+}
+
+const WHAT: &str = "dispatch";
+
+/// The inputs of `num_tokens` tokens on `n` ranks, checked: what their rows hold.
+fn check_inputs(
     inputs: &DispatchInputs,
-    handle: &Handle,
-    outputs: &DispatchOutputs,
-) -> Result<DispatchPlan, BufferError> {
-    const WHAT: &str = "dispatch";
-    let n = spec.n_pes;
-    config.check_for_launch(n)?;
-    let c = config.num_channels();
-    handle.check(WHAT, n, c)?;
-    let (num_tokens, rows) = (handle.num_tokens(), outputs.recv_x.rows());
+    num_tokens: usize,
+    n: usize,
+) -> Result<RowFormat, BufferError> {
     let x = &inputs.x;
     let (num_scales, scale_elem) = x_scales_format(WHAT, x, &inputs.x_scales, num_tokens)?;
     x.expect(WHAT, "x", x.elem, &[Some(num_tokens), None])?;
     x.expect_aligned(WHAT, "x", 16)?;
-    let hidden = x.cols();
-    let hidden_bytes = hidden * x.elem.size();
-    checks::row_bytes(WHAT, hidden_bytes)?;
+    checks::row_bytes(WHAT, x.cols() * x.elem.size())?;
     let num_topk = match (&inputs.topk_idx, &inputs.topk_weights) {
         (Some(i), Some(w)) => {
             i.expect(WHAT, "topk_idx", ElemType::I64, &[Some(num_tokens), None])?;
-            w.expect(
-                WHAT,
-                "topk_weights",
-                ElemType::F32,
-                &[Some(num_tokens), Some(i.cols())],
-            )?;
+            let shape = [Some(num_tokens), Some(i.cols())];
+            w.expect(WHAT, "topk_weights", ElemType::F32, &shape)?;
             i.cols()
         }
         (None, None) => 0,
@@ -140,28 +141,43 @@ pub fn plan_dispatch(
     if num_topk > 0 {
         checks::num_experts(WHAT, "num_experts", inputs.num_experts, n, MAX_EXPERTS)?;
     }
-    outputs
-        .recv_x
-        .expect(WHAT, "recv_x", x.elem, &[None, Some(hidden)])?;
-    outputs.recv_x.expect_aligned(WHAT, "recv_x", 16)?;
-    handle
-        .recv_src_idx
-        .expect(WHAT, "recv_src_idx", ElemType::I32, &[Some(rows)])?;
-    match (&outputs.recv_x_scales, num_scales) {
+    Ok(RowFormat {
+        elem: x.elem,
+        hidden: x.cols(),
+        num_scales,
+        scale_elem,
+        num_topk,
+    })
+}
+
+/// The outputs for rows of format `f`, checked against each other and the handle: how many
+/// rows they hold.
+fn check_outputs(
+    outputs: &DispatchOutputs,
+    handle: &Handle,
+    f: &RowFormat,
+) -> Result<usize, BufferError> {
+    let rows = outputs.recv_x.rows();
+    let recv_x = &outputs.recv_x;
+    recv_x.expect(WHAT, "recv_x", f.elem, &[None, Some(f.hidden)])?;
+    recv_x.expect_aligned(WHAT, "recv_x", 16)?;
+    let src_idx = &handle.recv_src_idx;
+    src_idx.expect(WHAT, "recv_src_idx", ElemType::I32, &[Some(rows)])?;
+    match (&outputs.recv_x_scales, f.num_scales) {
         (Some(s), _) => {
-            let shape = [Some(rows), Some(num_scales)];
-            s.expect(WHAT, "recv_x_scales", scale_elem, &shape)?;
+            let shape = [Some(rows), Some(f.num_scales)];
+            s.expect(WHAT, "recv_x_scales", f.scale_elem, &shape)?;
         }
         (None, 0) => {}
         (None, _) => return Err(BufferError::invalid(WHAT, "fp8 x needs recv_x_scales")),
     }
     match (&outputs.recv_topk_idx, &outputs.recv_topk_weights) {
         (Some(i), Some(w)) => {
-            let shape = [Some(rows), Some(num_topk)];
+            let shape = [Some(rows), Some(f.num_topk)];
             i.expect(WHAT, "recv_topk_idx", ElemType::I64, &shape)?;
             w.expect(WHAT, "recv_topk_weights", ElemType::F32, &shape)?;
         }
-        (None, None) if num_topk == 0 => {}
+        (None, None) if f.num_topk == 0 => {}
         _ => {
             return Err(BufferError::invalid(
                 WHAT,
@@ -169,20 +185,35 @@ pub fn plan_dispatch(
             ));
         }
     }
-    let slot = dispatch_slot(hidden_bytes, num_topk, num_scales);
+    Ok(rows)
+}
+
+// ANCHOR: plan_dispatch
+/// Checks a dispatch with `handle` (the notify step's matrices, fresh or cached) into
+/// `outputs` for `config`, and plans it.
+pub fn plan_dispatch(
+    spec: &BufferSpec,
+    config: &Config,
+    inputs: &DispatchInputs,
+    handle: &Handle,
+    outputs: &DispatchOutputs,
+) -> Result<DispatchPlan, BufferError> {
+    let n = spec.n_pes;
+    config.check_for_launch(n)?;
+    let c = config.num_channels();
+    handle.check(WHAT, n, c)?;
+    let num_tokens = handle.num_tokens();
+    let format = check_inputs(inputs, num_tokens, n)?;
+    let rows = check_outputs(outputs, handle, &format)?;
+    let slot = dispatch_slot(format.hidden_bytes(), format.num_topk, format.num_scales);
     let ring_tokens = config.num_max_nvl_chunked_recv_tokens as usize;
-    checks::rings_fit(
-        WHAT,
-        (n, spec.options.num_nvl_bytes),
-        c,
-        ring_tokens,
-        slot.bytes as usize,
-    )?;
+    let have = (n, spec.options.num_nvl_bytes);
+    checks::rings_fit(WHAT, have, c, ring_tokens, slot.bytes as usize)?;
     let (token_stride, hidden_stride) = inputs
         .x_scales
         .map_or((0, 0), |s| (s.strides[0] as i64, s.strides[1] as i64));
     let args = ScatterArgs {
-        x: x.ptr,
+        x: inputs.x.ptr,
         x_scales: ptr_or_null(inputs.x_scales.as_ref()),
         scale_token_stride: token_stride,
         scale_hidden_stride: hidden_stride,

@@ -12,7 +12,7 @@ use crate::error::BufferError;
 use crate::low_latency::dispatch::optional_vector;
 use crate::low_latency::launch::{COMBINE_KERNEL, ll_shape};
 use crate::low_latency::phases::{PendingReceive, Phases, check_phases};
-use crate::low_latency::regions::invalid;
+use crate::low_latency::regions::{LlShape, invalid};
 use crate::spec::BufferSpec;
 use crate::view::{ElemType, View};
 
@@ -45,6 +45,71 @@ pub struct LlCombinePlan {
     pub pending_after: Option<PendingReceive>,
 }
 
+const WHAT: &str = "low_latency_combine";
+
+/// A handle of another call shape shows in its tensors' shapes.
+fn check_handle(handle: &LlHandle, shape: &LlShape) -> Result<(), BufferError> {
+    let (t, hidden, n, l) = (
+        shape.max_tokens,
+        shape.hidden,
+        shape.num_ranks,
+        shape.num_local_experts(),
+    );
+    let num_experts = shape.num_experts;
+    let from_handle = |name: &str, v: &View, elem, dims: &[Option<usize>]| {
+        v.expect(WHAT, name, elem, dims).map_err(|e| {
+            invalid(
+                WHAT,
+                format!(
+                    "{e}: the handle does not match its own shape (T = {t}, hidden = {hidden}, \
+                     {num_experts} experts over {n} ranks); pass the handle of the dispatch \
+                     whose results x holds"
+                ),
+            )
+        })
+    };
+    let rows_per_expert = [Some(l), Some(n * t)];
+    from_handle(
+        "handle[0] (src_info)",
+        &handle.src_info,
+        ElemType::I32,
+        &rows_per_expert,
+    )?;
+    let ranges = [Some(l), Some(n)];
+    from_handle(
+        "handle[1] (layout_range)",
+        &handle.layout_range,
+        ElemType::I64,
+        &ranges,
+    )
+}
+
+/// The expert results' address: `x` [L x R x T, H] bf16 checked, or the staging rows.
+fn check_x(spec: &BufferSpec, x: &Option<View>, shape: &LlShape) -> Result<u64, BufferError> {
+    let (t, hidden, n, l) = (
+        shape.max_tokens,
+        shape.hidden,
+        shape.num_ranks,
+        shape.num_local_experts(),
+    );
+    let Some(x) = x else {
+        return Ok(spec.ll_staging());
+    };
+    x.expect(WHAT, "x", ElemType::Bf16, &[Some(l * n * t), Some(hidden)])
+        .map_err(|e| {
+            invalid(
+                WHAT,
+                format!(
+                    "{e}: x must be [num_local_experts, num_ranks x T, hidden] = \
+                     [{l}, {}, {hidden}] for this handle",
+                    n * t
+                ),
+            )
+        })?;
+    x.expect_aligned(WHAT, "x", 16)?;
+    Ok(x.ptr)
+}
+
 // ANCHOR: plan_ll_combine
 /// Checks a low-latency combine of the results of the dispatch that made `handle` (`phases`
 /// of it, after `pending`) into `out` [N, H] bf16, and plans it.
@@ -56,7 +121,6 @@ pub fn plan_ll_combine(
     phases: Phases,
     pending: Option<PendingReceive>,
 ) -> Result<LlCombinePlan, BufferError> {
-    const WHAT: &str = "low_latency_combine";
     let (t, hidden, num_experts) = (
         handle.num_max_dispatch_tokens_per_rank,
         handle.hidden,
@@ -67,7 +131,7 @@ pub fn plan_ll_combine(
     let (num_tokens, num_topk) = (topk_idx.rows(), topk_idx.cols());
     let shape = ll_shape(spec, WHAT, t, hidden, num_experts, num_topk)?;
     let pending_after = check_phases(WHAT, phases, &shape, pending)?;
-    let (n, l) = (shape.num_ranks, shape.num_local_experts());
+    let n = shape.num_ranks;
     if num_tokens > t {
         return Err(invalid(
             WHAT,
@@ -80,51 +144,8 @@ pub fn plan_ll_combine(
     let tokens_by_topk = [Some(num_tokens), Some(num_topk)];
     let weights = &inputs.topk_weights;
     weights.expect(WHAT, "topk_weights", ElemType::F32, &tokens_by_topk)?;
-    // A handle of another call shape shows in its tensors' shapes.
-    let from_handle = |name: &str, v: &View, elem, shape: &[Option<usize>]| {
-        v.expect(WHAT, name, elem, shape).map_err(|e| {
-            invalid(
-                WHAT,
-                format!(
-                    "{e}: the handle does not match its own shape (T = {t}, hidden = {hidden}, \
-                     {num_experts} experts over {n} ranks); pass the handle of the dispatch \
-                     whose results x holds"
-                ),
-            )
-        })
-    };
-    let src_info = &handle.src_info;
-    from_handle(
-        "handle[0] (src_info)",
-        src_info,
-        ElemType::I32,
-        &[Some(l), Some(n * t)],
-    )?;
-    let range = &handle.layout_range;
-    from_handle(
-        "handle[1] (layout_range)",
-        range,
-        ElemType::I64,
-        &[Some(l), Some(n)],
-    )?;
-    let x = match &inputs.x {
-        Some(x) => {
-            x.expect(WHAT, "x", ElemType::Bf16, &[Some(l * n * t), Some(hidden)])
-                .map_err(|e| {
-                    invalid(
-                        WHAT,
-                        format!(
-                            "{e}: x must be [num_local_experts, num_ranks x T, hidden] = \
-                             [{l}, {}, {hidden}] for this handle",
-                            n * t
-                        ),
-                    )
-                })?;
-            x.expect_aligned(WHAT, "x", 16)?;
-            x.ptr
-        }
-        None => spec.ll_staging(),
-    };
+    check_handle(handle, &shape)?;
+    let x = check_x(spec, &inputs.x, &shape)?;
     out.expect(
         WHAT,
         "out",
@@ -141,8 +162,8 @@ pub fn plan_ll_combine(
     )?;
     let args = LlCombineArgs {
         x,
-        src_info: src_info.ptr,
-        layout_range: range.ptr,
+        src_info: handle.src_info.ptr,
+        layout_range: handle.layout_range.ptr,
         topk_idx: topk_idx.ptr,
         topk_weights: weights.ptr,
         out: out.ptr,

@@ -110,6 +110,60 @@ fn recv_scales(
     }
 }
 
+/// The fp8 formats asked for, checked against each other and the row width.
+fn check_formats(options: &LlDispatchOptions, hidden: usize) -> Result<(), BufferError> {
+    const WHAT: &str = "low_latency_dispatch";
+    if options.use_ue8m0 && !(options.use_fp8 && options.round_scale) {
+        return Err(invalid(
+            WHAT,
+            "use_ue8m0 needs use_fp8=True and round_scale=True (UE8M0 scales are powers of two)"
+                .into(),
+        ));
+    }
+    if options.use_ue8m0 && !hidden.is_multiple_of(FP8_GROUP * UE8M0_PER_INT) {
+        return Err(invalid(
+            WHAT,
+            format!(
+                "use_ue8m0 packs {UE8M0_PER_INT} scales per int: hidden = {hidden} must be a \
+                 multiple of {}",
+                FP8_GROUP * UE8M0_PER_INT
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The outputs of a call of `l` local experts, `n` ranks and `t` slots, checked: the
+/// scales' address (0 without fp8).
+fn check_outputs(
+    outputs: &LlDispatchOutputs,
+    options: &LlDispatchOptions,
+    hidden: usize,
+    (l, n, t): (usize, usize, usize),
+) -> Result<u64, BufferError> {
+    const WHAT: &str = "low_latency_dispatch";
+    let recv_elem = if options.use_fp8 {
+        ElemType::Fp8E4m3
+    } else {
+        ElemType::Bf16
+    };
+    let recv_x = &outputs.recv_x;
+    recv_x.expect(WHAT, "recv_x", recv_elem, &[Some(l * n * t), Some(hidden)])?;
+    recv_x.expect_aligned(WHAT, "recv_x", 16)?;
+    let scales = recv_scales(WHAT, &outputs.recv_x_scales, options, hidden, (l, n, t))?;
+    let (lv, nv) = (Some(l), Some(n));
+    outputs
+        .recv_src_info
+        .expect(WHAT, "recv_src_info", ElemType::I32, &[lv, Some(n * t)])?;
+    outputs
+        .recv_layout_range
+        .expect(WHAT, "recv_layout_range", ElemType::I64, &[lv, nv])?;
+    outputs
+        .recv_count
+        .expect(WHAT, "recv_count", ElemType::I32, &[lv])?;
+    Ok(scales)
+}
+
 // ANCHOR: plan_ll_dispatch
 /// Checks a low-latency dispatch (`phases` of it, after `pending`) and plans it.
 pub fn plan_ll_dispatch(
@@ -140,43 +194,9 @@ pub fn plan_ll_dispatch(
             ),
         ));
     }
-    if options.use_ue8m0 && !(options.use_fp8 && options.round_scale) {
-        return Err(invalid(
-            WHAT,
-            "use_ue8m0 needs use_fp8=True and round_scale=True (UE8M0 scales are powers of two)"
-                .into(),
-        ));
-    }
-    if options.use_ue8m0 && !hidden.is_multiple_of(FP8_GROUP * UE8M0_PER_INT) {
-        return Err(invalid(
-            WHAT,
-            format!(
-                "use_ue8m0 packs {UE8M0_PER_INT} scales per int: hidden = {hidden} must be a \
-                 multiple of {}",
-                FP8_GROUP * UE8M0_PER_INT
-            ),
-        ));
-    }
+    check_formats(options, hidden)?;
     let (n, l) = (shape.num_ranks, shape.num_local_experts());
-    let recv_elem = if options.use_fp8 {
-        ElemType::Fp8E4m3
-    } else {
-        ElemType::Bf16
-    };
-    let recv_x = &outputs.recv_x;
-    recv_x.expect(WHAT, "recv_x", recv_elem, &[Some(l * n * t), Some(hidden)])?;
-    recv_x.expect_aligned(WHAT, "recv_x", 16)?;
-    let scales = recv_scales(WHAT, &outputs.recv_x_scales, options, hidden, (l, n, t))?;
-    let (lv, nv) = (Some(l), Some(n));
-    outputs
-        .recv_src_info
-        .expect(WHAT, "recv_src_info", ElemType::I32, &[lv, Some(n * t)])?;
-    outputs
-        .recv_layout_range
-        .expect(WHAT, "recv_layout_range", ElemType::I64, &[lv, nv])?;
-    outputs
-        .recv_count
-        .expect(WHAT, "recv_count", ElemType::I32, &[lv])?;
+    let scales = check_outputs(outputs, options, hidden, (l, n, t))?;
     let cumulative = optional_vector(
         WHAT,
         "cumulative_local_expert_recv_stats",
@@ -194,7 +214,7 @@ pub fn plan_ll_dispatch(
     let args = LlDispatchArgs {
         x: x.ptr,
         topk_idx: topk_idx.ptr,
-        recv_x: recv_x.ptr,
+        recv_x: outputs.recv_x.ptr,
         recv_scales: scales,
         recv_src_info: outputs.recv_src_info.ptr,
         recv_layout_range: outputs.recv_layout_range.ptr,

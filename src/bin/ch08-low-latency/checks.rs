@@ -60,6 +60,21 @@ impl Checks {
     }
 
     /// Each source's wait, in cycles, was added to the 1 it started from.
+    /// `cumulative_local_expert_recv_stats` grew from `before` by the tokens each local expert
+    /// received.
+    pub(crate) fn stats_grew(&mut self, all: &[Tokens], before: &[i32], stats: &[i32]) {
+        let (me, l) = (self.me, self.layout.num_local_experts());
+        let want: Vec<i32> = (0..l)
+            .map(|e| {
+                let received: usize = all.iter().map(|s| kept(&s.tokens_for(me * l + e))).sum();
+                before[e] + received as i32
+            })
+            .collect();
+        self.check(stats == want, || {
+            format!("cumulative_local_expert_recv_stats {stats:?}, expected {want:?}")
+        });
+    }
+
     pub(crate) fn cost_grew(&mut self, call: &str, cost: &[i64]) {
         self.check(cost.iter().all(|&c| c > 1), || {
             format!("{call} wait cost per source {cost:?}")

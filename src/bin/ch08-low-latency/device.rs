@@ -1,4 +1,5 @@
-//! Device memory of a round trip: the inputs uploaded, the outputs poisoned, copied back.
+//! Device memory of the refused calls (raw views over poisoned allocations), and a typed
+//! dispatch's outputs copied back as bytes for the checks.
 
 use super::*;
 
@@ -6,17 +7,6 @@ use super::*;
 pub(crate) struct Gpu<'s>(pub(crate) &'s Arc<CudaStream>);
 
 impl Gpu<'_> {
-    pub(crate) fn upload<T: DeviceRepr + ValidAsZeroBits>(
-        &self,
-        host: &[T],
-    ) -> Result<CudaSlice<T>, AnyError> {
-        if host.is_empty() {
-            // A rank without tokens still passes (zero-row) views: give them an address.
-            return Ok(self.0.alloc_zeros::<T>(1)?);
-        }
-        Ok(self.0.clone_htod(host)?)
-    }
-
     /// `len` elements of POISON_BYTE: what nothing wrote stays recognisable.
     pub(crate) fn poisoned<T: DeviceRepr>(&self, len: usize) -> Result<CudaSlice<T>, AnyError> {
         let len = len.max(1);
@@ -28,10 +18,6 @@ impl Gpu<'_> {
 
     pub(crate) fn ptr<T>(&self, slice: &CudaSlice<T>) -> u64 {
         slice.device_ptr(self.0).0
-    }
-
-    pub(crate) fn vector<T>(&self, slice: &CudaSlice<T>, elem: ElemType) -> View {
-        View::vector(self.ptr(slice), slice.len(), elem)
     }
 }
 
@@ -142,16 +128,41 @@ impl RecvBuffers {
             recv_count: View::vector(gpu.ptr(&self.count), l, ElemType::I32),
         }
     }
+}
 
-    pub(crate) fn to_host(&self, stream: &Arc<CudaStream>) -> Result<Received, AnyError> {
-        Ok(Received {
-            x: stream.clone_dtoh(&self.x)?,
-            scales: stream.clone_dtoh(&self.scales)?,
-            src_info: stream.clone_dtoh(&self.src_info)?,
-            layout_range: stream.clone_dtoh(&self.layout_range)?,
-            count: stream.clone_dtoh(&self.count)?,
+impl Received {
+    /// A typed dispatch's outputs on the host, rows and scales as bytes whatever the format
+    /// (the checks read them as the precision of the case says).
+    pub(crate) fn from_typed(
+        out: &LlDispatched,
+        stream: &Arc<CudaStream>,
+    ) -> Result<Self, AnyError> {
+        fn bytes<T: Element>(
+            a: &DeviceArray<T>,
+            stream: &Arc<CudaStream>,
+            to_bytes: impl Fn(T) -> Vec<u8>,
+        ) -> Result<Vec<u8>, AnyError> {
+            Ok(a.to_host(stream)?.into_iter().flat_map(to_bytes).collect())
+        }
+        let f32_bytes = |v: f32| v.to_ne_bytes().to_vec();
+        let i32_bytes = |v: i32| v.to_ne_bytes().to_vec();
+        let fp8_bytes = |v: Fp8E4m3| vec![v.0];
+        let (x, scales) = match &out.x {
+            LlRecvTokens::Bf16(x) => (
+                bytes(x, stream, |v: bf16| v.to_ne_bytes().to_vec())?,
+                Vec::new(),
+            ),
+            LlRecvTokens::Fp8(x, s) => (bytes(x, stream, fp8_bytes)?, bytes(s, stream, f32_bytes)?),
+            LlRecvTokens::Fp8Ue8m0(x, s) => {
+                (bytes(x, stream, fp8_bytes)?, bytes(s, stream, i32_bytes)?)
+            }
+        };
+        Ok(Self {
+            x,
+            scales,
+            src_info: out.handle.src_info.to_host(stream)?,
+            layout_range: out.handle.layout_range.to_host(stream)?,
+            count: out.recv_count.to_host(stream)?,
         })
     }
 }
-
-// ---- one round trip -----------------------------------------------------------------------

@@ -19,15 +19,14 @@ use std::sync::Arc;
 
 use ch01_bootstrap::checks::{POISON_BYTE, Tally, poison};
 use ch01_bootstrap::{LaunchEnv, World};
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr, ValidAsZeroBits};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr};
 use half::bf16;
-use nvshmem_tutorial::DEFAULT_TIMEOUT_MS;
 use nvshmem_tutorial::buffer::heap_bytes;
 use nvshmem_tutorial::symmetric_memory::SYMMETRIC_SIZE_VAR;
 use nvshmem_tutorial::{
-    BufferError, BufferOptions, ElemType, LlCombineInputs, LlDispatchInputs, LlDispatchOptions,
-    LlDispatchOutputs, LlHandle, LlShape, NvshmemBuffer, Phases, View,
-    get_low_latency_rdma_size_hint,
+    BufferError, BufferOptions, DeviceArray, ElemType, Element, Fp8E4m3, LlCombineInputs,
+    LlDispatchInputs, LlDispatchOptions, LlDispatchOutputs, LlDispatched, LlHandle, LlRecvTokens,
+    LlShape, LlStats, NvshmemBuffer, Phases, TopK, View, get_low_latency_rdma_size_hint,
 };
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
@@ -67,39 +66,33 @@ fn run() -> Result<bool, AnyError> {
     let num_experts = EXPERTS_PER_RANK * n;
     // ANCHOR: create
     let num_rdma_bytes = get_low_latency_rdma_size_hint(MAX_TOKENS, LARGE_HIDDEN, n, num_experts);
-    let buffer = NvshmemBuffer::new(
-        &world,
-        BufferOptions {
-            num_nvl_bytes: 0,
-            num_rdma_bytes,
-            low_latency_mode: true,
-            timeout_ms: DEFAULT_TIMEOUT_MS,
-        },
-    )?;
+    let mut buffer = NvshmemBuffer::new(&world, BufferOptions::low_latency(num_rdma_bytes))?;
     // ANCHOR_END: create
+    buffer.set_poison_outputs(true); // what no kernel wrote shows as 0xFF bytes
     let mut tally = Tally::default();
     let seed = world.job_seed();
     let case_seed = |i: u64| seed ^ i.wrapping_mul(0x9E37_79B9_7F4A_7C15);
 
     let mut hidden = LARGE_HIDDEN;
-    let mut next = |case: &Case, seed: u64| -> Result<Checks, AnyError> {
-        if case.hidden != hidden {
-            // Not needed by the protocol (the halves sit where the region's size puts them,
-            // whatever the shape); kept so that a failure shows in the case that caused it.
-            world.barrier_all()?;
-            hidden = case.hidden;
-        }
-        round_trip(&buffer, case, seed)
-    };
+    let mut next =
+        |buffer: &mut NvshmemBuffer<&World>, case: &Case, seed: u64| -> Result<Checks, AnyError> {
+            if case.hidden != hidden {
+                // Not needed by the protocol (the halves sit where the region's size puts them,
+                // whatever the shape); kept so that a failure shows in the case that caused it.
+                world.barrier_all()?;
+                hidden = case.hidden;
+            }
+            round_trip(buffer, case, seed)
+        };
     for (i, case) in cases().iter().enumerate() {
-        next(case, case_seed(i as u64))?.report(&mut tally);
+        next(&mut buffer, case, case_seed(i as u64))?.report(&mut tally);
     }
 
     // Many calls in a row, token counts, formats, phases and routing changing every time,
     // nothing cleaned in between: the device call numbers and the two halves carry it all.
     let mut pairs = Tally::default();
     for pair in 0..NUM_PAIRS {
-        let checks = next(&pair_case(pair), case_seed(1000 + pair as u64))?;
+        let checks = next(&mut buffer, &pair_case(pair), case_seed(1000 + pair as u64))?;
         pairs.passed += checks.tally.passed;
         pairs.failed += checks.tally.failed;
     }
@@ -117,25 +110,17 @@ fn run() -> Result<bool, AnyError> {
         name: "after the refused calls",
         ..pair_case(1)
     };
-    next(&after, case_seed(2000))?.report(&mut tally);
+    next(&mut buffer, &after, case_seed(2000))?.report(&mut tally);
 
     // ANCHOR: clean
     // Collective: every rank zeroes its control words and call count between two barriers.
-    // SAFETY: the world's stream, live for the whole run.
-    unsafe {
-        buffer.clean_low_latency_buffer_raw(
-            MAX_TOKENS,
-            SMALL_HIDDEN,
-            num_experts,
-            world.stream().cu_stream(),
-        )
-    }?;
+    buffer.clean_low_latency_buffer(MAX_TOKENS, SMALL_HIDDEN, num_experts)?;
     // ANCHOR_END: clean
     let after = Case {
         name: "after clean_low_latency_buffer",
         ..pair_case(3)
     };
-    next(&after, case_seed(2001))?.report(&mut tally);
+    next(&mut buffer, &after, case_seed(2001))?.report(&mut tally);
     Ok(tally.finish(&world)?)
 }
 
@@ -157,143 +142,98 @@ fn size_the_heap() -> Result<(), AnyError> {
 }
 // ANCHOR_END: heap
 
-// ANCHOR: hook_split
-/// One call in one launch, or split at DeepEP's receive hook: the send launch returns as soon
-/// as the tokens are on their way, and the receive launch, issued later, waits for them and
-/// unpacks. Between the two the stream (and the SMs) are free for other work: a real model
-/// runs its next layer's attention there.
-fn in_phases(
-    split: bool,
-    mut launch: impl FnMut(Phases) -> Result<(), BufferError>,
-) -> Result<(), BufferError> {
-    if split {
-        launch(Phases::Send)?;
-        launch(Phases::Receive)
-    } else {
-        launch(Phases::SendAndReceive)
-    }
-}
-// ANCHOR_END: hook_split
-
-/// Dispatch then combine for `case`; every output checked against the host reference.
-fn round_trip(buffer: &NvshmemBuffer<&World>, case: &Case, seed: u64) -> Result<Checks, AnyError> {
+/// Dispatch then combine for `case` on the typed layer; every output checked against the
+/// host reference.
+fn round_trip(
+    buffer: &mut NvshmemBuffer<&World>,
+    case: &Case,
+    seed: u64,
+) -> Result<Checks, AnyError> {
     let world = buffer.world();
-    let (me, n) = (world.my_pe(), world.n_pes());
-    let stream = world.stream();
-    let cs = stream.cu_stream();
-    let gpu = Gpu(stream);
-    let layout = LlShape {
+    let (me, n, stream) = (world.my_pe(), world.n_pes(), world.stream().clone());
+    let shape = LlShape {
         max_tokens: MAX_TOKENS,
         hidden: case.hidden,
         num_ranks: n,
         num_experts: EXPERTS_PER_RANK * n,
     };
-    let (l, hidden) = (layout.num_local_experts(), layout.hidden);
+    let (l, hidden) = (shape.num_local_experts(), shape.hidden);
     let all: Vec<Tokens> = (0..n)
-        .map(|rank| Tokens::new(case, seed, rank, &layout))
+        .map(|rank| Tokens::new(case, seed, rank, &shape))
         .collect();
     let mine = &all[me];
     let num_tokens = mine.num_tokens;
     let mut checks = Checks {
         me,
         case: *case,
-        layout,
+        layout: shape,
         tally: Tally::default(),
         num_tokens_sent: num_tokens,
         num_rows_received: 0,
     };
-
     // The optional statistics are added to: start them from values that are not zero.
     let stats_before: Vec<i32> = (0..l as i32).map(|e| 1000 + e).collect();
-    let recv_stats = gpu.upload(&stats_before)?;
-    let dispatch_cost = gpu.upload(&vec![1i64; n])?;
-    let combine_cost = gpu.upload(&vec![1i64; n])?;
+    let mut recv_stats = DeviceArray::from_host(&stream, &stats_before, l, 0)?;
+    let mut dispatch_cost = DeviceArray::from_host(&stream, &vec![1i64; n], n, 0)?;
+    let mut combine_cost = DeviceArray::from_host(&stream, &vec![1i64; n], n, 0)?;
+    let x = DeviceArray::from_host(&stream, &mine.x, num_tokens, hidden)?;
+    let topk_idx = DeviceArray::from_host(&stream, &mine.topk_idx, num_tokens, NUM_TOPK)?;
+    let topk_weights = DeviceArray::from_host(&stream, &mine.topk_weights, num_tokens, NUM_TOPK)?;
 
     // ANCHOR: dispatch_call
-    let x = gpu.upload(&mine.x)?;
-    let topk_idx = gpu.upload(&mine.topk_idx)?;
-    let inputs = LlDispatchInputs {
-        x: View::matrix(gpu.ptr(&x), num_tokens, hidden, ElemType::Bf16),
-        topk_idx: View::matrix(gpu.ptr(&topk_idx), num_tokens, NUM_TOPK, ElemType::I64),
-        cumulative_local_expert_recv_stats: Some(gpu.vector(&recv_stats, ElemType::I32)),
-        dispatch_wait_recv_cost_stats: Some(gpu.vector(&dispatch_cost, ElemType::I64)),
+    let stats = LlStats {
+        cumulative_local_expert_recv_stats: Some(&mut recv_stats),
+        wait_recv_cost_stats: Some(&mut dispatch_cost),
     };
-    // Shapes fixed by (T, hidden, experts) whatever the routing: L x n x T rows, of which
-    // the first recv_count[e] of expert e's n x T are valid.
-    let recv = RecvBuffers::new(&gpu, &layout, case.precision)?;
-    let outputs = recv.views(&gpu, &layout, case.precision);
-    let options = case.options(&layout);
-    in_phases(case.split, |phases| {
-        // SAFETY: the views describe the allocations above, alive past the synchronise below.
-        unsafe { buffer.low_latency_dispatch_raw(&inputs, &outputs, &options, phases, cs) }
-    })?;
-    stream.synchronize()?;
+    let options = case.options(&shape);
+    let dispatched = if case.split {
+        // Split at DeepEP's receive hook: the send returns as soon as the tokens are on their
+        // way; between it and `receive()` the stream (and the SMs) are free for other work,
+        // and the pending call holds the buffer, so nothing else can run on it.
+        let pending = buffer.low_latency_dispatch_send(&x, &topk_idx, stats, options)?;
+        pending.receive()?
+    } else {
+        buffer.low_latency_dispatch(&x, &topk_idx, stats, options)?
+    };
     // ANCHOR_END: dispatch_call
     checks.input_record(buffer, "dispatch")?;
-    let got = recv.to_host(stream)?;
+    let got = Received::from_typed(&dispatched, &stream)?;
     checks.dispatch(&all, &got);
-    let stats = stream.clone_dtoh(&recv_stats)?;
-    let want: Vec<i32> = (0..l)
-        .map(|e| {
-            let received: usize = all.iter().map(|s| kept(&s.tokens_for(me * l + e))).sum();
-            stats_before[e] + received as i32
-        })
-        .collect();
-    checks.check(stats == want, || {
-        format!("cumulative_local_expert_recv_stats {stats:?}, expected {want:?}")
-    });
-    checks.cost_grew("dispatch", &stream.clone_dtoh(&dispatch_cost)?);
+    checks.stats_grew(&all, &stats_before, &recv_stats.to_host(&stream)?);
+    checks.cost_grew("dispatch", &dispatch_cost.to_host(&stream)?);
 
     // The experts' results, in the rows the handle describes.
-    let results = gpu.upload(&expert_results(&layout, me, &all, &got))?;
-    let topk_weights = gpu.upload(&mine.topk_weights)?;
-    let combined = gpu.poisoned::<bf16>(num_tokens * hidden)?;
+    let results = expert_results(&shape, me, &all, &got);
+    let results = DeviceArray::from_host(&stream, &results, l * n * MAX_TOKENS, hidden)?;
     // ANCHOR: combine_call
-    // The handle is the dispatch's own outputs: where each row came from.
-    let handle = LlHandle {
-        src_info: outputs.recv_src_info,
-        layout_range: outputs.recv_layout_range,
-        num_max_dispatch_tokens_per_rank: MAX_TOKENS,
-        hidden,
-        num_experts: layout.num_experts,
-    };
+    let handle = &dispatched.handle; // where each row came from
     let x = if case.zero_copy {
         // Zero copy: the results go into the buffer's own staging rows (a real expert would
-        // write its output there; here a device copy), so combine sends from there instead
-        // of copying them in first.
-        let staging =
-            buffer.next_low_latency_combine_buffer_raw(MAX_TOKENS, hidden, layout.num_experts)?;
-        // SAFETY: both are [L x n x T, hidden] bf16 on this GPU; stream-ordered.
-        unsafe {
-            let (dst, src, num_bytes) = (staging.ptr, gpu.ptr(&results), results.len() * 2);
-            cudarc::driver::result::memcpy_dtod_async(dst, src, num_bytes, cs)
-        }?;
+        // write its output there; here a device copy), so combine sends from there instead of
+        // copying them in first.
+        buffer
+            .next_low_latency_combine_buffer(handle)?
+            .copy_from(&results)?;
         None
     } else {
-        let rows = l * n * MAX_TOKENS;
-        Some(View::matrix(
-            gpu.ptr(&results),
-            rows,
-            hidden,
-            ElemType::Bf16,
-        ))
+        Some(&results)
     };
-    let combine_inputs = LlCombineInputs {
-        x,
-        topk_idx: inputs.topk_idx,
-        topk_weights: View::matrix(gpu.ptr(&topk_weights), num_tokens, NUM_TOPK, ElemType::F32),
-        combine_wait_recv_cost_stats: Some(gpu.vector(&combine_cost, ElemType::I64)),
+    let topk = TopK {
+        idx: &topk_idx,
+        weights: &topk_weights,
     };
-    let out = View::matrix(gpu.ptr(&combined), num_tokens, hidden, ElemType::Bf16);
-    in_phases(case.split, |phases| {
-        // SAFETY: as for the dispatch.
-        unsafe { buffer.low_latency_combine_raw(&combine_inputs, &handle, &out, phases, cs) }
-    })?;
-    stream.synchronize()?;
+    let cost = Some(&mut combine_cost);
+    let combined = if case.split {
+        buffer
+            .low_latency_combine_send(x, topk, cost, handle)?
+            .receive()?
+    } else {
+        buffer.low_latency_combine(x, topk, cost, handle)?
+    };
     // ANCHOR_END: combine_call
     checks.input_record(buffer, "combine")?;
-    checks.combine(mine, &stream.clone_dtoh(&combined)?);
-    checks.cost_grew("combine", &stream.clone_dtoh(&combine_cost)?);
+    checks.combine(mine, &combined.to_host(&stream)?);
+    checks.cost_grew("combine", &combine_cost.to_host(&stream)?);
     checks.num_rows_received = got.count.iter().map(|&c| c.max(0) as usize).sum();
     Ok(checks)
 }
