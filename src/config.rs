@@ -187,26 +187,16 @@ mod tests {
 
     #[test]
     fn launch_checks_name_the_field() {
-        let c = Config::new(23, 8, 256, 6, 128).unwrap();
-        assert!(
-            c.check_for_launch(8)
-                .unwrap_err()
-                .to_string()
-                .contains("must be even")
-        );
-        let c = Config::new(24, 8, 16, 6, 128).unwrap();
-        assert!(
-            c.check_for_launch(8)
-                .unwrap_err()
-                .to_string()
-                .contains("below 32")
-        );
-        assert!(
-            Config::new(24, 8, 256, 6, 128)
+        for (num_sms, ring, message) in [(23, 256, "must be even"), (24, 16, "below 32")] {
+            let error = Config::new(num_sms, 8, ring, 6, 128)
                 .unwrap()
                 .check_for_launch(8)
-                .is_ok()
-        );
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains(message), "{error}");
+        }
+        let good = Config::new(24, 8, 256, 6, 128).unwrap();
+        assert!(good.check_for_launch(8).is_ok());
     }
 
     #[test]

@@ -49,24 +49,14 @@ unsafe impl ValidAsZeroBits for Fp8E4m3 {}
 pub trait Element: DeviceRepr + ValidAsZeroBits + Copy {
     const ELEM: ElemType;
 }
-impl Element for bf16 {
-    const ELEM: ElemType = ElemType::Bf16;
+macro_rules! element {
+    ($($t:ty => $elem:ident),* $(,)?) => {
+        $(impl Element for $t {
+            const ELEM: ElemType = ElemType::$elem;
+        })*
+    };
 }
-impl Element for Fp8E4m3 {
-    const ELEM: ElemType = ElemType::Fp8E4m3;
-}
-impl Element for f32 {
-    const ELEM: ElemType = ElemType::F32;
-}
-impl Element for i32 {
-    const ELEM: ElemType = ElemType::I32;
-}
-impl Element for i64 {
-    const ELEM: ElemType = ElemType::I64;
-}
-impl Element for bool {
-    const ELEM: ElemType = ElemType::Bool;
-}
+element!(bf16 => Bf16, Fp8E4m3 => Fp8E4m3, f32 => F32, i32 => I32, i64 => I64, bool => Bool);
 
 /// A row-major vector [len] or matrix [rows, cols] of `T` on this PE's GPU, owning its memory.
 pub struct DeviceArray<T> {

@@ -25,7 +25,10 @@ use nvshmem_tutorial::{
     BufferOptions, Config, DeviceArray, Element, Fp8E4m3, LayoutOutputs, NvshmemBuffer, RecvTokens,
     Tokens as TokenRows, TopK, View,
 };
-use rand::{Rng, SeedableRng, rngs::StdRng};
+use rand::{SeedableRng, rngs::StdRng};
+
+#[path = "shared/routing.rs"]
+mod routing;
 
 type AnyError = Box<dyn std::error::Error>;
 
@@ -51,25 +54,9 @@ impl Tokens {
         let x = (0..num_tokens * HIDDEN)
             .map(|i| bf16::from_f32(((i % 61) as f32 - 30.0) / 8.0 + rank as f32))
             .collect();
-        let mut topk_idx = Vec::with_capacity(num_tokens * NUM_TOPK);
-        for _ in 0..num_tokens {
-            let mut chosen: Vec<i64> = Vec::new();
-            while chosen.len() < NUM_TOPK {
-                let e = if skew {
-                    rng.random_range(0..EXPERTS_PER_RANK) as i64
-                } else {
-                    rng.random_range(0..num_experts) as i64
-                };
-                let e = if rng.random_ratio(1, 10) { -1 } else { e };
-                if e < 0 || !chosen.contains(&e) {
-                    chosen.push(e)
-                }
-            }
-            topk_idx.extend(chosen);
-        }
-        let topk_weights = (0..num_tokens * NUM_TOPK)
-            .map(|_| rng.random_range(0.5f32..2.0))
-            .collect();
+        let choices = if skew { EXPERTS_PER_RANK } else { num_experts };
+        let topk_idx = routing::random_topk(&mut rng, num_tokens, NUM_TOPK, choices);
+        let topk_weights = routing::random_weights(&mut rng, num_tokens * NUM_TOPK);
         Self {
             x,
             topk_idx,

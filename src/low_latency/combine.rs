@@ -10,7 +10,7 @@ use kernels::contract::LlCombineArgs;
 use crate::buffer::NvshmemBuffer;
 use crate::error::BufferError;
 use crate::low_latency::dispatch::optional_vector;
-use crate::low_latency::launch::{COMBINE_KERNEL, ll_shape};
+use crate::low_latency::launch::{COMBINE_KERNEL, LlPlan, ll_shape};
 use crate::low_latency::phases::{PendingReceive, Phases, check_phases};
 use crate::low_latency::regions::{LlShape, invalid};
 use crate::spec::BufferSpec;
@@ -36,14 +36,8 @@ pub struct LlCombineInputs {
     pub combine_wait_recv_cost_stats: Option<View>,
 }
 
-/// A checked low-latency combine: the kernel's arguments, the phases to run, and the send
-/// left waiting for its receive after the launch.
-#[derive(Debug, Clone, Copy)]
-pub struct LlCombinePlan {
-    pub args: LlCombineArgs,
-    pub phases: Phases,
-    pub pending_after: Option<PendingReceive>,
-}
+/// A checked low-latency combine.
+pub type LlCombinePlan = LlPlan<LlCombineArgs>;
 
 const WHAT: &str = "low_latency_combine";
 
@@ -200,14 +194,10 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         phases: Phases,
         stream: sys::CUstream,
     ) -> Result<(), BufferError> {
-        if phases != Phases::Receive {
-            self.check()?;
-        }
-        let pending = *self.ll_pending();
-        let p = plan_ll_combine(&self.spec, inputs, handle, out, phases, pending)?;
-        let phases = p.phases as i32;
+        let pending = self.ll_begin(phases)?;
+        let plan = plan_ll_combine(&self.spec, inputs, handle, out, phases, pending)?;
         // SAFETY: a checked plan; the caller vouches for the views and the stream.
-        unsafe { self.ll_launch(&COMBINE_KERNEL, &p.args, phases, p.pending_after, stream) }
+        unsafe { self.ll_launch(&COMBINE_KERNEL, &plan, stream) }
     }
     // ANCHOR_END: ll_combine
 }

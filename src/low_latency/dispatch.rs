@@ -9,7 +9,7 @@ use kernels::contract::{FP8_GROUP, LlDispatchArgs};
 
 use crate::buffer::NvshmemBuffer;
 use crate::error::BufferError;
-use crate::low_latency::launch::{DISPATCH_KERNEL, ll_shape};
+use crate::low_latency::launch::{DISPATCH_KERNEL, LlPlan, ll_shape};
 use crate::low_latency::phases::{PendingReceive, Phases, check_phases};
 use crate::low_latency::regions::invalid;
 use crate::spec::BufferSpec;
@@ -54,14 +54,8 @@ pub struct LlDispatchOutputs {
     pub recv_count: View,
 }
 
-/// A checked low-latency dispatch: the kernel's arguments, the phases to run, and the send
-/// left waiting for its receive after the launch.
-#[derive(Debug, Clone, Copy)]
-pub struct LlDispatchPlan {
-    pub args: LlDispatchArgs,
-    pub phases: Phases,
-    pub pending_after: Option<PendingReceive>,
-}
+/// A checked low-latency dispatch.
+pub type LlDispatchPlan = LlPlan<LlDispatchArgs>;
 
 /// An optional vector argument of `len` elements: its address, or 0.
 pub(crate) fn optional_vector(
@@ -260,14 +254,10 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
     ) -> Result<(), BufferError> {
         // Before a receive the send is out: the call must complete on this rank, whatever
         // the error records say.
-        if phases != Phases::Receive {
-            self.check()?;
-        }
-        let pending = *self.ll_pending();
-        let p = plan_ll_dispatch(&self.spec, inputs, outputs, options, phases, pending)?;
-        let phases = p.phases as i32;
+        let pending = self.ll_begin(phases)?;
+        let plan = plan_ll_dispatch(&self.spec, inputs, outputs, options, phases, pending)?;
         // SAFETY: a checked plan; the caller vouches for the views and the stream.
-        unsafe { self.ll_launch(&DISPATCH_KERNEL, &p.args, phases, p.pending_after, stream) }
+        unsafe { self.ll_launch(&DISPATCH_KERNEL, &plan, stream) }
     }
     // ANCHOR_END: ll_dispatch
 }

@@ -13,10 +13,19 @@ use kernels::contract::LL_THREADS;
 
 use crate::buffer::{NvshmemBuffer, arg};
 use crate::error::BufferError;
-use crate::low_latency::phases::PendingReceive;
+use crate::low_latency::phases::{PendingReceive, Phases};
 use crate::low_latency::regions::{CONTROL_BYTES, LlShape, check_shape, invalid};
 use crate::spec::BufferSpec;
 use crate::view::{ElemType, View};
+
+/// A checked low-latency call: the kernel's argument struct, the phases to run, and the send
+/// left waiting for its receive after the launch.
+#[derive(Debug, Clone, Copy)]
+pub struct LlPlan<A> {
+    pub args: A,
+    pub phases: Phases,
+    pub pending_after: Option<PendingReceive>,
+}
 
 /// The two kernels, each one symbol launched with a phase argument; their mangled names are
 /// looked up once, not on every call.
@@ -79,17 +88,25 @@ pub fn ll_shape(
 }
 
 impl<W: Deref<Target = World>> NvshmemBuffer<W> {
+    /// What a low-latency call does before its plan: the error records, except before a
+    /// receive (the send is out: the call must complete on this rank, whatever they say),
+    /// and the send now waiting for its receive.
+    pub(crate) fn ll_begin(&self, phases: Phases) -> Result<Option<PendingReceive>, BufferError> {
+        if phases != Phases::Receive {
+            self.check()?;
+        }
+        Ok(*self.ll_pending())
+    }
+
     /// Launches a checked low-latency plan: one block per SM of this PE, the workspace, the
     /// argument struct and the phases; then records what is pending after it.
     ///
     /// # Safety
-    /// As `NvshmemBuffer::launch`: `args` is the kernel's checked argument struct.
+    /// As `NvshmemBuffer::launch`: the plan's views are live on this GPU, `stream` is live.
     pub(crate) unsafe fn ll_launch<A>(
         &self,
         kernel: &Kernel,
-        args: &A,
-        phases: i32,
-        pending_after: Option<PendingReceive>,
+        plan: &LlPlan<A>,
         stream: sys::CUstream,
     ) -> Result<(), BufferError> {
         let spec = LaunchSpec {
@@ -99,9 +116,11 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
             shared_mem_bytes: 0,
         };
         let ws = self.workspace();
+        let phases = plan.phases as i32;
+        let args = &mut [arg(&ws), arg(&plan.args), arg(&phases)];
         // SAFETY: forwarded to the caller.
-        unsafe { self.launch(spec, stream, &mut [arg(&ws), arg(args), arg(&phases)]) }?;
-        *self.ll_pending() = pending_after;
+        unsafe { self.launch(spec, stream, args) }?;
+        *self.ll_pending() = plan.pending_after;
         Ok(())
     }
 

@@ -19,6 +19,6 @@ pub use combine::{LlCombineInputs, LlCombinePlan, LlHandle, plan_ll_combine};
 pub use dispatch::{
     LlDispatchInputs, LlDispatchOptions, LlDispatchOutputs, LlDispatchPlan, plan_ll_dispatch,
 };
-pub use launch::ll_shape;
+pub use launch::{LlPlan, ll_shape};
 pub use phases::{PendingReceive, Phases, check_phases};
 pub use regions::{CONTROL_BYTES, LlRegions, LlShape, get_low_latency_rdma_size_hint};

@@ -192,19 +192,7 @@ impl Tokens {
         } else {
             layout.num_experts
         };
-        let mut topk_idx = Vec::with_capacity(num_tokens * NUM_TOPK);
-        for _ in 0..num_tokens {
-            let mut chosen: Vec<i64> = Vec::with_capacity(NUM_TOPK);
-            while chosen.len() < NUM_TOPK {
-                let e = rng.random_range(0..choices) as i64;
-                if rng.random_ratio(1, 10) {
-                    chosen.push(-1);
-                } else if !chosen.contains(&e) {
-                    chosen.push(e);
-                }
-            }
-            topk_idx.extend(chosen);
-        }
+        let mut topk_idx = routing::random_topk(&mut rng, num_tokens, NUM_TOPK, choices);
         if case.routing == Routing::BadExpertId && num_tokens > 0 {
             topk_idx[0] = bad_expert_id(layout);
         }
@@ -213,9 +201,7 @@ impl Tokens {
                 topk_idx[t * NUM_TOPK..][..2].fill(0);
             }
         }
-        let topk_weights = (0..num_tokens * NUM_TOPK)
-            .map(|_| rng.random_range(0.5f32..2.0))
-            .collect();
+        let topk_weights = routing::random_weights(&mut rng, num_tokens * NUM_TOPK);
         Self {
             x,
             topk_idx,

@@ -28,12 +28,14 @@ use nvshmem_tutorial::{
     LlDispatchInputs, LlDispatchOptions, LlDispatchOutputs, LlDispatched, LlHandle, LlRecvTokens,
     LlShape, LlStats, NvshmemBuffer, Phases, TopK, View, get_low_latency_rdma_size_hint,
 };
-use rand::{Rng, SeedableRng, rngs::StdRng};
+use rand::{SeedableRng, rngs::StdRng};
 
 mod cases;
 mod checks;
 mod device;
 mod mistakes;
+#[path = "../shared/routing.rs"]
+mod routing;
 
 use cases::*;
 use checks::*;
