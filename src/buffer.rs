@@ -16,7 +16,7 @@ use ch04_collectives::{
 use cudarc::driver::{CudaEvent, CudaSlice, DevicePtr, sys};
 
 use crate::config::{CHANNEL_THREADS, MAX_CHANNELS};
-use crate::error::{BufferError, describe};
+use crate::error::{BufferError, LastRingCall, describe};
 use crate::low_latency::phases::PendingReceive;
 use crate::regions::{MAX_EXPERTS, Regions};
 use crate::spec::{BufferOptions, BufferSpec, PROGRESS_WORDS};
@@ -69,6 +69,8 @@ pub struct NvshmemBuffer<W: Deref<Target = World>> {
     pub(crate) ll_receive_pending: Mutex<Option<PendingReceive>>,
     /// Whether the typed calls (typed.rs) poison the outputs they allocate.
     pub(crate) poison_outputs: bool,
+    /// The last dispatch or combine launched (names a ring failure's channel).
+    last_ring_call: Mutex<LastRingCall>,
 }
 // ANCHOR_END: buffer
 
@@ -138,6 +140,7 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
             _ll_state: ll_state,
             ll_receive_pending: Default::default(),
             poison_outputs: false,
+            last_ring_call: Default::default(),
         })
     }
 
@@ -165,7 +168,11 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
     /// `Err` if a kernel of this buffer failed (the buffer is unusable then), or if one found
     /// bad input (raised once; the buffer stays usable). Cheap: reads host-mapped memory.
     pub fn check(&self) -> Result<(), BufferError> {
-        self.comm.check().map_err(describe)?;
+        let last = *self
+            .last_ring_call
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        self.comm.check().map_err(|e| describe(e, last))?;
         let words: [u64; 4] = self.input_error.snapshot();
         if words[0] == 0 {
             return Ok(());
@@ -273,6 +280,18 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
             shared_mem_bytes: 0,
         };
         let ws = self.workspace();
+        let op = if kernel == "moe_scatter" {
+            "dispatch"
+        } else {
+            "combine"
+        };
+        *self
+            .last_ring_call
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = LastRingCall {
+            op,
+            num_channels: channels,
+        };
         // SAFETY: forwarded to the caller.
         unsafe { self.launch(spec, stream, &mut [arg(&ws), arg(args)]) }
     }

@@ -1,5 +1,5 @@
 //! Combine: every expert result back to its token's rank, summed there
-//! (kernels/cuda/buffer/intranode.cu, `moe_gather`), with the handle of the dispatch.
+//! (kernels/cuda/buffer/combine.cu, `moe_gather`), with the handle of the dispatch.
 
 use std::ops::Deref;
 

@@ -3,7 +3,7 @@
 
 use crate::error::BufferError;
 use crate::regions::{combine_slot_bytes, dispatch_slot};
-use kernels::contract::MAX_TOPK;
+use kernels::contract::{FP8_GROUP, MAX_TOPK};
 
 /// `Buffer.num_sms` before `set_num_sms`: DeepEP's default.
 pub const DEFAULT_NUM_SMS: u32 = 20;
@@ -106,7 +106,7 @@ impl Config {
     /// (regions.rs has the slot formulas), for up to MAX_TOPK experts per token and fp8 scales.
     pub fn get_nvl_buffer_size_hint(&self, hidden_bytes: usize, num_ranks: usize) -> usize {
         let hidden = hidden_bytes / 2; // DeepEP's callers pass H * max(element size, 2)
-        let scales = hidden.div_ceil(128);
+        let scales = hidden.div_ceil(FP8_GROUP);
         let dispatch = dispatch_slot(hidden_bytes, MAX_TOPK, scales).bytes as usize;
         let slot = dispatch.max(combine_slot_bytes(hidden * 2, MAX_TOPK));
         (self.num_channels() * num_ranks * self.num_max_nvl_chunked_recv_tokens as usize * slot)

@@ -1,5 +1,5 @@
 //! Dispatch: every token to the ranks that hold its experts (kernels/cuda/buffer/
-//! intranode.cu, `moe_scatter`). The notify step (or a cached handle) has already told
+//! dispatch.cu, `moe_scatter`). The notify step (or a cached handle) has already told
 //! every rank how many tokens come from whom and in which channel.
 
 use std::ops::Deref;

@@ -93,49 +93,73 @@ impl BufferError {
     }
 }
 
-/// Chapter 4's failure record, with the kinds the buffer's kernels add named.
-pub(crate) fn describe(error: CollError) -> BufferError {
+/// The last normal-mode kernel a buffer launched: its operation and channel count, which
+/// name a ring failure's block.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct LastRingCall {
+    pub op: &'static str,
+    pub num_channels: usize,
+}
+
+/// Chapter 4's failure record, with the kinds the buffer's kernels add named: who waited
+/// (rank, peer, channel, side, operation) for what, and the two causes told apart as far as
+/// the record can: a peer that never arrived (dead or stalled) or ranks that disagree.
+pub(crate) fn describe(error: CollError, last: LastRingCall) -> BufferError {
     let CollError::Device(failure) = &error else {
         return error.into();
     };
-    let what = match failure.kind {
-        Failure::RingSpace => "a sender waited for ring space that the receiver never freed",
-        Failure::RingData => "a receiver waited for tokens that never came",
+    let f = failure;
+    let ring = |side: &str, what: &str| {
+        let channel = match last.num_channels {
+            0 => String::new(),
+            c => format!(", channel {} ({side})", f.block as usize % c),
+        };
+        BufferError::Ring(format!(
+            "rank {}: {} (call {}, block {}{channel}): timed out after {} ms: {what} (peer rank \
+             {}, counter {} expected, {} seen). Rank {} is dead or stalled (a crash, a \
+             checkpoint save, a compilation), or the ranks' calls disagree (different handles \
+             or configs). The buffer is unusable from here on: destroy it and create a new one",
+            f.me, last.op, f.call, f.block, f.timeout_ms, f.pe, f.expected, f.seen, f.pe
+        ))
+    };
+    match f.kind {
+        Failure::RingSpace => ring(
+            "sender",
+            "waited for ring space that the receiver never freed",
+        ),
+        Failure::RingData => ring("receiver", "waited for tokens that never came"),
         Failure::LlDispatch | Failure::LlCombine => {
             // Dispatch waits for a count word, (call << 32) | tokens; combine for a flag that
             // holds the call itself.
-            let (op, flag_call) = if failure.kind == Failure::LlDispatch {
-                ("dispatch", failure.seen >> 32)
+            let (op, flag_call) = if f.kind == Failure::LlDispatch {
+                ("dispatch", f.seen >> 32)
             } else {
-                ("combine", failure.seen)
+                ("combine", f.seen)
             };
-            return BufferError::Ring(format!(
-                "rank {}: low-latency {op} (call {} of this buffer, slot half {}), block {}: timed \
-                 out after {} ms waiting for rank {}'s tokens for this rank's experts (its flag \
-                 holds call {flag_call}). Did every rank make the same low-latency calls with the \
-                 same num_max_dispatch_tokens_per_rank, hidden and num_experts, and call every \
-                 receive hook? The buffer is unusable from here on: destroy it and create a new \
-                 one",
-                failure.me,
-                failure.call,
-                failure.call & 1,
-                failure.block,
-                failure.timeout_ms,
-                failure.pe,
-            ));
+            let cause = if flag_call < f.call {
+                format!(
+                    "rank {} never arrived at this call: it is dead or stalled (a crash, a \
+                     checkpoint save, a compilation), or it skipped a call or a receive hook",
+                    f.pe
+                )
+            } else {
+                "its flag arrived but not its tokens: the ranks disagree on \
+                 num_max_dispatch_tokens_per_rank, hidden or num_experts"
+                    .into()
+            };
+            BufferError::Ring(format!(
+                "rank {}: low-latency {op} (call {} of this buffer, slot half {}), block {}: \
+                 timed out after {} ms waiting for rank {}'s tokens for this rank's experts (its \
+                 flag holds call {flag_call}): {cause}. The buffer is unusable from here on: \
+                 destroy it and create a new one",
+                f.me,
+                f.call,
+                f.call & 1,
+                f.block,
+                f.timeout_ms,
+                f.pe,
+            ))
         }
-        _ => return error.into(),
-    };
-    BufferError::Ring(format!(
-        "rank {}: call {}, block {}: timed out after {} ms: {what} (peer rank {}, counter \
-         {} expected, {} seen). Did every rank make the same dispatch/combine calls with \
-         matching handles? The buffer is unusable from here on: destroy it and create a new one",
-        failure.me,
-        failure.call,
-        failure.block,
-        failure.timeout_ms,
-        failure.pe,
-        failure.expected,
-        failure.seen
-    ))
+        _ => error.into(),
+    }
 }

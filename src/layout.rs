@@ -7,7 +7,7 @@ use std::ops::Deref;
 use ch01_bootstrap::World;
 use ch04_collectives::LaunchSpec;
 use cudarc::driver::sys;
-use kernels::contract::InputError;
+use kernels::contract::{InputError, LAYOUT_THREADS};
 
 use crate::buffer::{NvshmemBuffer, arg};
 use crate::checks;
@@ -15,9 +15,6 @@ use crate::error::BufferError;
 use crate::regions::MAX_EXPERTS;
 use crate::spec::BufferSpec;
 use crate::view::{ElemType, View};
-
-/// Threads per block of `moe_layout` (its `__launch_bounds__`): one token per thread.
-const LAYOUT_THREADS: u32 = 256;
 
 /// What `get_dispatch_layout` fills: tokens per rank [R] i32, per expert [E] i32, and the
 /// routing [N, R] bool.

@@ -17,18 +17,31 @@
 //! chapters/ch04-collectives       Communicator: barrier, broadcast, all-gather, reduce-scatter,
 //!                                 all-reduce, all-to-all(-v) from peer stores and signals
 //! python/                         nvshmem_tutorial: PyO3 module + torch glue (Buffer: DeepEP's API)
-//! src/                            chapter 7, NvshmemBuffer (this crate):
+//! src/                            chapters 7-8, NvshmemBuffer (this crate):
 //!   config.rs                       DeepEP's Config, defaults per rank count, size hints
-//!   layout.rs                       the buffer's regions and slots as size formulas
-//!   buffer.rs                       NvshmemBuffer: one allocation, its kernels, check()
-//!   notify.rs                       get_dispatch_layout; the notify step (chapter 4's all-gather)
-//!   dispatch.rs, combine.rs         the two halves of MoE communication
-//!   handle.rs, view.rs, error.rs    what they take and return
-//!   low_latency/                    chapter 8: low-latency dispatch/combine (fixed slots)
-//!   bin/                            ch07-buffer (self-checking)
+//!   regions.rs                      the buffer's memory regions and ring slots, as size formulas
+//!   spec.rs                         BufferOptions; BufferSpec, what the plans know of a buffer
+//!   buffer.rs                       NvshmemBuffer: one allocation, its kernels, check(), launch
+//!   layout.rs                       the layout step (get_dispatch_layout): plan_layout
+//!   notify.rs                       the notify step (chapter 4's all-gather): plan_notify
+//!   dispatch.rs, combine.rs         the two halves of MoE communication: plan_*, *_raw
+//!   checks.rs, bad_inputs.rs        checks shared by the plans; every bad input, CPU-tested
+//!   handle.rs, view.rs, error.rs    what the raw layer takes and returns
+//!   typed.rs                        the safe layer: typed device arrays, &mut self calls
+//!   low_latency/                    chapter 8: fixed slots (regions, phases, plans, launch)
+//!   bin/                            ch07-buffer, ch08-low-latency (self-checking, typed layer)
 //! kernels/cuda/buffer/            moe.cuh (ring protocol NOTES), layout.cu, notify.cu,
-//!                                 intranode.cu (moe_scatter, moe_gather), low_latency.cuh,
-//!                                 ll_dispatch.cu, ll_combine.cu
+//!                                 dispatch.cu (moe_scatter), combine.cu (moe_gather),
+//!                                 low_latency.cuh, ll_dispatch.cu, ll_combine.cu;
+//!                                 kernels/cuda/ptx.cuh holds every PTX wrapper
+//!
+//! # From a call to its kernel
+//!
+//! Each call is a pure plan (`plan_dispatch(spec, config, inputs, handle, outputs)` and the
+//! rest): every check, then the kernel's argument struct (kernels/contract/defs.rs). The raw
+//! layer (`NvshmemBuffer::dispatch_raw` and the rest, `unsafe`, over [`View`]s) checks the
+//! error records, plans and launches; the typed layer (typed.rs) allocates outputs and calls
+//! the raw one. Python's `Buffer.dispatch` calls the raw layer through `BufferCore`.
 //! ```
 //!
 //! Each chapter crate depends only on earlier chapters, `nvshmem-sys` and `kernels`; this

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use ch01_bootstrap::World;
 use ch04_collectives::LaunchSpec;
 use cudarc::driver::sys;
+use kernels::contract::NOTIFY_THREADS;
 
 use crate::buffer::{NvshmemBuffer, arg};
 use crate::checks;
@@ -16,9 +17,6 @@ use crate::error::BufferError;
 use crate::regions::{MAX_EXPERTS, row_ints};
 use crate::spec::BufferSpec;
 use crate::view::{ElemType, View};
-
-/// Threads per block of both notify kernels (their `__launch_bounds__`).
-const NOTIFY_THREADS: u32 = 256;
 
 /// The notify step's inputs: the layout of this rank's tokens.
 #[derive(Debug, Clone, Copy)]
@@ -243,6 +241,7 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
                     });
                 }
                 Some(at) if now > at + timeout => {
+                    ch01_bootstrap::world::mark_broken(); // a peer never arrived
                     return Err(BufferError::NotifyTimeout {
                         me: self.world().my_pe(),
                         timeout_ms,

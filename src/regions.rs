@@ -16,7 +16,7 @@
 //! top-k weights (below). Every region starts at a multiple of 256 bytes.
 
 use ch04_collectives::config::MAX_PES;
-use kernels::contract::{DispatchSlot, MAX_CHANNELS};
+use kernels::contract::{DISPATCH_SLOT_HEADER_BYTES, DispatchSlot, MAX_CHANNELS};
 
 /// Most experts (global) of a normal-mode call: the notify rows are sized for it (DeepEP allows
 /// 1024 per rank at 8 ranks).
@@ -30,9 +30,10 @@ fn align16(bytes: usize) -> usize {
 /// One dispatch slot: `[row: hidden_bytes][src_idx: i32][pad: i32][topk_idx: i64 x K]
 /// [topk_weights: f32 x K][scales: f32 x S]`, each part 16-byte aligned. `DispatchSlot` is in
 /// the host/device contract; the kernels find the parts from it (`slot_meta` and the rest in
-/// intranode.cu).
+/// dispatch.cu).
 pub fn dispatch_slot(hidden_bytes: usize, num_topk: usize, num_scales: usize) -> DispatchSlot {
-    let bytes = align16(hidden_bytes) + align16(8 + 12 * num_topk + 4 * num_scales);
+    let meta = DISPATCH_SLOT_HEADER_BYTES + 12 * num_topk + 4 * num_scales;
+    let bytes = align16(hidden_bytes) + align16(meta);
     DispatchSlot {
         hidden_bytes: hidden_bytes as i32,
         num_topk: num_topk as i32,

@@ -30,7 +30,7 @@ use crate::error::BufferError;
 // The limits are the contract's (kernels/contract/defs.rs): MAX_LL_EXPERTS experts (global)
 // per call, MAX_TOPK per token, and rows up to MAX_LL_HIDDEN wide (the send phase stages a
 // row's fp8 scales in shared memory).
-use kernels::contract::{FP8_GROUP, MAX_LL_EXPERTS, MAX_LL_HIDDEN};
+use kernels::contract::{FP8_GROUP, LL_MSG_HEADER_BYTES, MAX_LL_EXPERTS, MAX_LL_HIDDEN};
 /// Bytes of the control words at the start of the region.
 pub const CONTROL_BYTES: usize = (2 * MAX_PES * 8 + 2 * MAX_LL_EXPERTS * 8).next_multiple_of(256);
 
@@ -55,11 +55,12 @@ impl LlShape {
     /// One dispatch message: a 16-byte header, the row, the fp8 scales; rounded up to 16
     /// bytes so that every slot is 16-byte aligned (`dispatch_msg_bytes` in ll_dispatch.cu).
     pub fn dispatch_msg_bytes(&self, use_fp8: bool) -> usize {
-        (16 + if use_fp8 {
-            self.hidden + self.hidden / FP8_GROUP * 4
-        } else {
-            self.hidden * 2
-        })
+        (LL_MSG_HEADER_BYTES
+            + if use_fp8 {
+                self.hidden + self.hidden / FP8_GROUP * 4
+            } else {
+                self.hidden * 2
+            })
         .next_multiple_of(16)
     }
     /// What a half must hold: every (expert, source, slot) message at its largest (bf16);

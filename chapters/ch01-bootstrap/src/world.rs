@@ -40,6 +40,31 @@ pub struct World {
 
 static ALIVE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
+// ANCHOR: broken
+/// Set once this PE knows the job is broken: a wait for a peer timed out, so that peer is
+/// dead or stalled. NVSHMEM's teardown is collective (`nvshmem_free` and finalize wait for
+/// every PE), and a dead PE never arrives: from then on, this process skips both, leaves its
+/// symmetric heap to the driver (which reclaims it when the process exits), and exits instead
+/// of waiting forever. NCCL's `ncclCommAbort` and torch's watchdog make the same trade.
+static BROKEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Marks the job broken (see `BROKEN`): every later collective teardown of this process is
+/// skipped. Called where a wait for a peer timed out.
+pub fn mark_broken() {
+    if !BROKEN.swap(true, std::sync::atomic::Ordering::SeqCst) {
+        eprintln!(
+            "nvshmem_tutorial: a peer did not arrive in time: this process will skip NVSHMEM's \
+             collective teardown (free, finalize) and leave its memory to the driver"
+        );
+    }
+}
+
+/// Whether the job is known broken (`mark_broken`).
+pub fn is_broken() -> bool {
+    BROKEN.load(std::sync::atomic::Ordering::SeqCst)
+}
+// ANCHOR_END: broken
+
 impl World {
     // ANCHOR: from_env
     /// torchrun's path: read the environment, fetch the unique id from rank 0, initialise.
@@ -199,8 +224,10 @@ impl Drop for World {
         // must finish first, or it would touch freed memory.
         let _ = self.stream.synchronize();
         let _ = self.ctx.bind_to_thread();
-        // SAFETY: initialised by `init`; every rank drops its World at the end of the job.
-        unsafe { (self.nvshmem.hostlib_finalize)() };
+        if !is_broken() {
+            // SAFETY: initialised by `init`; every rank drops its World at the end of the job.
+            unsafe { (self.nvshmem.hostlib_finalize)() };
+        }
         ALIVE.store(false, std::sync::atomic::Ordering::SeqCst);
     }
 }

@@ -294,6 +294,9 @@ impl<W: Deref<Target = World>, T> Drop for SymmetricBuffer<W, T> {
     fn drop(&mut self) {
         // Work still queued on our stream may read or write this memory.
         let _ = self.world.stream().synchronize();
+        if ch01_bootstrap::world::is_broken() {
+            return; // a dead peer would never join the collective free: leave it to the driver
+        }
         // SAFETY: allocated by nvshmem_align; nvshmem_free is collective, and every PE drops
         // its buffers in the same order because they were created in the same order.
         unsafe { (self.world.nvshmem().free)(self.ptr as *mut _) };

@@ -35,17 +35,19 @@ impl std::fmt::Display for DeviceFailure {
         };
         let text = match self.kind {
             DeviceFailureKind::Ready => waited(&format!(
-                "to enter call {} (it announced {}). Did every PE make the same collective calls \
-                 in the same order?",
+                "to enter call {} (it announced {}): pe {pe} never arrived, so it is dead or \
+                 stalled (a crash, a checkpoint save, a compilation); or the PEs make their \
+                 collective calls in different orders",
                 self.expected, self.seen
             )),
             DeviceFailureKind::Done => waited(&format!(
-                "to finish writing (ticket {}, saw {}). Did every PE pass the same sizes?",
+                "to finish writing (ticket {}, saw {}): pe {pe} entered the call but stopped, so \
+                 it is dead or stalled; or the PEs passed different sizes",
                 self.expected, self.seen
             )),
             DeviceFailureKind::Ll => waited(&format!(
-                "'s data of call {} (a line still carried flag {}). Did every PE pass the same \
-                 sizes and algorithm?",
+                "'s data of call {} (a line still carried flag {}): pe {pe} is dead or stalled, \
+                 or the PEs passed different sizes or algorithms",
                 self.expected, self.seen
             )),
             DeviceFailureKind::Counts => waited(&format!(
@@ -176,7 +178,7 @@ mod tests {
             text.starts_with("pe 1: call 7, block 3: timed out after 10000 ms waiting for pe 0"),
             "{text}"
         );
-        assert!(text.contains("same collective calls"), "{text}");
+        assert!(text.contains("pe 0 never arrived, so it is dead or stalled"), "{text}");
         assert!(text.contains("create a new one"), "{text}");
     }
 

@@ -209,6 +209,11 @@ impl<W: Deref<Target = World>> Memory<W> {
         let me = self.workspace.my_pe as usize;
         let kind = DeviceFailureKind::from_code(word[4])
             .map_err(|code| CollError::UnknownFailureKind { me, code })?;
+        // Every kind named WAIT_* is a wait for a peer that timed out: the peer is dead or
+        // stalled, so the collective teardown must be skipped (ch01's `mark_broken`).
+        if kind.device_name().starts_with("WAIT_") {
+            ch01_bootstrap::world::mark_broken();
+        }
         Err(CollError::Device(DeviceFailure {
             me,
             kind,
