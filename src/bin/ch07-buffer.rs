@@ -29,6 +29,8 @@ use rand::{SeedableRng, rngs::StdRng};
 
 #[path = "shared/routing.rs"]
 mod routing;
+#[path = "shared/soak.rs"]
+mod soak;
 
 type AnyError = Box<dyn std::error::Error>;
 
@@ -82,6 +84,7 @@ fn upload<T: Element>(
 }
 
 fn run() -> Result<bool, AnyError> {
+    let args = soak::soak_args()?;
     let world = World::from_env()?;
     let (me, n) = (world.my_pe(), world.n_pes());
     let num_experts = EXPERTS_PER_RANK * n;
@@ -126,8 +129,9 @@ fn run() -> Result<bool, AnyError> {
         )?;
     }
     // Many pairs in a row, routing changing every time, no cleanup in between.
+    let num_pairs = args.pairs.unwrap_or(200);
     let mut ok = true;
-    for pair in 0..200u64 {
+    for pair in 0..num_pairs as u64 {
         let all: Vec<Tokens> = (0..n)
             .map(|r| {
                 Tokens::new(
@@ -143,9 +147,14 @@ fn run() -> Result<bool, AnyError> {
         check_round_trip(&mut buffer, &mut quiet, &all, &config, "pair")?;
         ok &= quiet.failed == 0;
     }
+    println!("pe {me}: {num_pairs} dispatch/combine pairs in a row, results checked");
     tally.check(me, ok, || {
-        "200 dispatch/combine pairs in a row: a result was wrong".into()
+        format!("{num_pairs} dispatch/combine pairs in a row: a result was wrong")
     });
+    if let Some(count) = args.create_destroy {
+        let options = BufferOptions::normal(num_nvl_bytes);
+        soak::create_destroy(&world, count, options, &mut tally)?;
+    }
     check_mistakes(&mut buffer, &mut tally)?;
     Ok(tally.finish(&world)?)
 }

@@ -36,6 +36,8 @@ mod device;
 mod mistakes;
 #[path = "../shared/routing.rs"]
 mod routing;
+#[path = "../shared/soak.rs"]
+mod soak;
 
 use cases::*;
 use checks::*;
@@ -62,6 +64,7 @@ fn main() -> ExitCode {
 }
 
 fn run() -> Result<bool, AnyError> {
+    let args = soak::soak_args()?;
     size_the_heap()?;
     let world = World::from_env()?;
     let (me, n) = (world.my_pe(), world.n_pes());
@@ -93,17 +96,18 @@ fn run() -> Result<bool, AnyError> {
     // Many calls in a row, token counts, formats, phases and routing changing every time,
     // nothing cleaned in between: the device call numbers and the two halves carry it all.
     let mut pairs = Tally::default();
-    for pair in 0..NUM_PAIRS {
+    let num_pairs = args.pairs.unwrap_or(NUM_PAIRS);
+    for pair in 0..num_pairs {
         let checks = next(&mut buffer, &pair_case(pair), case_seed(1000 + pair as u64))?;
         pairs.passed += checks.tally.passed;
         pairs.failed += checks.tally.failed;
     }
     println!(
-        "pe {me}: {NUM_PAIRS} round trips in a row, no cleaning: {} checks passed, {} failed",
+        "pe {me}: {num_pairs} round trips in a row, no cleaning: {} checks passed, {} failed",
         pairs.passed, pairs.failed
     );
     tally.check(me, pairs.failed == 0, || {
-        format!("{NUM_PAIRS} round trips in a row: a result was wrong")
+        format!("{num_pairs} round trips in a row: a result was wrong")
     });
 
     check_mistakes(&buffer, &mut tally)?;
@@ -123,6 +127,10 @@ fn run() -> Result<bool, AnyError> {
         ..pair_case(3)
     };
     next(&mut buffer, &after, case_seed(2001))?.report(&mut tally);
+    if let Some(count) = args.create_destroy {
+        let options = BufferOptions::low_latency(num_rdma_bytes);
+        soak::create_destroy(&world, count, options, &mut tally)?;
+    }
     Ok(tally.finish(&world)?)
 }
 

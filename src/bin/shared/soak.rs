@@ -1,0 +1,82 @@
+//! The soak options of chapters 7 and 8's programs (`#[path]`-included by both):
+//! `--pairs N` dispatch/combine pairs in a row (new routing each, every result checked), and
+//! `--create-destroy N` buffers made and dropped in a loop with this GPU's free memory read
+//! before and after: a buffer that leaks shows as memory that does not come back, or as a
+//! symmetric heap that runs out.
+
+use std::ops::Deref;
+
+use ch01_bootstrap::World;
+use ch01_bootstrap::checks::Tally;
+use nvshmem_tutorial::{BufferError, BufferOptions, NvshmemBuffer};
+
+pub(crate) struct SoakArgs {
+    pub(crate) pairs: Option<usize>,
+    pub(crate) create_destroy: Option<usize>,
+}
+
+/// `--pairs N` and `--create-destroy N` from the command line; anything else is an error.
+pub(crate) fn soak_args() -> Result<SoakArgs, String> {
+    let mut args = SoakArgs {
+        pairs: None,
+        create_destroy: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let slot = match flag.as_str() {
+            "--pairs" => &mut args.pairs,
+            "--create-destroy" => &mut args.create_destroy,
+            other => {
+                return Err(format!(
+                    "unknown argument {other:?} (takes --pairs N and --create-destroy N)"
+                ));
+            }
+        };
+        let value = it.next().ok_or(format!("{flag} needs a count"))?;
+        *slot = Some(
+            value
+                .parse()
+                .map_err(|_| format!("{flag} {value}: not a count"))?,
+        );
+    }
+    Ok(args)
+}
+
+/// Makes and drops `count` buffers of `options` (collective), then checks that this GPU's
+/// free memory came back to within 1 MiB of what it was after the first one.
+pub(crate) fn create_destroy<W: Deref<Target = World> + Clone>(
+    world: W,
+    count: usize,
+    options: BufferOptions,
+    tally: &mut Tally,
+) -> Result<(), BufferError> {
+    let me = world.my_pe();
+    let free = || -> Result<usize, BufferError> {
+        world
+            .barrier_all()
+            .map_err(|e| BufferError::invalid("soak", e.to_string()))?;
+        let (free, _) = cudarc::driver::result::mem_get_info()
+            .map_err(BufferError::cuda("reading the GPU's free memory"))?;
+        Ok(free)
+    };
+    drop(NvshmemBuffer::new(world.clone(), options)?); // the first loads what stays loaded
+    let before = free()?;
+    for _ in 0..count {
+        let buffer = NvshmemBuffer::new(world.clone(), options)?;
+        buffer.check()?;
+    }
+    let after = free()?;
+    let lost = before.saturating_sub(after);
+    println!(
+        "pe {me}: {count} buffers made and dropped: free GPU memory {} -> {} MiB",
+        before >> 20,
+        after >> 20
+    );
+    tally.check(me, lost <= 1 << 20, || {
+        format!(
+            "{count} buffers made and dropped: {} KiB of GPU memory did not come back",
+            lost >> 10
+        )
+    });
+    Ok(())
+}
