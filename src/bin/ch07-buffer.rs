@@ -91,7 +91,8 @@ fn run() -> Result<bool, AnyError> {
     let config = Config::new(24, 8, 256, 6, 128)?; // DeepEP test_intranode.py's
     let num_nvl_bytes = config.get_nvl_buffer_size_hint(HIDDEN * 2, n);
     // ANCHOR: create
-    let mut buffer = NvshmemBuffer::new(&world, BufferOptions::normal(num_nvl_bytes))?;
+    let options = args.apply(BufferOptions::normal(num_nvl_bytes));
+    let mut buffer = NvshmemBuffer::new(&world, options)?;
     // ANCHOR_END: create
     buffer.set_poison_outputs(true); // what no kernel wrote shows as 0xFF bytes
     // A PE that shares its GPU with others (a folded run) has room for fewer blocks.
@@ -130,6 +131,7 @@ fn run() -> Result<bool, AnyError> {
     }
     // Many pairs in a row, routing changing every time, no cleanup in between.
     let num_pairs = args.pairs.unwrap_or(200);
+    println!("pe {me}: running {num_pairs} dispatch/combine pairs in a row");
     let mut ok = true;
     for pair in 0..num_pairs as u64 {
         let all: Vec<Tokens> = (0..n)
@@ -147,12 +149,10 @@ fn run() -> Result<bool, AnyError> {
         check_round_trip(&mut buffer, &mut quiet, &all, &config, "pair")?;
         ok &= quiet.failed == 0;
     }
-    println!("pe {me}: {num_pairs} dispatch/combine pairs in a row, results checked");
     tally.check(me, ok, || {
         format!("{num_pairs} dispatch/combine pairs in a row: a result was wrong")
     });
     if let Some(count) = args.create_destroy {
-        let options = BufferOptions::normal(num_nvl_bytes);
         soak::create_destroy(&world, count, options, &mut tally)?;
     }
     check_mistakes(&mut buffer, &mut tally)?;

@@ -71,7 +71,8 @@ fn run() -> Result<bool, AnyError> {
     let num_experts = EXPERTS_PER_RANK * n;
     // ANCHOR: create
     let num_rdma_bytes = get_low_latency_rdma_size_hint(MAX_TOKENS, LARGE_HIDDEN, n, num_experts);
-    let mut buffer = NvshmemBuffer::new(&world, BufferOptions::low_latency(num_rdma_bytes))?;
+    let options = args.apply(BufferOptions::low_latency(num_rdma_bytes));
+    let mut buffer = NvshmemBuffer::new(&world, options)?;
     // ANCHOR_END: create
     buffer.set_poison_outputs(true); // what no kernel wrote shows as 0xFF bytes
     let mut tally = Tally::default();
@@ -128,7 +129,6 @@ fn run() -> Result<bool, AnyError> {
     };
     next(&mut buffer, &after, case_seed(2001))?.report(&mut tally);
     if let Some(count) = args.create_destroy {
-        let options = BufferOptions::low_latency(num_rdma_bytes);
         soak::create_destroy(&world, count, options, &mut tally)?;
     }
     Ok(tally.finish(&world)?)

@@ -1,8 +1,9 @@
 //! The soak options of chapters 7 and 8's programs (`#[path]`-included by both):
-//! `--pairs N` dispatch/combine pairs in a row (new routing each, every result checked), and
+//! `--pairs N` dispatch/combine pairs in a row (new routing each, every result checked),
 //! `--create-destroy N` buffers made and dropped in a loop with this GPU's free memory read
-//! before and after: a buffer that leaks shows as memory that does not come back, or as a
-//! symmetric heap that runs out.
+//! before and after (a buffer that leaks shows as memory that does not come back, or as a
+//! symmetric heap that runs out), and `--timeout-ms N`, the buffer's bound on every wait
+//! (scripts/dead_rank.py kills a rank mid-loop and times how soon the others exit).
 
 use std::ops::Deref;
 
@@ -13,22 +14,37 @@ use nvshmem_tutorial::{BufferError, BufferOptions, NvshmemBuffer};
 pub(crate) struct SoakArgs {
     pub(crate) pairs: Option<usize>,
     pub(crate) create_destroy: Option<usize>,
+    pub(crate) timeout_ms: Option<usize>,
 }
 
-/// `--pairs N` and `--create-destroy N` from the command line; anything else is an error.
+impl SoakArgs {
+    /// `options` with this run's timeout, if one was given.
+    pub(crate) fn apply(&self, options: BufferOptions) -> BufferOptions {
+        BufferOptions {
+            timeout_ms: self.timeout_ms.map_or(options.timeout_ms, |t| t as u64),
+            ..options
+        }
+    }
+}
+
+/// `--pairs N`, `--create-destroy N`, `--timeout-ms N` from the command line; anything else
+/// is an error.
 pub(crate) fn soak_args() -> Result<SoakArgs, String> {
     let mut args = SoakArgs {
         pairs: None,
         create_destroy: None,
+        timeout_ms: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let slot = match flag.as_str() {
             "--pairs" => &mut args.pairs,
             "--create-destroy" => &mut args.create_destroy,
+            "--timeout-ms" => &mut args.timeout_ms,
             other => {
                 return Err(format!(
-                    "unknown argument {other:?} (takes --pairs N and --create-destroy N)"
+                    "unknown argument {other:?} (takes --pairs N, --create-destroy N and \
+                     --timeout-ms N)"
                 ));
             }
         };
