@@ -5,8 +5,13 @@
 #
 # Usage: scripts/device_run.sh [gpu_test.sh arguments...]
 # Environment: OUT (where results go; required), GPU_TEST_NPROCS, GPU_TEST_PYTHON (as for
-#   gpu_test.sh), DEVICE_BENCH (space-separated, run in this order: buffer coll; buffer runs
-#   the modes in BUFFER_MODES), DEVICE_GPU_TEST=0 (skip gpu_test.sh), DEVICE_LOGS (folder
+#   gpu_test.sh), DEVICE_BENCH (space-separated steps, run in the order given: buffer coll
+#   deepep_n1 host_path soak dead_rank; buffer runs the modes in BUFFER_MODES; deepep_n1 runs
+#   DeepEP's test_low_latency.py at N = 1 for DeepEP and for ours, and our test_intranode.py
+#   as far as N = 1 goes; host_path runs benchmarks/host_path.py for both; soak runs the
+#   chapter programs with --pairs SOAK_PAIRS (default 10000) and --create-destroy 100 at N = 1
+#   and folded N = 2; dead_rank runs scripts/dead_rank.py with DEAD_RANK_ARGS),
+#   DEVICE_GPU_TEST=0 (skip gpu_test.sh), DEVICE_LOGS (folder
 #   for logs and results, default a fresh temporary one), CARRY (default .carry: bin/ with the
 #   release binaries, wheels/ with the nvshmem_tutorial wheel, deepep/ with DeepEP's source).
 # When buffer is asked for and DeepEP is not built yet, its build (about 80 s on 64 cores)
@@ -27,7 +32,7 @@ fi
 { date -u; nvidia-smi -L; nvidia-smi topo -m; git log -1 --format='commit %H %s' 2>/dev/null; } >"$logs/machine.txt" 2>&1
 
 deepep_build=
-if [[ " ${DEVICE_BENCH:-} " == *" buffer "* && -d "$carry/deepep" ]] && ! compgen -G "$carry/deepep/deep_ep_cpp*.so" >/dev/null; then
+if [[ " ${DEVICE_BENCH:-} " =~ \ (buffer|deepep_n1|host_path)\  && -d "$carry/deepep" ]] && ! compgen -G "$carry/deepep/deep_ep_cpp*.so" >/dev/null; then
   (cd "$carry/deepep" && CPATH=/usr/local/cuda/include/cccl MAX_JOBS=$(nproc) TORCH_CUDA_ARCH_LIST=9.0 \
     python3 setup.py build_ext --inplace >"$logs/deepep_build.log" 2>&1) &
   deepep_build=$!
@@ -36,13 +41,54 @@ fi
 if [[ "${DEVICE_GPU_TEST:-1}" == 1 ]]; then
   BIN_DIR="$carry/bin" LOG_DIR="$logs" bash scripts/gpu_test.sh "$@" 2>&1 | tee "$logs/gpu_test.log" | tail -25
 fi
+wait_deepep() {
+  if [[ -n "$deepep_build" ]]; then
+    wait "$deepep_build" || { echo "device_run: DeepEP build failed"; tail -20 "$logs/deepep_build.log"; }
+    deepep_build=
+  fi
+}
+# `torchrun` on N local ranks of BIN with ARGS, folded onto the GPUs there are (fold_pes.sh).
+fold_run() {
+  local n=$1 bin=$2
+  shift 2
+  local gpus
+  gpus=$(nvidia-smi -L | grep -c '^GPU ')
+  if ((n > gpus)); then
+    torchrun --standalone --nproc_per_node="$n" --no-python env "FOLD_GPUS=$gpus" scripts/fold_pes.sh "$bin" "$@"
+  else
+    torchrun --standalone --nproc_per_node="$n" --no-python "$bin" "$@"
+  fi
+}
 for bench in ${DEVICE_BENCH:-}; do
   case "$bench" in
+    deepep_n1)
+      wait_deepep
+      { (cd "$carry/deepep/tests" && PYTHONPATH="$PWD/..${PYTHONPATH:+:$PYTHONPATH}" timeout 200 python3 test_low_latency.py --num-processes 1)
+        echo "deepep_n1: DeepEP test_low_latency exit $?"
+        COMPAT_TIMEOUT_S=200 bash benchmarks/deepep_compat.sh "$carry/deepep" 1 test_low_latency.py
+        echo "deepep_n1: ours test_low_latency exit $?"
+        COMPAT_TIMEOUT_S=60 bash benchmarks/deepep_compat.sh "$carry/deepep" 1 test_intranode.py
+        echo "deepep_n1: ours test_intranode exit $? (DeepEP's own stops at its kernel assertion at N = 1)"
+      } >"$logs/deepep_n1.log" 2>&1 ;;
+    host_path)
+      wait_deepep
+      { timeout 200 python3 benchmarks/host_path.py --system ours
+        (cd /tmp && PYTHONPATH="$OLDPWD/$carry/deepep${PYTHONPATH:+:$PYTHONPATH}" timeout 200 python3 "$OLDPWD/benchmarks/host_path.py" --system deepep)
+      } >"$logs/host_path.log" 2>&1 ;;
+    soak)
+      { for n in 1 2; do
+          fold_run "$n" "$carry/bin/ch07-buffer" --pairs "${SOAK_PAIRS:-10000}" --create-destroy 100
+          echo "soak: ch07-buffer n=$n exit $?"
+          fold_run "$n" "$carry/bin/ch08-low-latency" --pairs "${SOAK_PAIRS:-10000}" --create-destroy 100
+          echo "soak: ch08-low-latency n=$n exit $?"
+        done
+      } >"$logs/soak.log" 2>&1 ;;
+    dead_rank)
+      # shellcheck disable=SC2086 # DEAD_RANK_ARGS is a list of options
+      python3 scripts/dead_rank.py --bin-dir "$carry/bin" --log-dir "$logs/dead_rank" ${DEAD_RANK_ARGS:-} >"$logs/dead_rank.log" 2>&1 ;;
     coll) BIN_DIR="$carry/bin" COLL_OUT="$logs" bash benchmarks/run_coll.sh "${GPU_TEST_NPROCS:-2}" >"$logs/run_coll.log" 2>&1 ;;
     buffer)
-      if [[ -n "$deepep_build" ]]; then
-        wait "$deepep_build" || { echo "device_run: DeepEP build failed"; tail -20 "$logs/deepep_build.log"; }
-      fi
+      wait_deepep
       BUFFER_OUT="$logs" BUFFER_LOGS="$logs" bash benchmarks/run_buffer.sh "$carry/deepep" "${GPU_TEST_NPROCS:-2}" >"$logs/run_buffer.log" 2>&1 ;;
     *) echo "device_run: unknown benchmark '$bench'" ;;
   esac
