@@ -178,7 +178,10 @@ mod tests {
             text.starts_with("pe 1: call 7, block 3: timed out after 10000 ms waiting for pe 0"),
             "{text}"
         );
-        assert!(text.contains("pe 0 never arrived, so it is dead or stalled"), "{text}");
+        assert!(
+            text.contains("pe 0 never arrived, so it is dead or stalled"),
+            "{text}"
+        );
         assert!(text.contains("create a new one"), "{text}");
     }
 
