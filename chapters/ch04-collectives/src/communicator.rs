@@ -69,9 +69,24 @@ pub struct Communicator<W: Deref<Target = World>> {
 impl<W: Deref<Target = World>> Communicator<W> {
     /// Collective: allocates the workspace on every PE and loads the kernels.
     pub fn new(world: W, config: CollectivesConfig) -> Result<Self, CollError> {
+        let members = (0..world.n_pes()).collect();
+        Self::with_members(world, members, config)
+    }
+
+    /// Collective over the world (every PE allocates the workspace at once), but each PE's
+    /// communicator spans only `members`: world PEs, in the order its kernels number them
+    /// (member i is PE i of every call). Every member must pass the same list; PEs of
+    /// disjoint lists (the nodes of chapter 5) call collectives of their own at the same
+    /// time. Only members are reached, by peer pointers: nothing is asked of NVSHMEM about
+    /// any other PE.
+    pub fn with_members(
+        world: W,
+        members: Vec<usize>,
+        config: CollectivesConfig,
+    ) -> Result<Self, CollError> {
         let kernels = Kernels::load(&world, &MODULES)?;
         let num_sms = kernels.num_sms();
-        let memory = Memory::new(world, &config)?;
+        let memory = Memory::new(world, members, &config)?;
         Ok(Self {
             memory,
             kernels,
@@ -82,6 +97,19 @@ impl<W: Deref<Target = World>> Communicator<W> {
 
     pub fn world(&self) -> &World {
         self.memory.symmetric.world()
+    }
+    /// The PEs of the communicator, as world PEs, in member order.
+    pub fn members(&self) -> &[usize] {
+        &self.memory.members
+    }
+    /// How many PEs the communicator spans (every PE of the world, unless made
+    /// `with_members`).
+    pub fn n_pes(&self) -> usize {
+        self.memory.members.len()
+    }
+    /// This PE's index among the members.
+    pub fn my_index(&self) -> usize {
+        self.memory.workspace.my_pe as usize
     }
     pub fn config(&self) -> &CollectivesConfig {
         &self.config
@@ -96,7 +124,7 @@ impl<W: Deref<Target = World>> Communicator<W> {
     /// The symmetric bytes after the communicator's own (`CollectivesConfig::extra_bytes`):
     /// (device address, length). Zeroed at creation, on every PE.
     pub fn extra_region(&self) -> (u64, usize) {
-        let own = symmetric_bytes(self.world().n_pes(), self.config.ll_max_bytes) as u64;
+        let own = symmetric_bytes(self.n_pes(), self.config.ll_max_bytes) as u64;
         (
             self.memory.symmetric.device_ptr() + own,
             self.config.extra_bytes,
@@ -118,7 +146,7 @@ impl<W: Deref<Target = World>> Communicator<W> {
         size_bytes: usize,
         dtype: Option<DType>,
     ) -> Result<Plan, CollError> {
-        let n_pes = self.world().n_pes();
+        let n_pes = self.n_pes();
         let algorithm = algorithm
             .unwrap_or_else(|| choose(collective, size_bytes, n_pes, self.config.ll_max_bytes));
         plan(
@@ -202,7 +230,13 @@ impl<W: Deref<Target = World>> Communicator<W> {
         algorithm: Option<Algorithm>,
         stream: sys::CUstream,
     ) -> Result<(), CollError> {
-        ch02_symmetric_memory::check_pe(self.world(), root)?;
+        if root >= self.n_pes() {
+            // The root is a member index (a world PE when the communicator spans the world).
+            let n_pes = self.n_pes();
+            return Err(
+                ch02_symmetric_memory::SymmetricError::PeOutOfRange { pe: root, n_pes }.into(),
+            );
+        }
         let call = Call {
             collective: Collective::Broadcast,
             algorithm,
@@ -250,7 +284,7 @@ impl<W: Deref<Target = World>> Communicator<W> {
         algorithm: Option<Algorithm>,
         stream: sys::CUstream,
     ) -> Result<(), CollError> {
-        let n = self.world().n_pes();
+        let n = self.n_pes();
         self.exchange_raw(
             Collective::AllToAll,
             out,
@@ -273,7 +307,7 @@ impl<W: Deref<Target = World>> Communicator<W> {
         algorithm: Option<Algorithm>,
         stream: sys::CUstream,
     ) -> Result<(), CollError> {
-        let out_bytes = self.world().n_pes() * num_bytes;
+        let out_bytes = self.n_pes() * num_bytes;
         let call = Call {
             collective,
             algorithm,
@@ -329,7 +363,7 @@ impl<W: Deref<Target = World>> Communicator<W> {
         stream: sys::CUstream,
     ) -> Result<(), CollError> {
         let out_bytes = count * dtype.size();
-        let in_bytes = self.world().n_pes() * out_bytes;
+        let in_bytes = self.n_pes() * out_bytes;
         self.reduce_raw(
             Collective::ReduceScatter,
             out,

@@ -100,7 +100,6 @@ pub fn nccl_disabled(value: Option<&str>) -> bool {
     })
 }
 
-// ANCHOR: enqueue_team
 /// Enqueues NVSHMEM's `collective` over `NVSHMEM_TEAM_WORLD` on `stream` (a raw CUstream of
 /// this PE's context): `input` and `out` are symmetric, as NVSHMEM requires, and big enough
 /// for the call; broadcast copies PE `root`'s input. Every PE must make the same call.
@@ -117,27 +116,56 @@ pub fn enqueue_team<W: Deref<Target = World>>(
     input.check_range(0, call.in_bytes)?;
     out.check_range(0, call.out_bytes)?;
     ch02_symmetric_memory::check_pe(world, root)?;
-    let nv = world.nvshmem();
     let team = nvshmem_sys::TEAM_WORLD;
-    let (dest, source) = (out.device_ptr() as *mut _, input.device_ptr() as *const _);
+    // SAFETY: both buffers are symmetric allocations holding the bytes the call touches
+    // (checked above); the stream is of this context.
+    unsafe {
+        enqueue_on_team(
+            world,
+            team,
+            &call,
+            out.device_ptr(),
+            input.device_ptr(),
+            root,
+            stream,
+        )
+    }?;
+    Ok(call)
+}
+
+// ANCHOR: enqueue_team
+/// The NVSHMEM call of `call` over `team` on `stream`: `root` is a PE number of the team
+/// (broadcast only). Every member of the team must make the same call.
+///
+/// # Safety
+/// `out` and `input` must be symmetric device addresses of at least `call.out_bytes` and
+/// `call.in_bytes` bytes; `call` must come from [`team_call`] with the team's size; `stream`
+/// must be a live stream of this PE's context.
+pub unsafe fn enqueue_on_team(
+    world: &World,
+    team: nvshmem_sys::Team,
+    call: &TeamCall,
+    out: u64,
+    input: u64,
+    root: usize,
+    stream: cudarc::driver::sys::CUstream,
+) -> Result<(), CollError> {
+    let nv = world.nvshmem();
+    let (dest, source) = (out as *mut _, input as *const _);
     let stream = stream as nvshmem_sys::CudaStream;
-    // SAFETY: NVSHMEM is initialised (a World exists); both buffers are symmetric allocations
-    // holding the bytes the call touches (checked above); the stream is of this context.
+    let count = call.count;
+    // SAFETY: NVSHMEM is initialised (a World exists); the caller vouches for the rest.
     let status = unsafe {
-        match collective {
+        match call.collective {
             Collective::AllReduce => {
-                (nv.bfloat16_sum_reduce_on_stream)(team, dest, source, call.count, stream)
+                (nv.bfloat16_sum_reduce_on_stream)(team, dest, source, count, stream)
             }
             Collective::ReduceScatter => {
-                (nv.bfloat16_sum_reducescatter_on_stream)(team, dest, source, call.count, stream)
+                (nv.bfloat16_sum_reducescatter_on_stream)(team, dest, source, count, stream)
             }
-            Collective::AllGather => {
-                (nv.fcollectmem_on_stream)(team, dest, source, call.count, stream)
-            }
-            Collective::AllToAll => {
-                (nv.alltoallmem_on_stream)(team, dest, source, call.count, stream)
-            }
-            _ => (nv.broadcastmem_on_stream)(team, dest, source, call.count, root as i32, stream),
+            Collective::AllGather => (nv.fcollectmem_on_stream)(team, dest, source, count, stream),
+            Collective::AllToAll => (nv.alltoallmem_on_stream)(team, dest, source, count, stream),
+            _ => (nv.broadcastmem_on_stream)(team, dest, source, count, root as i32, stream),
         }
     };
     if status != 0 {
@@ -146,7 +174,7 @@ pub fn enqueue_team<W: Deref<Target = World>>(
             status,
         });
     }
-    Ok(call)
+    Ok(())
 }
 // ANCHOR_END: enqueue_team
 

@@ -68,7 +68,7 @@ impl<W: Deref<Target = World>> Communicator<W> {
         count: usize,
         algorithm: Option<Algorithm>,
     ) -> Result<(), CollError> {
-        let n = self.world().n_pes();
+        let n = self.n_pes();
         let (out, input) = (out.first(n * count)?, input.first(count)?);
         self.all_gather_raw(out, input, count * size_of::<T>(), algorithm, self.stream())
     }
@@ -81,7 +81,7 @@ impl<W: Deref<Target = World>> Communicator<W> {
         count: usize,
         algorithm: Option<Algorithm>,
     ) -> Result<(), CollError> {
-        let n = self.world().n_pes();
+        let n = self.n_pes();
         let (out, input) = (out.first(n * count)?, input.first(n * count)?);
         self.all_to_all_raw(out, input, count * size_of::<T>(), algorithm, self.stream())
     }
@@ -106,7 +106,7 @@ impl<W: Deref<Target = World>> Communicator<W> {
         count: usize,
         algorithm: Option<Algorithm>,
     ) -> Result<(), CollError> {
-        let n = self.world().n_pes();
+        let n = self.n_pes();
         let (out, input) = (out.first(count)?, input.first(n * count)?);
         self.reduce_scatter_raw(out, input, count, T::DTYPE, algorithm, self.stream())
     }
@@ -121,7 +121,7 @@ impl<W: Deref<Target = World>> Communicator<W> {
         in_splits: &CudaSlice<i64>,
         out_splits_offsets: &mut CudaSlice<i64>,
     ) -> Result<(), CollError> {
-        let n = self.world().n_pes();
+        let n = self.n_pes();
         if row_len == 0 || in_splits.len() < n || out_splits_offsets.len() < 2 * n {
             return Err(CollError::invalid(
                 "all_to_all_v",

@@ -131,19 +131,20 @@ pub(crate) struct Memory<W: Deref<Target = World>> {
     /// Host-mapped [8] u64: the failure record (see `Workspace::error`).
     pub record: HostMapped,
     pub workspace: Workspace,
+    /// World PE of each member, in member order (`Workspace::my_pe` indexes it).
+    pub members: Vec<usize>,
 }
 
 impl<W: Deref<Target = World>> Memory<W> {
     /// Collective. Zeroes this PE's flags, then waits for every PE to have done so: after the
     /// barrier no peer can still see garbage, and no peer has written yet.
-    pub(crate) fn new(world: W, config: &CollectivesConfig) -> Result<Self, CollError> {
-        let (my_pe, n_pes) = (world.my_pe(), world.n_pes());
-        if n_pes > MAX_PES {
-            return Err(CollError::TooManyPes {
-                n_pes,
-                max: MAX_PES,
-            });
-        }
+    pub(crate) fn new(
+        world: W,
+        members: Vec<usize>,
+        config: &CollectivesConfig,
+    ) -> Result<Self, CollError> {
+        let my_pe = member_index(&members, world.my_pe(), world.n_pes())?;
+        let n_pes = members.len();
         let clock_khz = world
             .context()
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CLOCK_RATE)
@@ -158,7 +159,7 @@ impl<W: Deref<Target = World>> Memory<W> {
         symmetric.fill_bytes(0)?;
         symmetric.world().barrier_all()?;
         let base = symmetric.device_ptr();
-        let peer_delta = peer_deltas(symmetric.world(), base)?;
+        let peer_delta = peer_deltas(symmetric.world(), &members, base)?;
         let (state_ptr, _) = cudarc::driver::DevicePtr::device_ptr(&state, &stream);
         let workspace = Workspace {
             state: state_ptr,
@@ -178,69 +179,126 @@ impl<W: Deref<Target = World>> Memory<W> {
             _state: state,
             record,
             workspace,
+            members,
         })
     }
 
-    /// `Err` unless every PE maps `ptr` (symmetric) at the offsets the kernels add: they
+    /// `Err` unless every member maps `ptr` (symmetric) at the offsets the kernels add: they
     /// compute peer addresses from `peer_delta` instead of calling nvshmem_ptr per access.
     pub(crate) fn check_peer_mapping(&self, ptr: u64) -> Result<(), CollError> {
         let world = self.symmetric.world();
-        let deltas = peer_deltas(world, ptr)?;
-        match (0..world.n_pes()).find(|&p| deltas[p] != self.workspace.peer_delta[p]) {
+        let deltas = peer_deltas(world, &self.members, ptr)?;
+        match (0..self.members.len()).find(|&i| deltas[i] != self.workspace.peer_delta[i]) {
             None => Ok(()),
-            Some(pe) => Err(CollError::invalid(
+            Some(i) => Err(CollError::invalid(
                 "collective",
                 format!(
-                    "pe {pe} maps address {ptr:#x} at offset {} but the communicator's workspace \
+                    "pe {} maps address {ptr:#x} at offset {} but the communicator's workspace \
                      at offset {}: NVSHMEM's heap is not mapped as one range",
-                    deltas[pe], self.workspace.peer_delta[pe]
+                    self.members[i], deltas[i], self.workspace.peer_delta[i]
                 ),
             )),
         }
     }
 
     /// `Err` with the kernel's account if any kernel of this communicator failed. Cheap (one
-    /// read of pinned memory): every call makes it first.
+    /// read of pinned memory): every call makes it first. The kernels number PEs as members;
+    /// the account names world PEs.
     pub(crate) fn check(&self, timeout_ms: u64) -> Result<(), CollError> {
-        let word: [u64; 8] = self.record.snapshot();
-        if word[0] == 0 {
-            return Ok(());
+        let me = self.members[self.workspace.my_pe as usize];
+        match read_failure(&self.record, me, timeout_ms)? {
+            None => Ok(()),
+            Some(mut failure) => {
+                if let Some(&pe) = self.members.get(failure.pe as usize) {
+                    failure.pe = pe as u64;
+                }
+                Err(CollError::Device(failure))
+            }
         }
-        let me = self.workspace.my_pe as usize;
-        let kind = DeviceFailureKind::from_code(word[4])
-            .map_err(|code| CollError::UnknownFailureKind { me, code })?;
-        // Every kind named WAIT_* is a wait for a peer that timed out: the peer is dead or
-        // stalled, so the collective teardown must be skipped (ch01's `mark_broken`).
-        if kind.device_name().starts_with("WAIT_") {
-            ch01_bootstrap::world::mark_broken();
-        }
-        Err(CollError::Device(DeviceFailure {
-            me,
-            kind,
-            pe: word[1],
-            expected: word[2],
-            seen: word[3],
-            block: word[5],
-            call: word[6],
-            timeout_ms,
-        }))
     }
 }
 
-/// nvshmem_ptr(ptr, p) - ptr for every PE p: where each peer's copy of the symmetric heap
-/// appears in our address space. Every PE must be reachable by loads and stores (one NVLink
-/// domain): chapter 5 is where PEs on other nodes come in.
-fn peer_deltas(world: &World, ptr: u64) -> Result<[i64; MAX_PES], CollError> {
-    let mut deltas = [0i64; MAX_PES];
-    for (pe, delta) in deltas.iter_mut().enumerate().take(world.n_pes()) {
+/// The failure a kernel left in `record` (the host-mapped failure record, FAILURE_WORDS
+/// words: see `Workspace::error`), if any, as PE `me` reports it. A wait for a peer that
+/// timed out (every kind named WAIT_*) means the peer is dead or stalled, so this marks the
+/// job broken: the collective teardown must be skipped (ch01's `mark_broken`).
+pub fn read_failure(
+    record: &HostMapped,
+    me: usize,
+    timeout_ms: u64,
+) -> Result<Option<DeviceFailure>, CollError> {
+    let word: [u64; 8] = record.snapshot();
+    if word[0] == 0 {
+        return Ok(None);
+    }
+    let kind = DeviceFailureKind::from_code(word[4])
+        .map_err(|code| CollError::UnknownFailureKind { me, code })?;
+    if kind.device_name().starts_with("WAIT_") {
+        ch01_bootstrap::world::mark_broken();
+    }
+    Ok(Some(DeviceFailure {
+        me,
+        kind,
+        pe: word[1],
+        expected: word[2],
+        seen: word[3],
+        block: word[5],
+        call: word[6],
+        timeout_ms,
+    }))
+}
+
+/// This PE's index in `members` (world PEs), or why the list cannot be a communicator's:
+/// empty, longer than MAX_PES, a PE past the job, a PE twice, or this PE missing.
+pub fn member_index(members: &[usize], my_pe: usize, n_pes: usize) -> Result<usize, CollError> {
+    if members.len() > MAX_PES {
+        return Err(CollError::TooManyPes {
+            n_pes: members.len(),
+            max: MAX_PES,
+        });
+    }
+    let bad = |what: String| Err(CollError::invalid("communicator", what));
+    if let Some(&pe) = members.iter().find(|&&pe| pe >= n_pes) {
+        return bad(format!("member pe {pe} is past the job's PEs 0..{n_pes}"));
+    }
+    if let Some((i, &pe)) = members
+        .iter()
+        .enumerate()
+        .find(|(i, pe)| members[..*i].contains(pe))
+    {
+        return bad(format!("pe {pe} is listed twice (again as member {i})"));
+    }
+    match members.iter().position(|&pe| pe == my_pe) {
+        Some(i) => Ok(i),
+        None => bad(format!("pe {my_pe} is not among the members {members:?}")),
+    }
+}
+
+/// nvshmem_ptr(ptr, m) - ptr for every member m: where each member's copy of the symmetric
+/// heap appears in our address space. Every member must be reachable by loads and stores
+/// (one NVLink domain); NVSHMEM is asked about members only, never about another PE
+/// (chapter 5's nodes rely on that: [`member_deltas`] is the rule, with NVSHMEM's call).
+fn peer_deltas(world: &World, members: &[usize], ptr: u64) -> Result<[i64; MAX_PES], CollError> {
+    member_deltas(members, world.my_pe(), ptr, |ptr, pe| {
         // SAFETY: nvshmem_ptr only translates addresses.
-        let peer = unsafe { (world.nvshmem().ptr)(ptr as *const c_void, pe as i32) } as u64;
+        unsafe { (world.nvshmem().ptr)(ptr as *const c_void, pe as i32) as u64 }
+    })
+}
+
+/// `translate(ptr, pe) - ptr` for every member, in member order (0 past the last): the
+/// offsets the kernels add to reach a member's copy. `translate` is nvshmem_ptr; it is called
+/// once per member and never for any other PE. A member it cannot reach (null) is an error.
+pub fn member_deltas(
+    members: &[usize],
+    my_pe: usize,
+    ptr: u64,
+    translate: impl Fn(u64, usize) -> u64,
+) -> Result<[i64; MAX_PES], CollError> {
+    let mut deltas = [0i64; MAX_PES];
+    for (delta, &pe) in deltas.iter_mut().zip(members) {
+        let peer = translate(ptr, pe);
         if peer == 0 {
-            return Err(ch03_put_get::PutGetError::NotLoadStoreReachable {
-                me: world.my_pe(),
-                pe,
-            }
-            .into());
+            return Err(ch03_put_get::PutGetError::NotLoadStoreReachable { me: my_pe, pe }.into());
         }
         *delta = peer.wrapping_sub(ptr) as i64;
     }
@@ -257,6 +315,29 @@ mod tests {
         assert_eq!(std::mem::size_of::<Workspace>(), 72 + 8 * MAX_PES);
         assert_eq!(std::mem::offset_of!(Workspace, timeout_cycles), 56);
         assert_eq!(std::mem::offset_of!(Workspace, n_pes), 68);
+    }
+
+    #[test]
+    fn members_are_checked_and_only_members_are_translated() {
+        assert_eq!(member_index(&[2, 3], 3, 4).unwrap(), 1);
+        for (members, why) in [
+            (vec![0, 1], "not among"),
+            (vec![3, 9], "past the job"),
+            (vec![3, 3], "listed twice"),
+        ] {
+            let err = member_index(&members, 3, 4).unwrap_err().to_string();
+            assert!(err.contains(why), "{err}");
+        }
+        let asked = std::cell::RefCell::new(Vec::new());
+        let deltas = member_deltas(&[4, 5], 5, 0x1000, |ptr, pe| {
+            asked.borrow_mut().push(pe);
+            ptr + 0x100 * pe as u64
+        })
+        .unwrap();
+        assert_eq!(*asked.borrow(), vec![4, 5]);
+        assert_eq!(&deltas[..3], &[0x400, 0x500, 0]);
+        let err = member_deltas(&[4, 5], 5, 0x1000, |_, _| 0).unwrap_err();
+        assert!(err.to_string().contains("4"), "{err}");
     }
 
     #[test]
