@@ -115,8 +115,8 @@ def finalize() -> None:
     _runtime.install(None)
     if still_referenced:
         warnings.warn(
-            f"nvshmem_tutorial.finalize(): {still_referenced} symmetric tensor(s) were still "
-            "referenced; their memory has been freed and they must not be used any more",
+            f"nvshmem_tutorial.finalize(): {still_referenced} symmetric tensor(s) or Buffer(s) "
+            "were still referenced; their memory has been freed and they must not be used any more",
             RuntimeWarning,
             stacklevel=2,
         )

@@ -1,7 +1,8 @@
-"""Type stubs of the Rust extension (python/src/*.rs). Pointers are device addresses as
-ints (``tensor.data_ptr()``), streams are ``cudaStream_t`` as ints (``stream.cuda_stream``)."""
+"""Type stubs of the Rust extension (python/src/*.rs): every name ``_native`` exports.
+Pointers are device addresses as ints (``tensor.data_ptr()``), streams are ``cudaStream_t`` as
+ints (``stream.cuda_stream``); the buffer's calls take torch tensors themselves."""
 
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 __version__: str
 UNIQUE_ID_BYTES: int
@@ -9,6 +10,8 @@ SIGNAL_OPS: Tuple[str, ...]
 """Names put_signal/signal_op take as ``op``: ("set", "add")."""
 SIGNAL_CMPS: Tuple[str, ...]
 """Names wait_signal takes as ``cmp``: ("eq", "ne", "gt", "ge", "lt", "le")."""
+BUFFER_TIMEOUT_VAR: str
+"""``"NVSHMEM_TUTORIAL_BUFFER_TIMEOUT_MS"``: the default bound on a Buffer's waits."""
 
 class NvshmemError(RuntimeError): ...
 class NotInitializedError(NvshmemError): ...
@@ -83,3 +86,94 @@ def all_to_all_v(
     stream: int,
 ) -> None: ...
 def check_collectives() -> None: ...
+
+# ---- chapters 7 and 8: the buffer (python/src/buffer.rs, config.rs, events.rs, low_latency.rs) --
+Tensor = Any  # a torch.Tensor on the buffer's GPU
+Shape3 = Tuple[int, int, int]
+
+class Config:
+    """DeepEP's Config: the same constructor, defaults, checks and size hints."""
+
+    def __init__(
+        self, num_sms: int = 20, num_max_nvl_chunked_send_tokens: int = 6, num_max_nvl_chunked_recv_tokens: int = 256,
+        num_max_rdma_chunked_send_tokens: int = 6, num_max_rdma_chunked_recv_tokens: int = 256,
+    ) -> None: ...
+    @property
+    def num_sms(self) -> int: ...
+    def get_nvl_buffer_size_hint(self, hidden_bytes: int, num_ranks: int) -> int: ...
+    def get_rdma_buffer_size_hint(self, hidden_bytes: int, num_ranks: int) -> int: ...
+
+def dispatch_config(num_ranks: int, num_sms: int) -> Config: ...
+def combine_config(num_ranks: int, num_sms: int) -> Config: ...
+def buffer_heap_bytes(n_pes: int, num_nvl_bytes: int, num_rdma_bytes: int) -> int: ...
+def low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int, num_experts: int) -> int: ...
+def buffer_timeout_ms(timeout_ms: Optional[int] = None) -> int:
+    """The timeout a Buffer gets: ``timeout_ms``, else BUFFER_TIMEOUT_VAR, else 100000;
+    InvalidArgumentError naming the source for anything but 1..86400000."""
+
+class Event:
+    """A CUDA event (DeepEP's EventHandle): what EventOverlap wraps."""
+
+    def current_stream_wait(self) -> None:
+        """torch's current stream waits for the event; then raises what a kernel of its
+        buffer recorded."""
+    @property
+    def cuda_event(self) -> int: ...
+
+def capture() -> Event:
+    """An event recorded on torch's current stream (Buffer.capture)."""
+
+class ReceiveHook:
+    """The receive half of a low-latency call made with return_recv_hook."""
+
+    def __call__(self) -> None: ...
+
+def _view(tensor: Tensor, name: str, device: int, as_rows: bool) -> Tuple[int, List[int], List[int], str]:
+    """(address, shape, strides, dtype) of the view a buffer call makes of ``tensor``: what the
+    CPU tests check (a CPU tensor, another GPU, a dtype or shape the buffer does not take)."""
+
+Streams = Tuple[Optional[Any], bool, bool]
+"""(previous_event, async_finish, allocate_on_comm_stream): DeepEP's stream arguments."""
+
+class BufferCore:
+    """The Rust buffer behind one Buffer; every DeepEP call is one method, with DeepEP's
+    arguments in its order, a few grouped in tuples (``streams``, ``topk``, ...)."""
+
+    def __init__(self, num_nvl_bytes: int, num_rdma_bytes: int, low_latency_mode: bool, comm_stream: Any, timeout_ms: Optional[int] = None) -> None: ...
+    def destroy(self) -> None:
+        """Waits for the GPU, releases the buffer, raises what its kernels recorded."""
+    def is_destroyed(self) -> bool: ...
+    def check(self) -> None: ...
+    @property
+    def timeout_ms(self) -> int: ...
+    def local_region(self, rdma: bool) -> object:
+        """A DLPack capsule (uint8) over this rank's region; keeps the memory alive."""
+    def next_low_latency_combine_buffer(self, handle: Tuple) -> Tuple[object, Shape3]: ...
+    def get_dispatch_layout(self, topk_idx: Tensor, num_experts: int, streams: Streams) -> Tuple[Tensor, Tensor, Tensor, Optional[Event]]: ...
+    def dispatch(
+        self, x: Tensor, x_scales: Optional[Tensor], layout: Tuple[Tensor, Tensor, Tensor], topk: Tuple[Optional[Tensor], Optional[Tensor]],
+        expert_alignment: int, num_worst_tokens: int, config: Optional[Config], num_sms: int, streams: Streams,
+    ) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor], Optional[Tensor], List[int], Tuple, Optional[Event]]:
+        """layout: (num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert); topk:
+        (topk_idx, topk_weights). Returns (recv_x, recv_x_scales, recv_topk_idx,
+        recv_topk_weights, num_recv_tokens_per_expert_list, handle, event)."""
+    def dispatch_cached(
+        self, x: Tensor, x_scales: Optional[Tensor], handle: Tuple, topk: Tuple[Optional[Tensor], Optional[Tensor]],
+        config: Optional[Config], num_sms: int, streams: Streams,
+    ) -> Tuple[Tensor, Optional[Tensor], Optional[Event]]: ...
+    def combine(
+        self, x: Tensor, handle: Tuple, topk_weights: Optional[Tensor], bias: Tuple[Optional[Tensor], Optional[Tensor]],
+        config: Optional[Config], num_sms: int, streams: Streams,
+    ) -> Tuple[Tensor, Optional[Tensor], Optional[Event]]: ...
+    def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int, hidden: int, num_experts: int) -> None: ...
+    def low_latency_dispatch(
+        self, x: Tensor, topk_idx: Tensor, num_max_dispatch_tokens_per_rank: int, num_experts: int,
+        stats: Tuple[Optional[Tensor], Optional[Tensor]], fp8: Tuple[bool, bool, bool], async_finish: bool, return_recv_hook: bool,
+    ) -> Tuple[Tensor, Optional[Tensor], Tensor, Tuple, Optional[Event], Optional[ReceiveHook]]:
+        """stats: (cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats); fp8:
+        (use_fp8, round_scale, use_ue8m0). Returns (recv_x, the fp8 scales' storage
+        [L, groups, R * T] or None, recv_count, handle, event, hook)."""
+    def low_latency_combine(
+        self, x: Optional[Tensor], topk_idx: Tensor, topk_weights: Tensor, handle: Tuple, zero_copy: bool,
+        async_finish: bool, return_recv_hook: bool, out: Optional[Tensor], combine_wait_recv_cost_stats: Optional[Tensor],
+    ) -> Tuple[Tensor, Optional[Event], Optional[ReceiveHook]]: ...

@@ -3,16 +3,22 @@ low-latency mode) on this tutorial's kernels.
 
 Names, arguments, defaults, return tuples and handle contents follow DeepEP v1 (commit
 567632d), so code written against DeepEP switches with an import (``benchmarks/deepep_shim``
-runs DeepEP's own tests this way). This module is the torch side only: it allocates outputs
-with torch's caching allocator, orders the work on streams with events as DeepEP does, and
-builds DeepEP's tuples. The checks, the size formulas and the kernels are Rust
-(``nvshmem_tutorial._native.BufferCore``, the root crate's ``NvshmemBuffer``).
+runs DeepEP's own tests this way). This module only shapes DeepEP's signatures and tuples:
+each call is one call into ``nvshmem_tutorial._native.BufferCore`` (python/src/buffer.rs),
+which reads the tensors, checks everything (the root crate's plans), orders the streams,
+allocates the outputs with torch's caching allocator and launches the kernels.
 
-Streams: every operation runs on the buffer's communication stream. It first waits for
+Streams, as DeepEP: a call runs on the buffer's communication stream, which first waits for
 ``previous_event`` if given, else for the current stream. With ``async_finish=False`` the
-current stream then waits for the communication stream (results usable at once); with
-``async_finish=True`` the returned ``EventOverlap`` holds an event on the communication stream
-and the tensors involved are kept alive until it completes.
+current stream then waits for it (results usable at once); with ``async_finish=True`` the
+returned ``EventOverlap`` holds an event on the communication stream, and the call's tensors
+are kept alive until it completes. A low-latency call with ``return_recv_hook=True`` runs on
+the current stream, and ``hook()`` runs its receive half.
+
+Errors: bad input raises ``InvalidArgumentError`` (a ``ValueError``) before anything is
+launched; what a kernel records (a timeout, an expert id out of range) raises at the next call,
+at ``EventOverlap.current_stream_wait()``, in a receive hook, in ``check()`` and in
+``destroy()``.
 """
 
 from __future__ import annotations
@@ -21,8 +27,7 @@ import os
 from typing import Any, Callable, List, Optional, Tuple, Union
 
 from . import _native
-from ._native import Config  # noqa: F401  (re-exported: DeepEP's Config)
-from ._views import _current_stream_handle, _device_bytes, _maybe, _owned, _rows, _view
+from ._native import Config, InvalidArgumentError  # noqa: F401  (Config: DeepEP's, re-exported)
 
 try:  # torch is only needed once a Buffer is used; importing the package must not need it
     import torch
@@ -31,9 +36,6 @@ try:  # torch is only needed once a Buffer is used; importing the package must n
 except ImportError:  # pragma: no cover - exercised by the CPU tests without torch
     torch = None  # type: ignore[assignment]
     topk_idx_t = None
-
-#: Bound on every device and host wait of a buffer, in milliseconds.
-TIMEOUT_MS = int(os.environ.get("NVSHMEM_TUTORIAL_TIMEOUT_MS", "10000"))
 
 
 class EventOverlap:
@@ -44,16 +46,17 @@ class EventOverlap:
         self.extra_tensors = extra_tensors
 
     def current_stream_wait(self) -> None:
-        """Makes the current stream wait for the event."""
+        """Makes the current stream wait for the event, then raises what a kernel of the
+        buffer recorded (its error record is read)."""
         assert self.event is not None
-        torch.cuda.current_stream().wait_event(self.event)
+        self.event.current_stream_wait()
 
     def __enter__(self) -> "EventOverlap":
         return self
 
     def __exit__(self, exc_type: Any, exc_val: Any, exc_tb: Any) -> None:
         if self.event is not None:
-            self.current_stream_wait()
+            self.event.current_stream_wait()
 
 
 class Buffer:
@@ -65,6 +68,9 @@ class Buffer:
     symmetric heap for this buffer unless ``NVSHMEM_SYMMETRIC_SIZE`` is set), then makes one
     symmetric allocation holding the buffer's rings. Options DeepEP has for other machines
     (inter-node normal mode, MNNVL, fabric memory, shrink) raise ``ValueError`` naming them.
+
+    ``timeout_ms`` (ours) bounds every wait of the buffer, on the GPU and on the host; by
+    default ``NVSHMEM_TUTORIAL_BUFFER_TIMEOUT_MS``, else 100 s (DeepEP's bound).
     """
 
     #: SMs of the default configs (``set_num_sms``).
@@ -83,6 +89,7 @@ class Buffer:
         explicitly_destroy: bool = False,
         enable_shrink: bool = False,
         comm: Optional[Any] = None,
+        *, timeout_ms: Optional[int] = None,  # ours, keyword-only: after DeepEP's arguments
     ) -> None:
         unsupported = [
             name
@@ -120,18 +127,45 @@ class Buffer:
             # Room for this buffer, a communicator and some tensors: rounded up to whole GiB.
             os.environ.setdefault("NVSHMEM_SYMMETRIC_SIZE", f"{(heap >> 30) + 2}G")
             init(group)
-        self.runtime = _native.BufferCore(num_nvl_bytes, num_rdma_bytes, low_latency_mode, TIMEOUT_MS)
         self._comm_stream = torch.cuda.Stream(priority=-1)
-        self._comm_stream_handle = self._comm_stream.cuda_stream
+        self.runtime = _native.BufferCore(num_nvl_bytes, num_rdma_bytes, low_latency_mode, self._comm_stream, timeout_ms)
+        # Views of the buffer's own memory, made once (they keep the memory alive: destroy()
+        # drops them).
+        self._regions: dict = {}
         dist.barrier(group)
 
-    # ---- DeepEP's static helpers ------------------------------------------------------------
+    # ---- lifetime and errors ------------------------------------------------------------------
 
     def destroy(self) -> None:
-        """Collective: frees the buffer (DeepEP requires ``explicitly_destroy=True``)."""
+        """Collective: releases the buffer (DeepEP requires ``explicitly_destroy=True``) after
+        waiting for the GPU, and raises what its kernels recorded. Its memory returns to
+        NVSHMEM at the collect point that follows (or, while a tensor from
+        ``get_local_buffer_tensor`` or ``get_next_low_latency_combine_buffer`` is alive, at a
+        later one: such views stay valid)."""
         assert self.explicitly_destroy, "`explicitly_destroy` flag must be set"
-        torch.cuda.synchronize()
-        self.runtime.destroy()
+        from ._tensors import collect
+
+        self._regions.clear()
+        try:
+            self.runtime.destroy()
+        except InvalidArgumentError:  # bad input a kernel saw: the buffer itself is sound
+            collect()
+            raise
+        # A failed kernel (NvshmemError) skips the collective step: a peer may be gone.
+        collect()
+
+    def check(self) -> None:
+        """Raises what a kernel of this buffer recorded (a timeout naming the rank and what it
+        waited for, an expert id out of range), if anything. Cheap: reads host memory, never
+        waits for the GPU. Under CUDA-graph replay, call it after ``replay()``."""
+        self.runtime.check()
+
+    @property
+    def timeout_ms(self) -> int:
+        """The bound on every wait of this buffer, in milliseconds."""
+        return self.runtime.timeout_ms
+
+    # ---- DeepEP's static helpers ------------------------------------------------------------
 
     @staticmethod
     def is_sm90_compiled() -> bool:
@@ -145,9 +179,7 @@ class Buffer:
     @staticmethod
     def capture() -> EventOverlap:
         """An event recorded on the current stream, as a ``previous_event``."""
-        event = torch.cuda.Event()
-        event.record(torch.cuda.current_stream())
-        return EventOverlap(event)
+        return EventOverlap(_native.capture())
 
     @staticmethod
     def get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int, num_experts: int) -> int:
@@ -165,10 +197,25 @@ class Buffer:
     def get_comm_stream(self) -> Any:
         return self._comm_stream
 
+    # ---- views of the buffer's memory --------------------------------------------------------
+
+    def _region(self, key: Any, make: Callable[[], Tuple[object, Any]]) -> Any:
+        """The view `make` describes (a DLPack capsule and a dtype/shape), made once per key."""
+        view = self._regions.get(key)
+        if view is None:
+            from ._tensors import _from_capsule
+
+            capsule, shape = make()
+            view = _from_capsule(torch, capsule)
+            if shape is not None:
+                view = view.view(torch.bfloat16).view(shape)
+            self._regions[key] = view
+        return view
+
     def get_local_buffer_tensor(self, dtype: Any, size: Optional[Any] = None, offset: int = 0, use_rdma_buffer: bool = False) -> Any:
-        """A tensor over this rank's region of the buffer (raw bytes from ``offset``)."""
-        address, length = self.runtime.local_region(use_rdma_buffer)
-        region = _device_bytes(address, length)
+        """A tensor over this rank's region of the buffer (raw bytes from ``offset``). It keeps
+        the buffer's memory alive, also after ``destroy()``."""
+        region = self._region(use_rdma_buffer, lambda: (self.runtime.local_region(use_rdma_buffer), None))
         region = region[offset:].view(dtype) if offset or dtype != torch.uint8 else region
         if size is None:
             return region
@@ -177,25 +224,11 @@ class Buffer:
             numel *= d
         return region[:numel].view(size)
 
-    # ---- stream and event handling, as DeepEP's -----------------------------------------------
-
-    def _run(self, previous_event: Optional[EventOverlap], async_finish: bool, allocate_on_comm_stream: bool, work: Callable[[int], tuple]) -> Tuple[tuple, EventOverlap]:
-        """Runs `work(stream handle)` on the comm stream after the current stream (or
-        `previous_event`); returns its result and DeepEP's EventOverlap."""
-        if allocate_on_comm_stream and (previous_event is None or not async_finish):
-            raise ValueError("allocate_on_comm_stream needs previous_event and async_finish (as in DeepEP)")
-        compute = torch.cuda.current_stream()
-        comm = self._comm_stream
-        if previous_event is not None:
-            comm.wait_event(previous_event.event)
-        else:
-            comm.wait_stream(compute)
-        with torch.cuda.stream(comm if allocate_on_comm_stream else compute):
-            result = work(comm.cuda_stream)
-        if async_finish:
-            return result, _event_after(comm, result)
-        compute.wait_stream(comm)
-        return result, EventOverlap(None)
+    def get_next_low_latency_combine_buffer(self, handle: object) -> Any:
+        """The rows a ``zero_copy`` combine reads: bf16 ``[num_local_experts, num_ranks * T,
+        hidden]`` in this rank's region. Write the expert outputs there, then combine with
+        ``zero_copy=True``. It keeps the buffer's memory alive, also after ``destroy()``."""
+        return self._region(tuple(handle[2:]), lambda: self.runtime.next_low_latency_combine_buffer(handle))
 
     # ---- layout, dispatch, combine --------------------------------------------------------------
 
@@ -209,17 +242,9 @@ class Buffer:
     ) -> Tuple[Any, Optional[Any], Any, Any, EventOverlap]:
         """``(num_tokens_per_rank [R] int32, None, num_tokens_per_expert [E] int32,
         is_token_in_rank [N, R] bool, event)``."""
-        device = topk_idx.device
-
-        def work(stream: int) -> tuple:
-            per_rank = torch.empty(self.group_size, dtype=torch.int32, device=device)
-            per_expert = torch.empty(num_experts, dtype=torch.int32, device=device)
-            in_rank = torch.empty((topk_idx.shape[0], self.group_size), dtype=torch.bool, device=device)
-            self.runtime.get_dispatch_layout(_view(topk_idx), num_experts, _view(per_rank), _view(per_expert), _view(in_rank), stream)
-            return per_rank, per_expert, in_rank
-
-        (per_rank, per_expert, in_rank), event = self._run(previous_event, async_finish, allocate_on_comm_stream, work)
-        return per_rank, None, per_expert, in_rank, event
+        streams = (previous_event, async_finish, allocate_on_comm_stream)
+        per_rank, per_expert, in_rank, event = self.runtime.get_dispatch_layout(topk_idx, num_experts, streams)
+        return per_rank, None, per_expert, in_rank, EventOverlap(event)
 
     def dispatch(
         self,
@@ -241,63 +266,18 @@ class Buffer:
         """DeepEP's intranode dispatch: ``(recv_x or (recv_x, recv_x_scales), recv_topk_idx,
         recv_topk_weights, num_recv_tokens_per_expert_list, handle, event)``; with a cached
         ``handle``: ``(recv_x..., None, None, None, None, event)``."""
-        config = self.get_dispatch_config(self.group_size) if config is None else config
         x, x_scales = x if isinstance(x, tuple) else (x, None)
         if num_tokens_per_rdma_rank is not None:
             raise ValueError("num_tokens_per_rdma_rank is for inter-node dispatch, which this buffer does not have")
-        hidden = x.shape[1]
-        device = x.device
-        num_scales = x_scales.shape[1] if x_scales is not None else 0
-
-        def outputs(rows: int, num_topk: int) -> tuple:
-            recv_x = torch.empty((rows, hidden), dtype=x.dtype, device=device)
-            recv_scales = torch.empty((rows, num_scales), dtype=torch.float32, device=device) if x_scales is not None else None
-            recv_idx = torch.empty((rows, num_topk), dtype=topk_idx_t, device=device) if num_topk else None
-            recv_w = torch.empty((rows, num_topk), dtype=torch.float32, device=device) if num_topk else None
-            return recv_x, recv_scales, recv_idx, recv_w
-
+        topk, streams = (topk_idx, topk_weights), (previous_event, async_finish, allocate_on_comm_stream)
         if handle is not None:
-            if topk_idx is not None or topk_weights is not None:
-                raise ValueError("a cached dispatch (handle given) takes no topk_idx/topk_weights")
-
-            def cached(stream: int) -> tuple:
-                recv_x, recv_scales, _, _ = outputs(handle[3].shape[0], 0)
-                self.runtime.dispatch(_view(x), _maybe(x_scales), None, None, 0, tuple(_view(h) for h in handle), _view(recv_x), _maybe(recv_scales), None, None, config, stream)
-                return recv_x, recv_scales
-
-            (recv_x, recv_scales), event = self._run(previous_event, async_finish, allocate_on_comm_stream, cached)
-            return (recv_x if recv_scales is None else (recv_x, recv_scales)), None, None, None, None, event
-
-        if num_tokens_per_rank is None or is_token_in_rank is None or num_tokens_per_expert is None:
-            raise ValueError("dispatch without a handle needs num_tokens_per_rank, is_token_in_rank and num_tokens_per_expert (from get_dispatch_layout)")
-        if num_worst_tokens and topk_idx is None:
-            raise ValueError("num_worst_tokens > 0 needs topk_idx (as in DeepEP)")
-        num_experts = num_tokens_per_expert.shape[0]
-        num_topk = topk_idx.shape[1] if topk_idx is not None else 0
-        channels = config.num_sms // 2
-
-        def fresh(stream: int) -> tuple:
-            rank_prefix = torch.empty((self.group_size, self.group_size), dtype=torch.int32, device=device)
-            channel_prefix = torch.empty((self.group_size, channels), dtype=torch.int32, device=device)
-            recv_channel_prefix = torch.empty((self.group_size, channels), dtype=torch.int32, device=device)
-            counts = self.runtime.notify(
-                _view(num_tokens_per_rank), _view(num_tokens_per_expert), _view(is_token_in_rank), expert_alignment,
-                _view(rank_prefix), _view(channel_prefix), _view(recv_channel_prefix), config, num_worst_tokens == 0, stream,
-            )
-            rows = num_worst_tokens if num_worst_tokens else counts[0]
-            recv_x, recv_scales, recv_idx, recv_w = outputs(rows, num_topk)
-            recv_src_idx = torch.empty(rows, dtype=torch.int32, device=device)
-            send_head = torch.empty((x.shape[0], self.group_size), dtype=torch.int32, device=device)
-            handle = (rank_prefix, channel_prefix, recv_channel_prefix, recv_src_idx, is_token_in_rank, send_head)
-            self.runtime.dispatch(
-                _view(x), _maybe(x_scales), _maybe(topk_idx), _maybe(topk_weights), num_experts, tuple(_view(h) for h in handle),
-                _view(recv_x), _maybe(recv_scales), _maybe(recv_idx), _maybe(recv_w), config, stream,
-            )
-            per_expert = [] if num_worst_tokens else list(counts[1])
-            return recv_x, recv_scales, recv_idx, recv_w, per_expert, handle
-
-        (recv_x, recv_scales, recv_idx, recv_w, per_expert, handle), event = self._run(previous_event, async_finish, allocate_on_comm_stream, fresh)
-        return (recv_x if recv_scales is None else (recv_x, recv_scales)), recv_idx, recv_w, per_expert, handle, event
+            recv_x, recv_scales, event = self.runtime.dispatch_cached(x, x_scales, handle, topk, config, Buffer.num_sms, streams)
+            return (recv_x if recv_scales is None else (recv_x, recv_scales)), None, None, None, None, EventOverlap(event)
+        layout = (num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert)
+        recv_x, recv_scales, recv_idx, recv_w, per_expert, handle, event = self.runtime.dispatch(
+            x, x_scales, layout, topk, expert_alignment, num_worst_tokens, config, Buffer.num_sms, streams
+        )
+        return (recv_x if recv_scales is None else (recv_x, recv_scales)), recv_idx, recv_w, per_expert, handle, EventOverlap(event)
 
     def combine(
         self,
@@ -313,44 +293,18 @@ class Buffer:
         """DeepEP's intranode combine: ``(combined_x [N, H] bf16, combined_topk_weights
         [N, K] f32 or None, event)``: each token's results from every rank it went to,
         summed (plus the biases) in fp32 and rounded once."""
-        config = self.get_combine_config(self.group_size) if config is None else config
-        bias0, bias1 = bias if isinstance(bias, tuple) else (bias, None)
-        num_tokens = handle[5].shape[0]
-
-        def work(stream: int) -> tuple:
-            combined = torch.empty((num_tokens, x.shape[1]), dtype=x.dtype, device=x.device)
-            combined_w = None
-            if topk_weights is not None:
-                combined_w = torch.empty((num_tokens, topk_weights.shape[1]), dtype=torch.float32, device=x.device)
-            self.runtime.combine(_view(x), _maybe(topk_weights), _maybe(bias0), _maybe(bias1), tuple(_view(h) for h in handle), _view(combined), _maybe(combined_w), config, stream)
-            return combined, combined_w
-
-        (combined, combined_w), event = self._run(previous_event, async_finish, allocate_on_comm_stream, work)
-        return combined, combined_w, event
+        bias = bias if isinstance(bias, tuple) else (bias, None)
+        streams = (previous_event, async_finish, allocate_on_comm_stream)
+        combined, combined_w, event = self.runtime.combine(x, handle, topk_weights, bias, config, Buffer.num_sms, streams)
+        return combined, combined_w, EventOverlap(event)
 
     # ---- low-latency mode (chapter 8) -------------------------------------------------------------
-
-    def _ll_streams(self, tensor: Any, async_finish: bool, return_recv_hook: bool) -> Tuple[int, int, bool]:
-        """(compute stream, comm stream or 0, join) as the native calls take them. As DeepEP:
-        with the hook everything runs on the current stream; otherwise on the comm stream after
-        the current one, which waits for it unless `async_finish` (the event does then)."""
-        if async_finish and return_recv_hook:
-            raise ValueError("async_finish and return_recv_hook cannot both be set (as in DeepEP)")
-        compute = _current_stream_handle(tensor.device.index)
-        if return_recv_hook:
-            return compute, 0, False
-        return compute, self._comm_stream_handle, not async_finish
-
-    def _ll_local_experts(self, num_experts: int) -> int:
-        if num_experts <= 0 or num_experts % self.group_size:
-            raise ValueError(f"num_experts = {num_experts} must be a positive multiple of the {self.group_size} ranks")
-        return num_experts // self.group_size
 
     def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int, hidden: int, num_experts: int) -> None:
         """Collective: zeroes the low-latency control words and call count on every rank. Our
         protocol never needs it (its flags only grow); it is DeepEP's API and a known starting
         point. It does not revive a buffer whose call timed out: destroy that one."""
-        _native.clean_low_latency_buffer(self.runtime, num_max_dispatch_tokens_per_rank, hidden, num_experts, torch.cuda.current_stream().cuda_stream)
+        self.runtime.clean_low_latency_buffer(num_max_dispatch_tokens_per_rank, hidden, num_experts)
 
     def low_latency_dispatch(
         self,
@@ -372,39 +326,12 @@ class Buffer:
         hidden / 128]`` (or with ``use_ue8m0`` int32 ``[..., hidden / 512]``), column-major in
         the last two dimensions as DeepEP's. With ``return_recv_hook`` the call only sends;
         ``hook()`` receives. Capturable in a CUDA graph."""
-        if x.dim() != 2:
-            raise ValueError(f"x must be [num_tokens, hidden], got shape {list(x.shape)}")
-        num_local = self._ll_local_experts(num_experts)
-        num_ranks, slots, hidden = self.group_size, num_max_dispatch_tokens_per_rank, x.shape[1]
-        compute, comm, join = self._ll_streams(x, async_finish, return_recv_hook)
-        device = x.device
-        recv_x = torch.empty((num_local, num_ranks * slots, hidden), dtype=torch.float8_e4m3fn if use_fp8 else torch.bfloat16, device=device)
-        recv_src_info = torch.empty((num_local, num_ranks * slots), dtype=torch.int32, device=device)
-        recv_layout_range = torch.empty((num_local, num_ranks), dtype=torch.int64, device=device)
-        recv_count = torch.empty((num_local,), dtype=torch.int32, device=device)
-        scales_storage = scales_view = None
-        if use_fp8:
-            groups, dtype = (hidden // 512, torch.int32) if use_ue8m0 else (hidden // 128, torch.float32)
-            scales_storage = torch.empty((num_local, groups, num_ranks * slots), dtype=dtype, device=device)
-            scales_view = _owned(scales_storage, num_local * groups, num_ranks * slots)
-        # The outputs are ours (shapes known): described without asking torch again.
-        outputs = (
-            _owned(recv_x, num_local * num_ranks * slots, hidden), scales_view,
-            _owned(recv_src_info, num_local, num_ranks * slots), _owned(recv_layout_range, num_local, num_ranks),
-            _owned(recv_count, num_local),
+        stats, fp8 = (cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats), (use_fp8, round_scale, use_ue8m0)
+        recv_x, scales, recv_count, handle, event, hook = self.runtime.low_latency_dispatch(
+            x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts, stats, fp8, async_finish, return_recv_hook
         )
-        inputs = (_view(x), _view(topk_idx), _maybe(cumulative_local_expert_recv_stats), _maybe(dispatch_wait_recv_cost_stats))
-
-        def run(phases: str) -> None:
-            _native.low_latency_dispatch(self.runtime, *inputs, slots, num_experts, use_fp8, round_scale, use_ue8m0, *outputs, phases, compute, comm, join)
-
-        run("send" if return_recv_hook else "both")
-        tensors = (x, topk_idx, recv_x, scales_storage, recv_count, recv_src_info, recv_layout_range, cumulative_local_expert_recv_stats)
-        event = _event_after(self._comm_stream, tensors) if async_finish else EventOverlap(None)
-        hook = (lambda: run("recv")) if return_recv_hook else None
-        handle = (recv_src_info, recv_layout_range, slots, hidden, num_experts)
-        recv = (recv_x, scales_storage.transpose(1, 2)) if use_fp8 else recv_x
-        return recv, recv_count, handle, event, hook
+        recv = (recv_x, scales.transpose(1, 2)) if use_fp8 else recv_x
+        return recv, recv_count, handle, EventOverlap(event), hook
 
     def low_latency_combine(
         self,
@@ -424,36 +351,10 @@ class Buffer:
         ``zero_copy`` the results are read from ``get_next_low_latency_combine_buffer``."""
         if use_logfmt:
             raise ValueError("low_latency_combine: use_logfmt (DeepEP's LogFMT compression) is not supported by nvshmem_tutorial")
-        src_info, layout_range, slots, hidden, num_experts = handle
-        if not zero_copy and x.dim() != 3:
-            raise ValueError(f"x must be [num_local_experts, num_ranks * T, hidden], got shape {list(x.shape)}")
-        compute, comm, join = self._ll_streams(topk_idx, async_finish, return_recv_hook)
-        num_tokens = topk_idx.shape[0]
-        if out is None:
-            combined = torch.empty((num_tokens, hidden), dtype=torch.bfloat16, device=topk_idx.device)
-            out_view = _owned(combined, num_tokens, hidden)
-        else:
-            combined, out_view = out, _view(out)
-        x_view = None if zero_copy else _rows(x)
-        args = (x_view, _view(topk_idx), _view(topk_weights), _view(src_info), _view(layout_range), slots, hidden, num_experts, _maybe(combine_wait_recv_cost_stats), out_view)
-
-        def run(phases: str) -> None:
-            _native.low_latency_combine(self.runtime, *args, phases, compute, comm, join)
-
-        run("send" if return_recv_hook else "both")
-        event = _event_after(self._comm_stream, (x, topk_idx, topk_weights, src_info, layout_range, combined)) if async_finish else EventOverlap(None)
-        hook = (lambda: run("recv")) if return_recv_hook else None
-        return combined, event, hook
-
-    def get_next_low_latency_combine_buffer(self, handle: object) -> Any:
-        """The rows a ``zero_copy`` combine reads: bf16 ``[num_local_experts, num_ranks * T,
-        hidden]`` in this rank's region. Write the expert outputs there, then combine with
-        ``zero_copy=True``."""
-        _, _, slots, hidden, num_experts = handle
-        address, rows, cols = _native.next_low_latency_combine_buffer(self.runtime, slots, hidden, num_experts)
-        num_local = self._ll_local_experts(num_experts)
-        staging = _device_bytes(address, rows * cols * 2).view(torch.bfloat16)
-        return staging.view(num_local, self.group_size * slots, hidden)
+        combined, event, hook = self.runtime.low_latency_combine(
+            x, topk_idx, topk_weights, handle, zero_copy, async_finish, return_recv_hook, out, combine_wait_recv_cost_stats
+        )
+        return combined, EventOverlap(event), hook
 
     def __getattr__(self, name: str) -> Any:
         if name in {"internode_dispatch", "internode_combine"}:
@@ -461,24 +362,3 @@ class Buffer:
         if name in {"low_latency_update_mask_buffer", "low_latency_query_mask_buffer", "low_latency_clean_mask_buffer"}:
             raise ValueError(f"Buffer.{name}: shrink mode (masking failed ranks) is not supported by nvshmem_tutorial")
         raise AttributeError(name)
-
-
-def _event_after(stream: Any, work: Any) -> EventOverlap:
-    """DeepEP's async_finish: an event after what `stream` has queued, with every tensor in
-    `work` marked as used by `stream` and kept alive until the event completes."""
-    event = torch.cuda.Event()
-    event.record(stream)
-    tensors = tuple(_tensors_in(work))
-    for tensor in tensors:
-        tensor.record_stream(stream)
-    return EventOverlap(event, tensors)
-
-
-def _tensors_in(value: Any) -> List[Any]:
-    """Every tensor in a nest of tuples and lists (what async_finish keeps alive)."""
-    if torch is not None and isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _tensors_in(v)]
-    return []
-

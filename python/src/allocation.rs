@@ -37,14 +37,15 @@ pub fn free_released(py: Python<'_>, ids: Vec<u64>) -> PyResult<usize> {
 }
 
 /// (live allocations, of them released but not yet freed, bytes held by live allocations).
+/// A `Buffer`'s memory counts as one allocation.
 #[pyfunction]
 pub fn heap_usage(py: Python<'_>) -> PyResult<(usize, usize, usize)> {
     state::with_state_detached(py, "heap_usage", |s| {
-        s.take_released();
-        let live = s.allocations.len();
-        let released = s.allocations.values().filter(|a| a.released).count();
-        let bytes = s.allocations.values().map(|a| a.buffer.num_bytes()).sum();
-        Ok((live, released, bytes))
+        let released = s.take_released().len();
+        let live = s.allocations.len() + s.owned.len();
+        let tensor_bytes: usize = s.allocations.values().map(|a| a.buffer.num_bytes()).sum();
+        let owned_bytes: usize = s.owned.values().map(|o| o.num_bytes).sum();
+        Ok((live, released, tensor_bytes + owned_bytes))
     })
 }
 

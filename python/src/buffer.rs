@@ -1,389 +1,686 @@
-//! Chapter 7 for Python (chapter 8's calls are in low_latency.rs): `BufferCore` (one `NvshmemBuffer` per DeepEP-style `Buffer`) and
-//! `Config`. Tensors arrive as views, `(address, shape, strides, dtype name)`; every check,
-//! size formula and launch is the Rust crate's. nvshmem_tutorial/buffer.py adds the torch
-//! side: allocation of outputs, streams and events, DeepEP's tuples.
+//! Chapters 7 and 8 for Python: `BufferCore`, the Rust buffer behind one DeepEP-style
+//! `Buffer` (nvshmem_tutorial/buffer.py), with every call of both modes as a method.
+//!
+//! # One call, one crossing
+//! Each DeepEP call is one call from Python into Rust. The method reads its tensors
+//! (torch.rs), checks the whole call with the crate's pure plans before anything is allocated
+//! or launched, orders the streams as DeepEP does (events.rs), allocates the outputs with
+//! torch.empty, launches, and returns DeepEP's values; buffer.py only shapes DeepEP's
+//! signatures and tuples. A fresh dispatch (the notify step, the wait for the counts, the
+//! outputs, the dispatch) is one crossing too.
+//!
+//! From `Buffer.dispatch` to `cuLaunchKernel`, six frames are our code (the wrapper PyO3
+//! generates and cudarc's launch function are not counted):
+//!
+//! ```text
+//! 1  Buffer.dispatch                  python/nvshmem_tutorial/buffer.py
+//! 2  BufferCore::dispatch             python/src/buffer.rs
+//! 3  NvshmemBuffer::dispatch_raw      src/dispatch.rs
+//! 4  NvshmemBuffer::launch_channels   src/buffer.rs
+//! 5  NvshmemBuffer::launch            src/buffer.rs
+//! 6  Kernels::launch                  chapters/ch04-collectives/src/launch.rs
+//!    -> cuLaunchCooperativeKernel (cuLaunchKernel while a CUDA graph is captured)
+//! ```
+//!
+//! The same holds for the other calls: the notify step of a fresh dispatch goes 2 -> the
+//! closure that releases the GIL while the host waits for the counts -> `notify_raw` ->
+//! `launch` -> `Kernels::launch` (6); combine is 1-6 with `combine_raw`; the layout step
+//! has 5 (`get_dispatch_layout_raw` launches directly); a low-latency call goes
+//! `Buffer.low_latency_dispatch` -> `BufferCore::low_latency_dispatch` ->
+//! `low_latency_dispatch_raw` -> `ll_launch` -> `launch` -> `Kernels::launch` (6), and a
+//! receive hook starts at `ReceiveHook::__call__` (5). Everything else a call does (reading
+//! tensors, the plans, the stream order, the allocations) returns before the launch.
+//!
+//! # Memory and lifetime
+//! The buffer's symmetric allocation follows the package's freeing rule (state.rs): the
+//! package's state owns it, and a token keeps it alive. The `BufferCore` holds the token
+//! until `destroy()` (or until it is garbage-collected), and so does every region view
+//! (`local_region`, `next_low_latency_combine_buffer`: DLPack capsules over the buffer's
+//! memory), so a view never dangles: after `destroy()` it still reads and writes the
+//! buffer's memory, which returns to NVSHMEM at the first collect point after the last view
+//! on every rank is gone (buffer.py's `destroy()` runs one).
+//!
+//! # The GIL
+//! A call holds it (it calls torch) except while a fresh dispatch waits for its counts. Calls
+//! of one buffer must not overlap: a second one from another thread is refused (shared.rs).
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
-use ch01_bootstrap::World;
+use cudarc::driver::sys;
+use nvshmem_tutorial::config::{combine_config, dispatch_config};
 use nvshmem_tutorial::{
-    BufferError, BufferOptions, CombineInputs, CombineOutputs, Config, DispatchInputs,
-    DispatchOutputs, ElemType, Handle, LayoutOutputs, NotifyInputs, NotifyOutputs, NvshmemBuffer,
-    View,
+    BufferError, BufferOptions, CombineInputs, Config, DispatchInputs, ElemType, LlCombineInputs,
+    LlDispatchInputs, LlDispatchOptions, NvshmemBuffer, plan_combine, plan_dispatch, plan_layout,
+    plan_ll_combine, plan_ll_dispatch, plan_notify,
 };
 use pyo3::prelude::*;
+use pyo3::types::PyTuple;
 
+use crate::config::{self, PyConfig, buffer_timeout_ms};
+use crate::dlpack;
 use crate::errors::Error;
-use crate::state;
-use crate::streams::StreamOrder;
-use crate::transfers::stream_handle;
+use crate::events::{StreamArgs, Streams};
+use crate::low_latency::{self, PyLlHandle, Receive, ReceiveHook};
+use crate::normal::{self, Layout, PyHandle};
+use crate::shared::{Call, Shared};
+use crate::state::{self, Token};
+use crate::torch::{Alloc, Outputs, Tensor, Torch, optional_view};
 
-impl From<BufferError> for Error {
-    fn from(e: BufferError) -> Self {
-        match e {
-            BufferError::Invalid { .. }
-            | BufferError::BufferTooSmall { .. }
-            | BufferError::BadExpert { .. }
-            | BufferError::BadHandle { .. }
-            | BufferError::SlotsFull { .. } => Error::Invalid(e.to_string()),
-            BufferError::Coll(e) => e.into(),
-            other => Error::Failed(other.to_string()),
-        }
-    }
+/// A 3-D shape, as DeepEP gives the low-latency tensors.
+type Shape3 = (usize, usize, usize);
+
+/// torch's `stream.cuda_stream` integer as the driver's handle.
+fn cu(stream: u64) -> sys::CUstream {
+    stream as usize as sys::CUstream
 }
 
-/// A tensor as buffer.py passes it: (address, shape, strides in elements, torch dtype name).
-pub(crate) type PyView = (u64, Vec<usize>, Vec<usize>, String);
-
-pub(crate) fn view(name: &str, (ptr, shape, strides, dtype): PyView) -> Result<View, Error> {
-    let elem = ElemType::from_name(&dtype).ok_or_else(|| {
-        Error::Invalid(format!(
-            "{name} is torch.{dtype}; the buffer takes bfloat16, float8_e4m3fn, float32, int32, \
-             int64 and bool tensors"
-        ))
-    })?;
-    let dims = shape.len();
-    if !(1..=2).contains(&dims) || strides.len() != dims {
-        return Err(Error::Invalid(format!(
-            "{name} must be 1-D or 2-D, got shape {shape:?}"
-        )));
-    }
-    let pad = |v: &[usize], fill: usize| [v[0], if dims == 2 { v[1] } else { fill }];
-    Ok(View {
-        ptr,
-        dims,
-        shape: pad(&shape, 1),
-        strides: pad(&strides, 1),
-        elem,
-    })
+/// A tensor argument that may be None, as the object a call marks and keeps.
+fn object_of<'a, 'py>(tensor: &'a Option<Tensor<'py>>) -> Option<&'a Bound<'py, PyAny>> {
+    tensor.as_ref().map(|t| &t.obj)
 }
 
-pub(crate) fn optional(name: &str, v: Option<PyView>) -> Result<Option<View>, Error> {
-    v.map(|v| view(name, v)).transpose()
-}
-
-/// DeepEP's `Config`: the same constructor, defaults and hints (src/config.rs).
-#[pyclass(name = "Config", module = "nvshmem_tutorial._native", frozen)]
-#[derive(Clone)]
-pub struct PyConfig(pub Config);
-
-#[pymethods]
-impl PyConfig {
-    #[new]
-    #[pyo3(signature = (num_sms = 20, num_max_nvl_chunked_send_tokens = 6, num_max_nvl_chunked_recv_tokens = 256, num_max_rdma_chunked_send_tokens = 6, num_max_rdma_chunked_recv_tokens = 256))]
-    fn new(
-        num_sms: u32,
-        num_max_nvl_chunked_send_tokens: u32,
-        num_max_nvl_chunked_recv_tokens: u32,
-        num_max_rdma_chunked_send_tokens: u32,
-        num_max_rdma_chunked_recv_tokens: u32,
-    ) -> PyResult<Self> {
-        let config = Config::new(
-            num_sms,
-            num_max_nvl_chunked_send_tokens,
-            num_max_nvl_chunked_recv_tokens,
-            num_max_rdma_chunked_send_tokens,
-            num_max_rdma_chunked_recv_tokens,
-        )
-        .map_err(Error::from)?;
-        Ok(Self(config))
-    }
-    /// Bytes of `num_nvl_bytes` a dispatch/combine of rows of `hidden_bytes` needs.
-    fn get_nvl_buffer_size_hint(&self, hidden_bytes: usize, num_ranks: usize) -> usize {
-        self.0.get_nvl_buffer_size_hint(hidden_bytes, num_ranks)
-    }
-    fn get_rdma_buffer_size_hint(&self, hidden_bytes: usize, num_ranks: usize) -> usize {
-        self.0.get_rdma_buffer_size_hint(hidden_bytes, num_ranks)
-    }
-    #[getter]
-    fn num_sms(&self) -> u32 {
-        self.0.num_sms
-    }
-    fn __repr__(&self) -> String {
-        let c = &self.0;
-        format!(
-            "Config({}, {}, {}, {}, {})",
-            c.num_sms,
-            c.num_max_nvl_chunked_send_tokens,
-            c.num_max_nvl_chunked_recv_tokens,
-            c.num_max_rdma_chunked_send_tokens,
-            c.num_max_rdma_chunked_recv_tokens
-        )
-    }
-}
-
-/// DeepEP's default dispatch config for `num_ranks` with `num_sms` SMs.
-#[pyfunction]
-pub fn dispatch_config(num_ranks: usize, num_sms: u32) -> PyResult<PyConfig> {
-    Ok(PyConfig(
-        nvshmem_tutorial::config::dispatch_config(num_ranks, num_sms).map_err(Error::from)?,
-    ))
-}
-
-/// DeepEP's default combine config.
-#[pyfunction]
-pub fn combine_config(num_ranks: usize, num_sms: u32) -> PyResult<PyConfig> {
-    Ok(PyConfig(
-        nvshmem_tutorial::config::combine_config(num_ranks, num_sms).map_err(Error::from)?,
-    ))
-}
-
-/// Symmetric heap bytes a buffer of these sizes takes on `n_pes` PEs (buffer.py sizes
-/// NVSHMEM_SYMMETRIC_SIZE with it before initialising NVSHMEM).
-#[pyfunction]
-pub fn buffer_heap_bytes(n_pes: usize, num_nvl_bytes: usize, num_rdma_bytes: usize) -> usize {
-    nvshmem_tutorial::buffer::heap_bytes(n_pes, num_nvl_bytes, num_rdma_bytes)
-}
-
-/// The Rust buffer behind one Python `Buffer`. `None` once destroyed.
-#[pyclass(module = "nvshmem_tutorial._native")]
+/// The Rust buffer behind one Python `Buffer`.
+#[pyclass(module = "nvshmem_tutorial._native", frozen)]
 pub struct BufferCore {
-    inner: Mutex<Option<NvshmemBuffer<Arc<World>>>>,
-    /// Orders the compute and communication streams around a launch (streams.rs).
-    pub(crate) order: StreamOrder,
+    /// The package's state owns the buffer (see the module docs).
+    shared: Weak<Shared>,
+    /// This object's claim on the buffer's memory; None once destroyed.
+    token: Mutex<Option<Arc<Token>>>,
+    /// This PE's GPU.
+    device: i32,
+    timeout_ms: u64,
+    /// The communication stream (a torch Stream): kernels run on it, async_finish marks the
+    /// call's tensors as used by it.
+    comm_stream: Py<PyAny>,
+    alloc: Alloc,
 }
 
 impl BufferCore {
-    pub(crate) fn with<R: Send>(
+    fn shared(&self) -> Result<Arc<Shared>, Error> {
+        let shared = self.shared.upgrade();
+        shared.ok_or_else(|| BufferError::Destroyed.into())
+    }
+
+    fn token(&self) -> Result<Arc<Token>, Error> {
+        let token = self.token.lock().unwrap_or_else(|p| p.into_inner());
+        token.clone().ok_or_else(|| BufferError::Destroyed.into())
+    }
+
+    /// Starts a normal-mode call with `config`, or DeepEP's `default` for the ranks and
+    /// `num_sms` when none is given.
+    fn enter_with(
         &self,
-        py: Python<'_>,
-        f: impl FnOnce(&NvshmemBuffer<Arc<World>>) -> Result<R, Error> + Send,
-    ) -> PyResult<R> {
-        py.detach(|| {
-            let guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-            let buffer = guard
-                .as_ref()
-                .ok_or_else(|| Error::from(BufferError::Destroyed))?;
-            f(buffer)
-        })
-        .map_err(Into::into)
+        config: Option<PyRef<'_, PyConfig>>,
+        num_sms: u32,
+        default: fn(usize, u32) -> Result<Config, BufferError>,
+    ) -> Result<(Call, Config), Error> {
+        let call = Call::enter(&self.shared)?;
+        let n = call.buffer.world().n_pes();
+        Ok((call, config::or_default(config, n, num_sms, default)?))
+    }
+
+    /// Orders a normal-mode call's streams (events.rs), and where its outputs come from.
+    fn streams<'py>(
+        &self,
+        py: Python<'py>,
+        call: &Call,
+        args: StreamArgs<'py>,
+    ) -> Result<(Streams<'py>, Outputs<'_>), Error> {
+        let streams = Streams::normal(call, self.comm_stream.bind(py).clone(), args)?;
+        Ok((streams, Outputs::Allocated(&self.alloc)))
+    }
+
+    /// A DLPack capsule of `num_bytes` at `ptr` in the buffer's memory, holding its token.
+    fn region(&self, py: Python<'_>, ptr: u64, num_bytes: usize) -> Result<Py<PyAny>, Error> {
+        Ok(dlpack::byte_tensor(
+            py,
+            ptr,
+            num_bytes,
+            self.device,
+            self.token()?,
+        )?)
     }
 }
 
 #[pymethods]
 impl BufferCore {
-    /// Collective: every rank makes its buffer with the same sizes. NVSHMEM must be up.
+    /// Collective: every rank makes its buffer with the same sizes, after NVSHMEM is up.
+    /// `comm_stream` is the torch Stream the buffer's kernels run on; `timeout_ms` bounds
+    /// every wait (None: `NVSHMEM_TUTORIAL_BUFFER_TIMEOUT_MS`, else 100 s).
     #[new]
+    #[pyo3(signature = (num_nvl_bytes, num_rdma_bytes, low_latency_mode, comm_stream, timeout_ms = None))]
     fn new(
         py: Python<'_>,
         num_nvl_bytes: usize,
         num_rdma_bytes: usize,
         low_latency_mode: bool,
-        timeout_ms: u64,
-    ) -> PyResult<Self> {
+        comm_stream: Bound<'_, PyAny>,
+        timeout_ms: Option<i64>,
+    ) -> Result<Self, Error> {
+        let timeout_ms = buffer_timeout_ms(timeout_ms)?;
+        let comm: u64 = comm_stream.getattr("cuda_stream")?.extract()?;
         let world = state::with_state_detached(py, "Buffer", |s| Ok(s.world.clone()))?;
+        let device = world.context().ordinal() as i32;
+        let alloc = Alloc::new(py, device)?;
         let options = BufferOptions {
             num_nvl_bytes,
             num_rdma_bytes,
             low_latency_mode,
             timeout_ms,
         };
-        let (buffer, order) =
-            py.detach(|| -> Result<_, Error> {
-                let buffer = NvshmemBuffer::new(world, options)?;
-                buffer.world().context().bind_to_thread().map_err(|e| {
-                    Error::Failed(format!("binding the buffer's CUDA context: {e}"))
-                })?;
-                Ok((buffer, StreamOrder::new()?))
-            })?;
+        let heap_bytes = config::buffer_heap_bytes(world.n_pes(), num_nvl_bytes, num_rdma_bytes);
+        let shared = py.detach(|| -> Result<_, Error> {
+            let buffer = NvshmemBuffer::new(world, options)?;
+            let context = buffer.world().context();
+            context
+                .bind_to_thread()
+                .map_err(Error::cuda("binding the buffer's CUDA context"))?;
+            Ok(Arc::new(Shared::new(buffer, device, comm)?))
+        })?;
+        let owner = shared.clone();
+        let token = state::with_state_detached(py, "Buffer", |s| Ok(s.adopt(owner, heap_bytes)))?;
         Ok(Self {
-            inner: Mutex::new(Some(buffer)),
-            order,
+            shared: Arc::downgrade(&shared),
+            token: Mutex::new(Some(token)),
+            device,
+            timeout_ms,
+            comm_stream: comm_stream.unbind(),
+            alloc,
         })
     }
 
-    /// Collective: frees the buffer's symmetric allocation (every rank destroys its buffer).
-    fn destroy(&self, py: Python<'_>) {
-        py.detach(|| {
-            let taken = self.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
-            if let Some(buffer) = taken {
-                let _ = buffer.world().context().synchronize();
-                drop(buffer);
-            }
-        })
+    /// Releases the buffer after waiting for the GPU, then raises what its kernels recorded
+    /// (the error record is read here). Its memory returns to NVSHMEM at the next collect
+    /// point once no region view over it is left (buffer.py's `destroy()` runs one). A second
+    /// call does nothing.
+    fn destroy(&self, py: Python<'_>) -> Result<(), Error> {
+        let token = self.token.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let (Some(token), Some(shared)) = (token, self.shared.upgrade()) else {
+            return Ok(());
+        };
+        shared.mark_destroyed();
+        let checked = py.detach(|| {
+            let context = shared.buffer.world().context();
+            context
+                .bind_to_thread()
+                .and_then(|()| context.synchronize())
+                .map_err(Error::cuda(
+                    "waiting for the GPU before destroying the buffer",
+                ))?;
+            shared.check()
+        });
+        drop((shared, token));
+        checked
     }
 
     fn is_destroyed(&self) -> bool {
-        self.inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_none()
+        let token = self.token.lock().unwrap_or_else(|p| p.into_inner());
+        token.is_none() || self.shared.strong_count() == 0
     }
 
-    /// Raises what a kernel of this buffer recorded, if anything.
-    fn check(&self, py: Python<'_>) -> PyResult<()> {
-        self.with(py, |b| Ok(b.check()?))
+    /// Raises what a kernel of this buffer recorded, if anything (reads host-mapped memory;
+    /// never waits for the GPU).
+    fn check(&self) -> Result<(), Error> {
+        self.shared()?.check()
     }
 
-    /// (address, bytes) of the normal-mode region, or of the low-latency one with `rdma`.
-    fn local_region(&self, py: Python<'_>, rdma: bool) -> PyResult<(u64, usize)> {
-        self.with(py, move |b| Ok(b.local_region(rdma)))
+    /// The bound on every wait of this buffer, in milliseconds.
+    #[getter]
+    fn timeout_ms(&self) -> u64 {
+        self.timeout_ms
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn get_dispatch_layout(
+    /// A DLPack capsule (uint8) over this rank's normal-mode region, or over the low-latency
+    /// one with `rdma`, that keeps the buffer's memory alive.
+    fn local_region(&self, py: Python<'_>, rdma: bool) -> Result<Py<PyAny>, Error> {
+        let (ptr, num_bytes) = self.shared()?.buffer.local_region(rdma);
+        self.region(py, ptr, num_bytes)
+    }
+
+    /// The zero-copy combine's staging rows for `handle` (a low-latency dispatch's): a DLPack
+    /// capsule (uint8, bf16 rows) that keeps the buffer's memory alive, and the shape DeepEP
+    /// gives them, (num_local_experts, num_ranks x T, hidden).
+    fn next_low_latency_combine_buffer(
         &self,
         py: Python<'_>,
-        topk_idx: PyView,
+        handle: PyLlHandle<'_>,
+    ) -> Result<(Py<PyAny>, Shape3), Error> {
+        let shared = self.shared()?;
+        let (t, hidden) = (handle.max_tokens, handle.hidden);
+        let rows =
+            shared
+                .buffer
+                .next_low_latency_combine_buffer_raw(t, hidden, handle.num_experts)?;
+        let n = shared.buffer.world().n_pes();
+        let capsule = self.region(py, rows.ptr, rows.rows() * rows.cols() * 2)?;
+        Ok((capsule, (handle.num_experts / n, n * t, hidden)))
+    }
+
+    /// DeepEP's `get_dispatch_layout`: (num_tokens_per_rank, num_tokens_per_expert,
+    /// is_token_in_rank, event). `streams`: (previous_event, async_finish,
+    /// allocate_on_comm_stream), as every normal-mode call takes them.
+    fn get_dispatch_layout<'py>(
+        &self,
+        py: Python<'py>,
+        topk_idx: Tensor<'py>,
         num_experts: usize,
-        num_tokens_per_rank: PyView,
-        num_tokens_per_expert: PyView,
-        is_token_in_rank: PyView,
-        stream: u64,
-    ) -> PyResult<()> {
-        let topk_idx = view("topk_idx", topk_idx)?;
-        let out = LayoutOutputs {
-            num_tokens_per_rank: view("num_tokens_per_rank", num_tokens_per_rank)?,
-            num_tokens_per_expert: view("num_tokens_per_expert", num_tokens_per_expert)?,
-            is_token_in_rank: view("is_token_in_rank", is_token_in_rank)?,
-        };
-        // SAFETY: buffer.py passes views of live torch tensors on this GPU.
-        self.with(py, move |b| {
-            Ok(unsafe {
-                b.get_dispatch_layout_raw(&topk_idx, num_experts, &out, stream_handle(stream) as _)
-            }?)
-        })
+        streams: StreamArgs<'py>,
+    ) -> Result<Bound<'py, PyTuple>, Error> {
+        let call = Call::enter(&self.shared)?;
+        let topk = topk_idx.view("topk_idx", self.device)?;
+        let shape = (call.buffer.world().n_pes(), num_experts, topk.rows());
+        let (_, planned) = normal::layout_outputs(py, &Outputs::Planned, shape)?;
+        plan_layout(call.buffer.spec(), &topk, num_experts, &planned)?;
+        let (streams, alloc) = self.streams(py, &call, streams)?;
+        let ([per_rank, per_expert, in_rank], out) = normal::layout_outputs(py, &alloc, shape)?;
+        // SAFETY: views of live tensors on this PE's GPU (checked by the plan and torch.rs),
+        // a stream of its context.
+        unsafe {
+            call.buffer
+                .get_dispatch_layout_raw(&topk, num_experts, &out, cu(streams.launch))
+        }?;
+        let event = streams.finish(&call, &[&topk_idx.obj, &per_rank, &per_expert, &in_rank])?;
+        Ok((per_rank, per_expert, in_rank, event).into_pyobject(py)?)
     }
 
-    /// The notify step; with `wait`, returns (tokens to receive, per-local-expert counts).
+    /// DeepEP's intranode dispatch without a handle: the notify step, the host's wait for
+    /// the counts (none with `num_worst_tokens`), then the dispatch. Returns (recv_x,
+    /// recv_x_scales, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert_list,
+    /// handle, event). `layout`: (num_tokens_per_rank, is_token_in_rank,
+    /// num_tokens_per_expert) from get_dispatch_layout.
     #[allow(clippy::too_many_arguments)]
-    fn notify(
+    fn dispatch<'py>(
+        &self,
+        py: Python<'py>,
+        x: Tensor<'py>,
+        x_scales: Option<Tensor<'py>>,
+        layout: Layout<'py>,
+        topk: (Option<Tensor<'py>>, Option<Tensor<'py>>),
+        expert_alignment: usize,
+        num_worst_tokens: usize,
+        config: Option<PyRef<'py, PyConfig>>,
+        num_sms: u32,
+        streams: StreamArgs<'py>,
+    ) -> Result<Bound<'py, PyTuple>, Error> {
+        let (call, config) = self.enter_with(config, num_sms, dispatch_config)?;
+        let (n, dev) = (call.buffer.world().n_pes(), self.device);
+        if num_worst_tokens > 0 && topk.0.is_none() {
+            return Err(Error::Invalid(
+                "num_worst_tokens > 0 needs topk_idx (as in DeepEP)".into(),
+            ));
+        }
+        let notify_inputs = layout.views(dev, expert_alignment)?;
+        let inputs = DispatchInputs {
+            x: x.view("x", dev)?,
+            x_scales: optional_view(&x_scales, "x_scales", dev)?,
+            topk_idx: optional_view(&topk.0, "topk_idx", dev)?,
+            topk_weights: optional_view(&topk.1, "topk_weights", dev)?,
+            num_experts: notify_inputs.num_tokens_per_expert.rows(),
+        };
+        let routing = notify_inputs.is_token_in_rank;
+        let (c, tokens) = (config.num_channels(), routing.rows());
+        // The whole call is checked before the notify step, which the peers wait for.
+        let planned = Outputs::Planned;
+        let (_, notify_planned) = normal::notify_outputs(py, &planned, n, c)?;
+        let (_, rest) = normal::handle_rest(py, &planned, num_worst_tokens, (tokens, n))?;
+        let (_, outputs) = normal::dispatch_outputs(py, &planned, &inputs, num_worst_tokens)?;
+        let handle = normal::fresh_handle(&notify_planned, routing, rest);
+        let spec = call.buffer.spec();
+        plan_notify(spec, &config, &notify_inputs, &notify_planned)?;
+        plan_dispatch(spec, &config, &inputs, &handle, &outputs)?;
+
+        let (streams, alloc) = self.streams(py, &call, streams)?;
+        let (prefix, notify_outputs) = normal::notify_outputs(py, &alloc, n, c)?;
+        let (buffer, launch, wait) = (&call.buffer, streams.launch, num_worst_tokens == 0);
+        // SAFETY (both launches): views of live tensors on this PE's GPU (checked by the
+        // plans and torch.rs), a stream of its context. The GIL is released while the host
+        // waits for the counts.
+        let counts = py.detach(|| unsafe {
+            buffer.notify_raw(&notify_inputs, &notify_outputs, &config, wait, cu(launch))
+        })?;
+        let rows = counts
+            .as_ref()
+            .map_or(num_worst_tokens, |c| c.num_recv_tokens);
+        let (rest, rest_views) = normal::handle_rest(py, &alloc, rows, (tokens, n))?;
+        let (received, outputs) = normal::dispatch_outputs(py, &alloc, &inputs, rows)?;
+        let handle = normal::fresh_handle(&notify_outputs, routing, rest_views);
+        unsafe {
+            call.buffer
+                .dispatch_raw(&inputs, &handle, &outputs, &config, cu(streams.launch))
+        }?;
+
+        let [rank_prefix, channel_prefix, recv_channel_prefix] = &prefix;
+        let [src_idx, send_head] = &rest;
+        let handle = [
+            rank_prefix,
+            channel_prefix,
+            recv_channel_prefix,
+            src_idx,
+            &layout.0[1].obj,
+            send_head,
+        ];
+        let handle = PyTuple::new(py, handle)?;
+        let kept = [
+            Some(&x.obj),
+            object_of(&x_scales),
+            object_of(&topk.0),
+            object_of(&topk.1),
+        ];
+        let layout_objects = layout.0.iter().map(|t| &t.obj);
+        let made = layout_objects.chain(&prefix).chain(&rest).chain(&received);
+        let used: Vec<_> = kept.into_iter().flatten().chain(made).collect();
+        let event = streams.finish(&call, &used)?;
+        let per_expert = counts.map(|c| c.per_local_expert).unwrap_or_default();
+        let [recv_x, recv_scales, recv_idx, recv_weights] = received;
+        let values = (
+            recv_x,
+            recv_scales,
+            recv_idx,
+            recv_weights,
+            per_expert,
+            handle,
+            event,
+        );
+        Ok(values.into_pyobject(py)?)
+    }
+
+    /// DeepEP's intranode dispatch with a cached `handle` (no notify step, no top-k).
+    /// Returns (recv_x, recv_x_scales, event).
+    #[allow(clippy::too_many_arguments)]
+    fn dispatch_cached<'py>(
+        &self,
+        py: Python<'py>,
+        x: Tensor<'py>,
+        x_scales: Option<Tensor<'py>>,
+        handle: PyHandle<'py>,
+        topk: (Option<Bound<'py, PyAny>>, Option<Bound<'py, PyAny>>),
+        config: Option<PyRef<'py, PyConfig>>,
+        num_sms: u32,
+        streams: StreamArgs<'py>,
+    ) -> Result<Bound<'py, PyTuple>, Error> {
+        let (call, config) = self.enter_with(config, num_sms, dispatch_config)?;
+        let dev = self.device;
+        if topk.0.is_some() || topk.1.is_some() {
+            return Err(Error::Invalid(
+                "a cached dispatch (handle given) takes no topk_idx/topk_weights".into(),
+            ));
+        }
+        let handle_views = handle.views(dev)?;
+        let inputs = DispatchInputs {
+            x: x.view("x", dev)?,
+            x_scales: optional_view(&x_scales, "x_scales", dev)?,
+            topk_idx: None,
+            topk_weights: None,
+            num_experts: 0,
+        };
+        let rows = handle_views.num_recv_tokens();
+        let (_, planned) = normal::dispatch_outputs(py, &Outputs::Planned, &inputs, rows)?;
+        plan_dispatch(
+            call.buffer.spec(),
+            &config,
+            &inputs,
+            &handle_views,
+            &planned,
+        )?;
+        let (streams, alloc) = self.streams(py, &call, streams)?;
+        let ([recv_x, recv_scales, _, _], outputs) =
+            normal::dispatch_outputs(py, &alloc, &inputs, rows)?;
+        // SAFETY: as in `dispatch`.
+        unsafe {
+            call.buffer.dispatch_raw(
+                &inputs,
+                &handle_views,
+                &outputs,
+                &config,
+                cu(streams.launch),
+            )
+        }?;
+        let kept = [Some(&x.obj), object_of(&x_scales)].into_iter().flatten();
+        let used: Vec<_> = kept
+            .chain([&recv_x, &recv_scales])
+            .chain(handle.tensors())
+            .collect();
+        let event = streams.finish(&call, &used)?;
+        Ok((recv_x, recv_scales, event).into_pyobject(py)?)
+    }
+
+    /// DeepEP's intranode combine with the handle of the dispatch that delivered `x`'s rows:
+    /// (combined_x, combined_topk_weights, event). `bias`: (bias_0, bias_1).
+    #[allow(clippy::too_many_arguments)]
+    fn combine<'py>(
+        &self,
+        py: Python<'py>,
+        x: Tensor<'py>,
+        handle: PyHandle<'py>,
+        topk_weights: Option<Tensor<'py>>,
+        bias: (Option<Tensor<'py>>, Option<Tensor<'py>>),
+        config: Option<PyRef<'py, PyConfig>>,
+        num_sms: u32,
+        streams: StreamArgs<'py>,
+    ) -> Result<Bound<'py, PyTuple>, Error> {
+        let (call, config) = self.enter_with(config, num_sms, combine_config)?;
+        let dev = self.device;
+        let handle_views = handle.views(dev)?;
+        let inputs = CombineInputs {
+            x: x.view("x", dev)?,
+            topk_weights: optional_view(&topk_weights, "topk_weights", dev)?,
+            bias: [
+                optional_view(&bias.0, "bias[0]", dev)?,
+                optional_view(&bias.1, "bias[1]", dev)?,
+            ],
+        };
+        let shape = (handle_views.num_tokens(), inputs.x.cols());
+        let num_topk = inputs.topk_weights.map(|w| w.cols());
+        let (_, planned) = normal::combine_outputs(py, &Outputs::Planned, shape, num_topk)?;
+        plan_combine(
+            call.buffer.spec(),
+            &config,
+            &inputs,
+            &handle_views,
+            &planned,
+        )?;
+        let (streams, alloc) = self.streams(py, &call, streams)?;
+        let (combined, outputs) = normal::combine_outputs(py, &alloc, shape, num_topk)?;
+        // SAFETY: as in `dispatch`.
+        unsafe {
+            call.buffer.combine_raw(
+                &inputs,
+                &handle_views,
+                &outputs,
+                &config,
+                cu(streams.launch),
+            )
+        }?;
+        let kept = [
+            Some(&x.obj),
+            object_of(&topk_weights),
+            object_of(&bias.0),
+            object_of(&bias.1),
+        ];
+        let made = combined.iter().chain(handle.tensors());
+        let used: Vec<_> = kept.into_iter().flatten().chain(made).collect();
+        let event = streams.finish(&call, &used)?;
+        let [combined_x, combined_weights] = combined;
+        Ok((combined_x, combined_weights, event).into_pyobject(py)?)
+    }
+
+    /// DeepEP's `clean_low_latency_buffer` (collective), on torch's current stream.
+    fn clean_low_latency_buffer(
         &self,
         py: Python<'_>,
-        num_tokens_per_rank: PyView,
-        num_tokens_per_expert: PyView,
-        is_token_in_rank: PyView,
-        expert_alignment: usize,
-        rank_prefix_matrix: PyView,
-        channel_prefix_matrix: PyView,
-        recv_channel_prefix_matrix: PyView,
-        config: PyRef<'_, PyConfig>,
-        wait: bool,
-        stream: u64,
-    ) -> PyResult<Option<(usize, Vec<i32>)>> {
-        let config = config.0;
-        let inputs = NotifyInputs {
-            num_tokens_per_rank: view("num_tokens_per_rank", num_tokens_per_rank)?,
-            num_tokens_per_expert: view("num_tokens_per_expert", num_tokens_per_expert)?,
-            is_token_in_rank: view("is_token_in_rank", is_token_in_rank)?,
-            expert_alignment,
-        };
-        let outputs = NotifyOutputs {
-            rank_prefix_matrix: view("rank_prefix_matrix", rank_prefix_matrix)?,
-            channel_prefix_matrix: view("channel_prefix_matrix", channel_prefix_matrix)?,
-            recv_channel_prefix_matrix: view(
-                "recv_channel_prefix_matrix",
-                recv_channel_prefix_matrix,
+        num_max_dispatch_tokens_per_rank: usize,
+        hidden: usize,
+        num_experts: usize,
+    ) -> Result<(), Error> {
+        let call = Call::enter(&self.shared)?;
+        let stream = Torch::get(py)?.current_stream(py, self.device)?;
+        let t = num_max_dispatch_tokens_per_rank;
+        // SAFETY: torch's current stream of this PE's GPU.
+        unsafe {
+            call.buffer
+                .clean_low_latency_buffer_raw(t, hidden, num_experts, cu(stream))
+        }?;
+        Ok(())
+    }
+
+    /// DeepEP's low-latency dispatch: (recv_x, the fp8 scales' storage or None, recv_count,
+    /// handle, event, hook). The scales' storage is [L, H / 128, R x T] (buffer.py returns its
+    /// transpose); see low_latency.rs for the shapes. `stats`:
+    /// (cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats); `fp8`: (use_fp8,
+    /// round_scale, use_ue8m0).
+    #[allow(clippy::too_many_arguments)]
+    fn low_latency_dispatch<'py>(
+        &self,
+        py: Python<'py>,
+        x: Tensor<'py>,
+        topk_idx: Tensor<'py>,
+        num_max_dispatch_tokens_per_rank: usize,
+        num_experts: usize,
+        stats: (Option<Tensor<'py>>, Option<Tensor<'py>>),
+        fp8: (bool, bool, bool),
+        async_finish: bool,
+        return_recv_hook: bool,
+    ) -> Result<Bound<'py, PyTuple>, Error> {
+        let call = Call::enter(&self.shared)?;
+        let (n, dev) = (call.buffer.world().n_pes(), self.device);
+        let inputs = LlDispatchInputs {
+            x: x.view("x", dev)?,
+            topk_idx: topk_idx.view("topk_idx", dev)?,
+            cumulative_local_expert_recv_stats: optional_view(
+                &stats.0,
+                "cumulative_local_expert_recv_stats",
+                dev,
+            )?,
+            dispatch_wait_recv_cost_stats: optional_view(
+                &stats.1,
+                "dispatch_wait_recv_cost_stats",
+                dev,
             )?,
         };
-        self.with(py, move |b| {
-            // SAFETY: as in get_dispatch_layout.
-            let counts = unsafe {
-                b.notify_raw(&inputs, &outputs, &config, wait, stream_handle(stream) as _)
-            }?;
-            Ok(counts.map(|c| (c.num_recv_tokens, c.per_local_expert)))
-        })
-    }
-
-    /// Dispatch with `handle` = (rank_prefix_matrix, channel_prefix_matrix,
-    /// recv_channel_prefix_matrix, recv_src_idx, is_token_in_rank, send_head).
-    #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (x, x_scales, topk_idx, topk_weights, num_experts, handle, recv_x, recv_x_scales, recv_topk_idx, recv_topk_weights, config, stream))]
-    fn dispatch(
-        &self,
-        py: Python<'_>,
-        x: PyView,
-        x_scales: Option<PyView>,
-        topk_idx: Option<PyView>,
-        topk_weights: Option<PyView>,
-        num_experts: usize,
-        handle: (PyView, PyView, PyView, PyView, PyView, PyView),
-        recv_x: PyView,
-        recv_x_scales: Option<PyView>,
-        recv_topk_idx: Option<PyView>,
-        recv_topk_weights: Option<PyView>,
-        config: PyRef<'_, PyConfig>,
-        stream: u64,
-    ) -> PyResult<()> {
-        let config = config.0;
-        let inputs = DispatchInputs {
-            x: view("x", x)?,
-            x_scales: optional("x_scales", x_scales)?,
-            topk_idx: optional("topk_idx", topk_idx)?,
-            topk_weights: optional("topk_weights", topk_weights)?,
+        let options = LlDispatchOptions {
+            num_max_dispatch_tokens_per_rank,
             num_experts,
+            use_fp8: fp8.0,
+            round_scale: fp8.1,
+            use_ue8m0: fp8.2,
         };
-        let handle = to_handle(handle)?;
-        let outputs = DispatchOutputs {
-            recv_x: view("recv_x", recv_x)?,
-            recv_x_scales: optional("recv_x_scales", recv_x_scales)?,
-            recv_topk_idx: optional("recv_topk_idx", recv_topk_idx)?,
-            recv_topk_weights: optional("recv_topk_weights", recv_topk_weights)?,
-        };
-        // SAFETY: as in get_dispatch_layout.
-        self.with(py, move |b| {
-            Ok(unsafe {
-                b.dispatch_raw(
-                    &inputs,
-                    &handle,
-                    &outputs,
-                    &config,
-                    stream_handle(stream) as _,
-                )
-            }?)
-        })
+        let phases = low_latency::phases(return_recv_hook);
+        let shape = (n, inputs.x.cols());
+        let (_, planned) = low_latency::dispatch_outputs(py, &Outputs::Planned, &options, shape)?;
+        plan_ll_dispatch(
+            call.buffer.spec(),
+            &inputs,
+            &planned,
+            &options,
+            phases,
+            None,
+        )?;
+        let comm = self.comm_stream.bind(py).clone();
+        let streams = Streams::low_latency(&call, comm, async_finish, return_recv_hook)?;
+        let alloc = Outputs::Allocated(&self.alloc);
+        let (received, outputs) = low_latency::dispatch_outputs(py, &alloc, &options, shape)?;
+        let launch = streams.launch;
+        // SAFETY: as in `dispatch`.
+        unsafe {
+            call.buffer
+                .low_latency_dispatch_raw(&inputs, &outputs, &options, phases, cu(launch))
+        }?;
+        let kept = [
+            Some(&x.obj),
+            Some(&topk_idx.obj),
+            object_of(&stats.0),
+            object_of(&stats.1),
+        ];
+        let used: Vec<_> = kept.into_iter().flatten().chain(&received).collect();
+        let receive = Receive::Dispatch(inputs, outputs, options);
+        let hook = return_recv_hook
+            .then(|| ReceiveHook::new(py, &call, launch, receive, &used))
+            .transpose()?;
+        let event = streams.finish(&call, &used)?;
+        let [recv_x, scales, count, src_info, layout_range] = received;
+        let hidden = inputs.x.cols();
+        let t = num_max_dispatch_tokens_per_rank;
+        let handle = (src_info, layout_range, t, hidden, num_experts).into_pyobject(py)?;
+        Ok((recv_x, scales, count, handle, event, hook).into_pyobject(py)?)
     }
 
+    /// DeepEP's low-latency combine (`x` is not read with `zero_copy`, which combines the
+    /// staging rows of `next_low_latency_combine_buffer`): (combined_x, event, hook).
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (x, topk_weights, bias0, bias1, handle, combined_x, combined_topk_weights, config, stream))]
-    fn combine(
+    fn low_latency_combine<'py>(
         &self,
-        py: Python<'_>,
-        x: PyView,
-        topk_weights: Option<PyView>,
-        bias0: Option<PyView>,
-        bias1: Option<PyView>,
-        handle: (PyView, PyView, PyView, PyView, PyView, PyView),
-        combined_x: PyView,
-        combined_topk_weights: Option<PyView>,
-        config: PyRef<'_, PyConfig>,
-        stream: u64,
-    ) -> PyResult<()> {
-        let config = config.0;
-        let inputs = CombineInputs {
-            x: view("x", x)?,
-            topk_weights: optional("topk_weights", topk_weights)?,
-            bias: [optional("bias[0]", bias0)?, optional("bias[1]", bias1)?],
+        py: Python<'py>,
+        x: Option<Bound<'py, PyAny>>,
+        topk_idx: Tensor<'py>,
+        topk_weights: Tensor<'py>,
+        handle: PyLlHandle<'py>,
+        zero_copy: bool,
+        async_finish: bool,
+        return_recv_hook: bool,
+        out: Option<Tensor<'py>>,
+        combine_wait_recv_cost_stats: Option<Tensor<'py>>,
+    ) -> Result<Bound<'py, PyTuple>, Error> {
+        let call = Call::enter(&self.shared)?;
+        let dev = self.device;
+        let (ll_handle, handle_tensors) = handle.read(dev)?;
+        let x: Option<Tensor<'py>> = match (zero_copy, x) {
+            (true, _) => None,
+            (false, Some(x)) => Some(x.extract()?),
+            (false, None) => {
+                return Err(Error::Invalid(
+                    "low_latency_combine: x is needed unless zero_copy=True".into(),
+                ));
+            }
         };
-        let handle = to_handle(handle)?;
-        let outputs = CombineOutputs {
-            combined_x: view("combined_x", combined_x)?,
-            combined_topk_weights: optional("combined_topk_weights", combined_topk_weights)?,
+        let wait_cost = &combine_wait_recv_cost_stats;
+        let inputs = LlCombineInputs {
+            x: x.as_ref().map(|x| x.rows("x", dev)).transpose()?,
+            topk_idx: topk_idx.view("topk_idx", dev)?,
+            topk_weights: topk_weights.view("topk_weights", dev)?,
+            combine_wait_recv_cost_stats: optional_view(
+                wait_cost,
+                "combine_wait_recv_cost_stats",
+                dev,
+            )?,
         };
-        // SAFETY: as in get_dispatch_layout.
-        self.with(py, move |b| {
-            Ok(unsafe {
-                b.combine_raw(
-                    &inputs,
-                    &handle,
-                    &outputs,
-                    &config,
-                    stream_handle(stream) as _,
-                )
-            }?)
-        })
+        let phases = low_latency::phases(return_recv_hook);
+        let out_shape = [inputs.topk_idx.rows(), ll_handle.hidden];
+        let given = optional_view(&out, "out", dev)?;
+        let make = |outputs: &Outputs<'_>| match (&out, given) {
+            (Some(out), Some(view)) => Ok((out.obj.clone(), view)),
+            _ => outputs.make(py, &out_shape, ElemType::Bf16),
+        };
+        let (_, planned) = make(&Outputs::Planned)?;
+        plan_ll_combine(
+            call.buffer.spec(),
+            &inputs,
+            &ll_handle,
+            &planned,
+            phases,
+            None,
+        )?;
+        let comm = self.comm_stream.bind(py).clone();
+        let streams = Streams::low_latency(&call, comm, async_finish, return_recv_hook)?;
+        let (combined, out_view) = make(&Outputs::Allocated(&self.alloc))?;
+        let launch = streams.launch;
+        // SAFETY: as in `dispatch`.
+        unsafe {
+            call.buffer
+                .low_latency_combine_raw(&inputs, &ll_handle, &out_view, phases, cu(launch))
+        }?;
+        let kept = [
+            object_of(&x),
+            Some(&topk_idx.obj),
+            Some(&topk_weights.obj),
+            object_of(wait_cost),
+        ];
+        let made = handle_tensors.iter().chain([&combined]);
+        let used: Vec<_> = kept.into_iter().flatten().chain(made).collect();
+        let receive = Receive::Combine(inputs, ll_handle, out_view);
+        let hook = return_recv_hook
+            .then(|| ReceiveHook::new(py, &call, launch, receive, &used))
+            .transpose()?;
+        let event = streams.finish(&call, &used)?;
+        Ok((combined, event, hook).into_pyobject(py)?)
     }
-}
-
-fn to_handle(
-    (rpm, cpm, rcpm, src, in_rank, head): (PyView, PyView, PyView, PyView, PyView, PyView),
-) -> Result<Handle, Error> {
-    Ok(Handle {
-        rank_prefix_matrix: view("handle[0]", rpm)?,
-        channel_prefix_matrix: view("handle[1]", cpm)?,
-        recv_channel_prefix_matrix: view("handle[2]", rcpm)?,
-        recv_src_idx: view("handle[3]", src)?,
-        is_token_in_rank: view("handle[4]", in_rank)?,
-        send_head: view("handle[5]", head)?,
-    })
 }

@@ -9,6 +9,7 @@
 
 use ch01_bootstrap::BootstrapError;
 use ch02_symmetric_memory::SymmetricError;
+use nvshmem_tutorial::BufferError;
 use pyo3::PyErr;
 use pyo3::create_exception;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
@@ -58,6 +59,14 @@ pub enum Error {
     },
     /// Something failed on the device or in a chapter's runtime (the message says what).
     Failed(String),
+    /// An exception raised by Python code the extension called (torch), passed on as it is.
+    Python(PyErr),
+}
+
+impl From<PyErr> for Error {
+    fn from(e: PyErr) -> Self {
+        Self::Python(e)
+    }
 }
 
 impl From<BootstrapError> for Error {
@@ -69,6 +78,23 @@ impl From<BootstrapError> for Error {
 impl From<SymmetricError> for Error {
     fn from(e: SymmetricError) -> Self {
         Self::Symmetric(e)
+    }
+}
+
+/// The buffer's errors: wrong input (found by a plan, or by a kernel that recorded it and left
+/// the buffer usable) is an `InvalidArgumentError`; a failed kernel, a timeout or a destroyed
+/// buffer an `NvshmemError`.
+impl From<BufferError> for Error {
+    fn from(e: BufferError) -> Self {
+        match e {
+            BufferError::Invalid { .. }
+            | BufferError::BufferTooSmall { .. }
+            | BufferError::BadExpert { .. }
+            | BufferError::BadHandle { .. }
+            | BufferError::SlotsFull { .. } => Error::Invalid(e.to_string()),
+            BufferError::Coll(e) => e.into(),
+            other => Error::Failed(other.to_string()),
+        }
     }
 }
 
@@ -136,6 +162,7 @@ impl From<Error> for PyErr {
                 NvshmemError::new_err(format!("CUDA driver error while {what}: {source}"))
             }
             Error::Failed(message) => NvshmemError::new_err(message),
+            Error::Python(error) => error,
         }
     }
 }

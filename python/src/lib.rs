@@ -15,23 +15,32 @@
 //! One module per concern, like the Python package beside it: [`bootstrap`] (library, init,
 //! finalize), [`allocation`] (symmetric tensors and their checks), [`transfers`] (put/get,
 //! barrier, quiet), [`signals`] (the pairwise handshake), [`collectives`] (chapter 4);
-//! [`state`], [`errors`] and
-//! [`dlpack`] hold what they share.
+//! [`state`], [`errors`] and [`dlpack`] hold what they share. Chapters 7-8, the buffer:
+//! [`buffer`] (`BufferCore`: every DeepEP call, one crossing each), [`normal`] and
+//! [`low_latency`] (each mode's arguments and outputs), [`torch`] (tensors in, outputs out),
+//! [`events`] and [`streams`] (DeepEP's stream rules, natively), [`shared`] (what a buffer's
+//! events and hooks share with it), [`config`] (`Config`, size hints, the timeout).
 //!
 //! Pointers cross the boundary as integers (`tensor.data_ptr()`, `stream.cuda_stream`): torch
-//! and cudarc both use the GPU's primary context, so the addresses mean the same to both.
-//! Every entry point that touches the state or blocks in NVSHMEM releases the GIL.
+//! and cudarc both use the GPU's primary context, so the addresses mean the same to both. The
+//! buffer's calls take torch tensors themselves and read them once (torch.rs). Every entry
+//! point that touches the state or blocks in NVSHMEM releases the GIL.
 
 mod allocation;
 mod bootstrap;
 mod buffer;
 mod collectives;
+mod config;
 mod dlpack;
 mod errors;
+mod events;
 mod low_latency;
+mod normal;
+mod shared;
 mod signals;
 mod state;
 mod streams;
+mod torch;
 mod transfers;
 
 /// The module Python imports as `nvshmem_tutorial._native`: every function and exception of
@@ -51,11 +60,16 @@ mod _native {
         topology, unique_id,
     };
     #[pymodule_export]
-    use crate::buffer::{BufferCore, PyConfig, buffer_heap_bytes, combine_config, dispatch_config};
+    use crate::buffer::BufferCore;
     #[pymodule_export]
     use crate::collectives::{
         all_gather, all_reduce, all_to_all, all_to_all_v, broadcast, check_collectives,
         reduce_scatter, sync_all,
+    };
+    #[pymodule_export]
+    use crate::config::{
+        PyConfig, buffer_heap_bytes, buffer_timeout_ms, combine_config, dispatch_config,
+        low_latency_rdma_size_hint,
     };
     #[pymodule_export]
     use crate::errors::{
@@ -63,17 +77,21 @@ mod _native {
         NvshmemError, OutOfBoundsError, PeOutOfRangeError,
     };
     #[pymodule_export]
-    use crate::low_latency::{
-        clean_low_latency_buffer, low_latency_combine, low_latency_dispatch,
-        low_latency_rdma_size_hint, next_low_latency_combine_buffer,
-    };
+    use crate::events::{Event, capture};
+    #[pymodule_export]
+    use crate::low_latency::ReceiveHook;
     #[pymodule_export]
     use crate::signals::{put_signal, signal_cmp_code, signal_op, signal_op_code, wait_signal};
+    #[pymodule_export]
+    use crate::torch::describe_view;
     #[pymodule_export]
     use crate::transfers::{barrier, get, put, quiet};
 
     #[pymodule_export]
     const UNIQUE_ID_BYTES: usize = nvshmem_sys::UNIQUE_ID_BYTES;
+    /// The variable that sets the default timeout of a `Buffer`'s waits.
+    #[pymodule_export]
+    const BUFFER_TIMEOUT_VAR: &str = crate::config::BUFFER_TIMEOUT_VAR;
 
     /// The attributes that are not items: the version, and the names put_signal/signal_op
     /// take as `op` and wait_signal as `cmp`, in table order.

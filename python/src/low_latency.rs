@@ -1,209 +1,176 @@
-//! Chapter 8 for Python: the low-latency calls on a `BufferCore` (DeepEP's
-//! `low_latency_dispatch`, `low_latency_combine`, `get_next_low_latency_combine_buffer`,
-//! `clean_low_latency_buffer`, `get_low_latency_rdma_size_hint`), as functions taking the core.
-//! nvshmem_tutorial/buffer.py allocates the outputs and builds DeepEP's tuples.
+//! Low-latency mode's arguments, outputs and receive hook as the binding builds them
+//! (buffer.rs makes the calls): DeepEP's low-latency handle from Python, the outputs of a
+//! dispatch (planned or allocated, torch.rs `Outputs`), and [`ReceiveHook`], the callable a
+//! call with `return_recv_hook` returns.
 
+use std::sync::Weak;
+
+use cudarc::driver::sys;
+use nvshmem_tutorial::kernels::contract::FP8_GROUP;
 use nvshmem_tutorial::{
-    LlCombineInputs, LlDispatchInputs, LlDispatchOptions, LlDispatchOutputs, LlHandle, Phases,
+    ElemType, LlCombineInputs, LlDispatchInputs, LlDispatchOptions, LlDispatchOutputs, LlHandle,
+    Phases, View,
 };
 use pyo3::prelude::*;
+use pyo3::types::PyTuple;
 
-use crate::buffer::{BufferCore, PyView, optional, view};
 use crate::errors::Error;
-use crate::transfers::stream_handle;
+use crate::normal::handle_items;
+use crate::shared::{Call, Shared};
+use crate::torch::{Outputs, Tensor};
 
-/// DeepEP's `get_low_latency_rdma_size_hint`: num_rdma_bytes for a low-latency shape.
-#[pyfunction]
-pub fn low_latency_rdma_size_hint(
-    num_max_dispatch_tokens_per_rank: usize,
-    hidden: usize,
-    num_ranks: usize,
-    num_experts: usize,
-) -> usize {
-    nvshmem_tutorial::get_low_latency_rdma_size_hint(
-        num_max_dispatch_tokens_per_rank,
-        hidden,
-        num_ranks,
-        num_experts,
-    )
+/// UE8M0 scales are packed four to an int32.
+const UE8M0_PER_INT: usize = 4;
+
+/// DeepEP's low-latency handle as a dispatch returns it: (recv_src_info, recv_layout_range,
+/// num_max_dispatch_tokens_per_rank, hidden, num_experts). The two tensors are read only
+/// by the calls that use them.
+pub(crate) struct PyLlHandle<'py> {
+    src_info: Bound<'py, PyAny>,
+    layout_range: Bound<'py, PyAny>,
+    pub max_tokens: usize,
+    pub hidden: usize,
+    pub num_experts: usize,
 }
 
-/// "both", "send" or "recv": which halves of a low-latency call a launch runs.
-fn parse_phases(name: &str) -> Result<Phases, Error> {
-    match name {
-        "both" => Ok(Phases::SendAndReceive),
-        "send" => Ok(Phases::Send),
-        "recv" => Ok(Phases::Receive),
-        other => Err(Error::Invalid(format!(
-            "phases must be 'both', 'send' or 'recv', got {other:?}"
-        ))),
+impl<'a, 'py> FromPyObject<'a, 'py> for PyLlHandle<'py> {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        let what = "low_latency_dispatch returned (recv_src_info, recv_layout_range, \
+                    num_max_dispatch_tokens_per_rank, hidden, num_experts)";
+        let [src_info, layout_range, t, hidden, e] = handle_items::<5>(obj, what)?;
+        Ok(Self {
+            src_info,
+            layout_range,
+            max_tokens: t.extract()?,
+            hidden: hidden.extract()?,
+            num_experts: e.extract()?,
+        })
     }
 }
 
-/// Low-latency dispatch (chapter 8). The 3-D outputs come flattened (see the Rust
-/// `LlDispatchOutputs`); `phases` is "both", "send" or "recv". It runs on `comm` after
-/// `compute` (and, with `join`, `compute` waits for it), or on `compute` when `comm` is 0.
-#[pyfunction]
-#[allow(clippy::too_many_arguments)]
-#[pyo3(signature = (core, x, topk_idx, cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats, num_max_dispatch_tokens_per_rank, num_experts, use_fp8, round_scale, use_ue8m0, recv_x, recv_x_scales, recv_src_info, recv_layout_range, recv_count, phases, compute, comm, join))]
-pub fn low_latency_dispatch(
-    py: Python<'_>,
-    core: PyRef<'_, BufferCore>,
-    x: PyView,
-    topk_idx: PyView,
-    cumulative_local_expert_recv_stats: Option<PyView>,
-    dispatch_wait_recv_cost_stats: Option<PyView>,
-    num_max_dispatch_tokens_per_rank: usize,
-    num_experts: usize,
-    use_fp8: bool,
-    round_scale: bool,
-    use_ue8m0: bool,
-    recv_x: PyView,
-    recv_x_scales: Option<PyView>,
-    recv_src_info: PyView,
-    recv_layout_range: PyView,
-    recv_count: PyView,
-    phases: &str,
-    compute: u64,
-    comm: u64,
-    join: bool,
-) -> PyResult<()> {
-    let inputs = LlDispatchInputs {
-        x: view("x", x)?,
-        topk_idx: view("topk_idx", topk_idx)?,
-        cumulative_local_expert_recv_stats: optional(
-            "cumulative_local_expert_recv_stats",
-            cumulative_local_expert_recv_stats,
-        )?,
-        dispatch_wait_recv_cost_stats: optional(
-            "dispatch_wait_recv_cost_stats",
-            dispatch_wait_recv_cost_stats,
-        )?,
-    };
-    let outputs = LlDispatchOutputs {
-        recv_x: view("recv_x", recv_x)?,
-        recv_x_scales: optional("recv_x_scales", recv_x_scales)?,
-        recv_src_info: view("recv_src_info", recv_src_info)?,
-        recv_layout_range: view("recv_layout_range", recv_layout_range)?,
-        recv_count: view("recv_count", recv_count)?,
-    };
-    let options = LlDispatchOptions {
-        num_max_dispatch_tokens_per_rank,
-        num_experts,
-        use_fp8,
-        round_scale,
-        use_ue8m0,
-    };
-    let phases = parse_phases(phases)?;
-    let order = &core.order;
-    // SAFETY: buffer.py passes views of live torch tensors and live streams of this GPU.
-    core.with(py, move |b| unsafe {
-        order.around(compute, comm, join, |stream| {
-            Ok(b.low_latency_dispatch_raw(
-                &inputs,
-                &outputs,
-                &options,
-                phases,
-                stream_handle(stream) as _,
-            )?)
-        })
-    })
+impl<'py> PyLlHandle<'py> {
+    /// The handle as the plans take it, and its two tensors.
+    pub(crate) fn read(&self, device: i32) -> PyResult<(LlHandle, [Bound<'py, PyAny>; 2])> {
+        let src_info: Tensor<'py> = self.src_info.extract()?;
+        let layout_range: Tensor<'py> = self.layout_range.extract()?;
+        let handle = LlHandle {
+            src_info: src_info.view("handle[0] (src_info)", device)?,
+            layout_range: layout_range.view("handle[1] (layout_range)", device)?,
+            num_max_dispatch_tokens_per_rank: self.max_tokens,
+            hidden: self.hidden,
+            num_experts: self.num_experts,
+        };
+        Ok((handle, [src_info.obj, layout_range.obj]))
+    }
 }
 
-/// Low-latency combine; `x` None reads the zero-copy staging rows. Streams as in
-/// `low_latency_dispatch`.
-#[pyfunction]
-#[allow(clippy::too_many_arguments)]
-#[pyo3(signature = (core, x, topk_idx, topk_weights, src_info, layout_range, num_max_dispatch_tokens_per_rank, hidden, num_experts, combine_wait_recv_cost_stats, out, phases, compute, comm, join))]
-pub fn low_latency_combine(
-    py: Python<'_>,
-    core: PyRef<'_, BufferCore>,
-    x: Option<PyView>,
-    topk_idx: PyView,
-    topk_weights: PyView,
-    src_info: PyView,
-    layout_range: PyView,
-    num_max_dispatch_tokens_per_rank: usize,
-    hidden: usize,
-    num_experts: usize,
-    combine_wait_recv_cost_stats: Option<PyView>,
-    out: PyView,
-    phases: &str,
-    compute: u64,
-    comm: u64,
-    join: bool,
-) -> PyResult<()> {
-    let inputs = LlCombineInputs {
-        x: optional("x", x)?,
-        topk_idx: view("topk_idx", topk_idx)?,
-        topk_weights: view("topk_weights", topk_weights)?,
-        combine_wait_recv_cost_stats: optional(
-            "combine_wait_recv_cost_stats",
-            combine_wait_recv_cost_stats,
-        )?,
+/// A low-latency dispatch's outputs, DeepEP's shapes: recv_x [L, R x T, H] (fp8 e4m3 with
+/// use_fp8, else bf16); the scales' storage [L, H / 128, R x T] f32, or with use_ue8m0
+/// [L, H / 512, R x T] int32 (buffer.py returns its transpose, column-major as DeepEP's);
+/// recv_count [L] i32; recv_src_info [L, R x T] i32; recv_layout_range [L, R] i64. The Rust
+/// views see the 3-D ones as the matrices of their rows.
+pub(crate) fn dispatch_outputs<'py>(
+    py: Python<'py>,
+    make: &Outputs<'_>,
+    options: &LlDispatchOptions,
+    (num_ranks, hidden): (usize, usize),
+) -> PyResult<([Bound<'py, PyAny>; 5], LlDispatchOutputs)> {
+    // Saturating: a shape this large is refused by the plan, which must see it first.
+    let l = options.num_experts / num_ranks;
+    let slots = num_ranks.saturating_mul(options.num_max_dispatch_tokens_per_rank);
+    let recv_elem = if options.use_fp8 {
+        ElemType::Fp8E4m3
+    } else {
+        ElemType::Bf16
     };
-    let handle = LlHandle {
-        src_info: view("handle[0]", src_info)?,
-        layout_range: view("handle[1]", layout_range)?,
-        num_max_dispatch_tokens_per_rank,
-        hidden,
-        num_experts,
+    let (recv_x, recv_x_view) = make.make(py, &[l, slots, hidden], recv_elem)?;
+    let (groups, scale_elem) = if options.use_ue8m0 {
+        (hidden / (FP8_GROUP * UE8M0_PER_INT), ElemType::I32)
+    } else {
+        (hidden / FP8_GROUP, ElemType::F32)
     };
-    let out = view("out", out)?;
-    let phases = parse_phases(phases)?;
-    let order = &core.order;
-    // SAFETY: as in low_latency_dispatch.
-    core.with(py, move |b| unsafe {
-        order.around(compute, comm, join, |stream| {
-            Ok(b.low_latency_combine_raw(
-                &inputs,
-                &handle,
-                &out,
-                phases,
-                stream_handle(stream) as _,
-            )?)
-        })
-    })
+    let (scales, scales_view) =
+        make.make_if(py, options.use_fp8, &[l, groups, slots], scale_elem)?;
+    let (count, count_view) = make.make(py, &[l], ElemType::I32)?;
+    let (src_info, src_info_view) = make.make(py, &[l, slots], ElemType::I32)?;
+    let (range, range_view) = make.make(py, &[l, num_ranks], ElemType::I64)?;
+    let views = LlDispatchOutputs {
+        recv_x: recv_x_view,
+        recv_x_scales: scales_view,
+        recv_src_info: src_info_view,
+        recv_layout_range: range_view,
+        recv_count: count_view,
+    };
+    Ok(([recv_x, scales, count, src_info, range], views))
 }
 
-/// (address, rows, hidden) of the zero-copy combine staging: bf16 [L x R x T, hidden].
-#[pyfunction]
-pub fn next_low_latency_combine_buffer(
-    py: Python<'_>,
-    core: PyRef<'_, BufferCore>,
-    num_max_dispatch_tokens_per_rank: usize,
-    hidden: usize,
-    num_experts: usize,
-) -> PyResult<(u64, usize, usize)> {
-    core.with(py, move |b| {
-        let v = b.next_low_latency_combine_buffer_raw(
-            num_max_dispatch_tokens_per_rank,
-            hidden,
-            num_experts,
-        )?;
-        Ok((v.ptr, v.rows(), v.cols()))
-    })
+/// Which halves of a low-latency call a launch runs: the send alone with
+/// `return_recv_hook` (the hook runs the receive), else both.
+pub(crate) fn phases(return_recv_hook: bool) -> Phases {
+    if return_recv_hook {
+        Phases::Send
+    } else {
+        Phases::SendAndReceive
+    }
 }
 
-/// Collective: zeroes the low-latency control words and call count on every rank.
-#[pyfunction]
-pub fn clean_low_latency_buffer(
-    py: Python<'_>,
-    core: PyRef<'_, BufferCore>,
-    num_max_dispatch_tokens_per_rank: usize,
-    hidden: usize,
-    num_experts: usize,
+/// The receive half of a low-latency call, as its send left it.
+pub(crate) enum Receive {
+    Dispatch(LlDispatchInputs, LlDispatchOutputs, LlDispatchOptions),
+    Combine(LlCombineInputs, LlHandle, View),
+}
+
+/// What a low-latency call with `return_recv_hook` returns (DeepEP's `hook`): calling it
+/// launches the receive half on the stream the send ran on, then reads the buffer's error
+/// record. It keeps the call's tensors alive until it is dropped.
+#[pyclass(module = "nvshmem_tutorial._native", frozen)]
+pub struct ReceiveHook {
+    shared: Weak<Shared>,
     stream: u64,
-) -> PyResult<()> {
-    // SAFETY: buffer.py passes the current torch stream of this GPU.
-    core.with(py, move |b| {
-        Ok(unsafe {
-            b.clean_low_latency_buffer_raw(
-                num_max_dispatch_tokens_per_rank,
-                hidden,
-                num_experts,
-                stream_handle(stream) as _,
-            )
-        }?)
-    })
+    receive: Receive,
+    _tensors: Py<PyTuple>,
+}
+
+impl ReceiveHook {
+    /// The hook of `call`, whose send ran on `stream` over `tensors`.
+    pub(crate) fn new(
+        py: Python<'_>,
+        call: &Call,
+        stream: u64,
+        receive: Receive,
+        tensors: &[&Bound<'_, PyAny>],
+    ) -> PyResult<Self> {
+        Ok(Self {
+            shared: call.weak(),
+            stream,
+            receive,
+            _tensors: PyTuple::new(py, tensors)?.unbind(),
+        })
+    }
+}
+
+#[pymethods]
+impl ReceiveHook {
+    fn __call__(&self) -> PyResult<()> {
+        let call = Call::enter(&self.shared)?;
+        let stream = self.stream as usize as sys::CUstream;
+        // SAFETY: the views describe tensors this hook keeps alive, on the buffer's GPU
+        // (checked when the send was made); the stream is the one the send ran on.
+        match &self.receive {
+            Receive::Dispatch(inputs, outputs, options) => unsafe {
+                let receive = Phases::Receive;
+                call.buffer
+                    .low_latency_dispatch_raw(inputs, outputs, options, receive, stream)
+            },
+            Receive::Combine(inputs, handle, out) => unsafe {
+                let receive = Phases::Receive;
+                call.buffer
+                    .low_latency_combine_raw(inputs, handle, out, receive, stream)
+            },
+        }
+        .map_err(Error::from)?;
+        Ok(call.check()?)
+    }
 }

@@ -18,12 +18,17 @@
 //! them in allocation order. An allocation released on one rank but still in use on another
 //! simply waits for a later collection.
 //!
+//! A `Buffer` (chapters 7-8) follows the same rule: its symmetric allocation is an
+//! [`Owned`] entry, kept alive by a token that the `BufferCore` and every region view over
+//! its memory hold (buffer.rs), so that a view never outlives the memory it shows.
+//!
 //! # Locks and the GIL
 //! [`STATE`] is only ever locked with the GIL released (every native entry point takes it
 //! inside `Python::detach`). Holding it while waiting for the GIL could deadlock against a
 //! thread that holds the GIL and waits for the lock. [`RELEASED`] is locked from `Drop`, with
 //! the GIL held, but only for a push: nothing ever waits for the GIL while holding it.
 
+use std::any::Any;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -60,6 +65,15 @@ pub struct Allocation {
     pub released: bool,
 }
 
+/// Symmetric memory that is not a tensor of ours (a `Buffer`'s allocation, inside the
+/// object that owns it), under the same rule: kept while its token lives, freed collectively.
+pub struct Owned {
+    /// Never read: holding it keeps the memory; dropping it is the collective free.
+    _owner: Arc<dyn Any + Send + Sync>,
+    pub num_bytes: usize,
+    pub released: bool,
+}
+
 pub struct State {
     pub world: Arc<World>,
     /// Chapter 4's collectives, made at the first collective call (which every PE makes at
@@ -68,6 +82,8 @@ pub struct State {
     /// Live allocations by id. Ids only grow, so key order is allocation order: the order
     /// every PE made them in, and the order in which they must be freed.
     pub allocations: BTreeMap<u64, Allocation>,
+    /// Live `Owned` memory by id (ids from the same counter as `allocations`).
+    pub owned: BTreeMap<u64, Owned>,
 }
 
 static STATE: Mutex<Option<State>> = Mutex::new(None);
@@ -122,6 +138,7 @@ pub fn install(init: impl FnOnce() -> Result<World, Error>) -> Result<(), Error>
         world: Arc::new(init()?),
         collectives: None,
         allocations: BTreeMap::new(),
+        owned: BTreeMap::new(),
     });
     Ok(())
 }
@@ -151,6 +168,23 @@ impl State {
         Ok((id, ptr, token))
     }
 
+    /// Takes `owner` (symmetric memory of `num_bytes`, allocated collectively just now) under
+    /// the freeing rule: it lives while the returned token does, then waits for a collective
+    /// point. Every PE adopts its buffers in the same order, so the ids agree.
+    pub fn adopt(&mut self, owner: Arc<dyn Any + Send + Sync>, num_bytes: usize) -> Arc<Token> {
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        let token = Arc::new(Token { id });
+        self.owned.insert(
+            id,
+            Owned {
+                _owner: owner,
+                num_bytes,
+                released: false,
+            },
+        );
+        token
+    }
+
     /// The token of the live allocation containing device address `ptr`, for a new storage
     /// (a peer view) that must keep the allocation alive.
     pub fn token_for(&self, ptr: u64) -> Result<Arc<Token>, Error> {
@@ -169,13 +203,24 @@ impl State {
         for id in newly {
             if let Some(allocation) = self.allocations.get_mut(&id) {
                 allocation.released = true;
+            } else if let Some(owned) = self.owned.get_mut(&id) {
+                owned.released = true;
             }
         }
-        self.allocations
-            .iter()
-            .filter(|(_, a)| a.released)
-            .map(|(&id, _)| id)
-            .collect()
+        let tensors = self.allocations.iter().map(|(&id, a)| (id, a.released));
+        let owned = self.owned.iter().map(|(&id, o)| (id, o.released));
+        let mut ids: Vec<u64> = tensors
+            .chain(owned)
+            .filter_map(|(id, released)| released.then_some(id))
+            .collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    /// Whether `id` is a live allocation or owned memory of this rank, and released.
+    fn released(&self, id: u64) -> Option<bool> {
+        let tensor = self.allocations.get(&id).map(|a| a.released);
+        tensor.or_else(|| self.owned.get(&id).map(|o| o.released))
     }
 
     /// Collective: frees `ids` (which every PE agreed on) in allocation order.
@@ -186,9 +231,9 @@ impl State {
         // Validate everything before freeing anything: a partial free would leave this PE's
         // heap out of step with the others.
         for id in &ids {
-            match self.allocations.get(id) {
-                Some(a) if a.released => {}
-                Some(_) => {
+            match self.released(*id) {
+                Some(true) => {}
+                Some(false) => {
                     return Err(Error::Invalid(format!(
                         "allocation {id} is still referenced on this rank and cannot be freed"
                     )));
@@ -213,6 +258,7 @@ impl State {
         for id in &ids {
             // Dropping the buffer is the collective nvshmem_free (ch02's Drop).
             drop(self.allocations.remove(id));
+            drop(self.owned.remove(id));
         }
         Ok(ids.len())
     }
@@ -278,16 +324,21 @@ pub fn finalize() -> Result<usize, Error> {
         return Ok(0);
     };
     state.take_released();
-    let still_referenced = state.allocations.values().filter(|a| !a.released).count();
+    let still_referenced = state.allocations.values().filter(|a| !a.released).count()
+        + state.owned.values().filter(|o| !o.released).count();
     let ctx = state.world.context().clone();
     let _ = ctx.bind_to_thread();
     let synced = ctx.synchronize();
     // The communicator was allocated after some tensors and before others; freeing it first
     // is still the same order on every PE, which is all nvshmem_free needs.
     drop(state.collectives.take());
-    // Allocation order on every PE: pop from the front of the ordered map.
+    // Allocation order on every PE: pop from the front of the ordered map (the buffers'
+    // memory last: the same order on every PE too).
     while let Some((_, allocation)) = state.allocations.pop_first() {
         drop(allocation);
+    }
+    while let Some((_, owned)) = state.owned.pop_first() {
+        drop(owned);
     }
     // The last Arc: World's Drop runs nvshmemx_hostlib_finalize.
     drop(state);
