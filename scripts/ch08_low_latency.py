@@ -6,8 +6,10 @@ Through DeepEP's low-latency API, against a reference built with plain torch fro
 inputs (all_gather): random top-k routing with -1 entries, bf16 and fp8 dispatch (plain,
 power-of-two and UE8M0 scales), the receive hook, async_finish, zero-copy combine, a rank that
 sends nothing, a dispatch and a combine captured once in a CUDA graph and replayed with new
-data, 200 pairs in a row without cleaning, clean_low_latency_buffer, and bad input. Rank 0
-prints every rank's lines (`pe <i>: ...`) and `N passed, M failed` last.
+data, 200 pairs in a row without cleaning, clean_low_latency_buffer, and bad input (refused
+before any launch, or recorded by a kernel and raised by the next call or the receive hook).
+Every comparison is a check of its own, by name. Rank 0 prints every rank's lines
+(`pe <i>: ...`) and `N passed, M failed` last.
 """
 
 from __future__ import annotations
@@ -135,9 +137,8 @@ def pair(buffer: Buffer, tally: Tally, num_tokens: int, hidden: int, seed: int, 
         x, idx, MAX_TOKENS, num_experts, cumulative_local_expert_recv_stats=stats, use_fp8=use_fp8, round_scale=round_scale,
         use_ue8m0=use_ue8m0, async_finish=async_finish, return_recv_hook=hook)
     recv_hook() if hook else (event.current_stream_wait() if async_finish else None)
-    problem = check_dispatch(recv, recv_count, handle, x, idx, hidden, use_fp8=use_fp8, round_scale=round_scale, use_ue8m0=use_ue8m0)
-    if not problem and not torch.equal(stats, recv_count):
-        problem = "cumulative_local_expert_recv_stats differs from recv_count"
+    problems = {"dispatch": check_dispatch(recv, recv_count, handle, x, idx, hidden, use_fp8=use_fp8, round_scale=round_scale, use_ue8m0=use_ue8m0)}
+    problems["cumulative_local_expert_recv_stats"] = "" if torch.equal(stats, recv_count) else "differs from recv_count"
     y = expert_outputs(recv, use_fp8, use_ue8m0)
     if zero_copy:
         buffer.get_next_low_latency_combine_buffer(handle)[:, :, :] = y
@@ -146,13 +147,13 @@ def pair(buffer: Buffer, tally: Tally, num_tokens: int, hidden: int, seed: int, 
                                                             return_recv_hook=hook, out=out)
     recv_hook() if hook else (event.current_stream_wait() if async_finish else None)
     want = expected_combine(x, idx, weights)
-    if not problem and combined.data_ptr() != out.data_ptr():
-        problem = "combine did not write into out"
+    problems["combine: out"] = "" if combined.data_ptr() == out.data_ptr() else "not written into the out given"
     limit = 1e-3 if use_fp8 else 1e-5
-    if not problem and (combine_error(combined, want) > limit or bool(combined.isnan().any())):
-        problem = f"combine differs from torch (diff {combine_error(combined, want):.2e})"
+    bad = combine_error(combined, want) > limit or bool(combined.isnan().any())
+    problems["combine: combined_x"] = f"differs from torch (diff {combine_error(combined, want):.2e})" if bad else ""
     mode = "fp8" + (" ue8m0" if use_ue8m0 else " pow2" if round_scale else "") if use_fp8 else "bf16"
-    return tally.check(not problem, f"{what}: {num_tokens} tokens x {hidden} {mode}{' hook' if hook else ''}: {problem}")
+    label = f"{what}: {num_tokens} tokens x {hidden} {mode}{' hook' if hook else ''}"
+    return all([tally.check(not problem, f"{label}: {name}: {problem}") for name, problem in problems.items()])
 # ANCHOR_END: pair
 
 
@@ -177,6 +178,7 @@ def graph_replays(buffer: Buffer, tally: Tally, hidden: int, replays: int) -> No
         x.copy_(new_x), idx.copy_(new_idx), weights.copy_(new_w)
         graph.replay()
         torch.cuda.synchronize()
+        buffer.check()  # a failure inside a replay shows here (nothing else reads the record)
         problem = check_dispatch(recv, recv_count, handle, x, idx, hidden, use_fp8=False)
         if problem or combine_error(combined, expected_combine(x, idx, weights)) > 1e-5:
             bad += 1
@@ -198,9 +200,13 @@ def bad_input(buffer: Buffer, tally: Tally) -> None:
     tally.expect_error(lambda: buffer.low_latency_dispatch(x, idx, 4 * MAX_TOKENS, num_experts), Invalid, "get_low_latency_rdma_size_hint")
     tally.expect_error(lambda: buffer.low_latency_dispatch(x, idx.int(), MAX_TOKENS, num_experts), Invalid, "int64")
     tally.expect_error(lambda: buffer.low_latency_dispatch(x, idx, MAX_TOKENS, num_experts + 1), ValueError, "multiple")
+    tally.expect_error(lambda: buffer.low_latency_dispatch(x[0], idx, MAX_TOKENS, num_experts), Invalid, "x must be")
+    tally.expect_error(lambda: buffer.low_latency_dispatch(x.cpu(), idx, MAX_TOKENS, num_experts), Invalid, "a CPU tensor")
     recv, _, handle, _, _ = buffer.low_latency_dispatch(x, idx, MAX_TOKENS, num_experts, use_fp8=False)
     weights = torch.ones(idx.shape, device="cuda")
     tally.expect_error(lambda: buffer.low_latency_combine(recv[:, :-1], idx, weights, handle), Invalid, "x must be")
+    tally.expect_error(lambda: buffer.low_latency_combine(recv, idx, weights, handle[:2]), Invalid, "handle must be the 5-tuple")
+    tally.expect_error(lambda: buffer.get_next_low_latency_combine_buffer(handle[:2]), Invalid, "handle must be the 5-tuple")
     tally.expect_error(lambda: buffer.low_latency_combine(recv, idx, weights, handle, use_logfmt=True), ValueError, "use_logfmt")
     tally.expect_error(lambda: buffer.low_latency_update_mask_buffer(0, True), ValueError, "shrink")
     buffer.low_latency_combine(recv, idx, weights, handle)
@@ -209,11 +215,17 @@ def bad_input(buffer: Buffer, tally: Tally) -> None:
     tally.expect_error(lambda: buffer.low_latency_dispatch(x, idx, MAX_TOKENS, num_experts), Invalid, "receive hook")
     hook()
     tally.expect_error(hook, Invalid, "once")
-    # An expert id out of range only the GPU sees: skipped, recorded, raised by the next call.
+    # An expert id out of range only the GPU sees: skipped, recorded, raised by the next call,
+    # or by the receive hook after its receive is launched (the call completes either way).
     idx[0, 0] = num_experts + 5
     buffer.low_latency_dispatch(x, idx, MAX_TOKENS, num_experts, use_fp8=False)
     torch.cuda.synchronize()
     tally.expect_error(lambda: buffer.low_latency_dispatch(x, idx, MAX_TOKENS, num_experts), Invalid, "outside -1..")
+    _, _, _, _, hook = buffer.low_latency_dispatch(x, idx, MAX_TOKENS, num_experts, use_fp8=False, return_recv_hook=True)
+    torch.cuda.synchronize()
+    tally.expect_error(hook, Invalid, "outside -1..")
+    torch.cuda.synchronize()
+    buffer.check()  # reported once, then cleared
 
 
 def run() -> bool:
@@ -243,7 +255,8 @@ def run() -> bool:
     print_by_pe(f"{tally.passed} checks passed")
     bad_input(buffer, tally)
     pair(buffer, tally, MAX_TOKENS, 2048, 12, what="after bad input")
-    normal = Buffer(dist.group.WORLD, 1 << 22, explicitly_destroy=True)
+    normal = Buffer(dist.group.WORLD, 1 << 22, explicitly_destroy=True, timeout_ms=5000)
+    tally.check(normal.timeout_ms == 5000, f"Buffer(timeout_ms=5000) has timeout_ms {normal.timeout_ms}")
     x, idx, _ = inputs(8, 2048, 3)
     tally.expect_error(lambda: normal.low_latency_dispatch(x, idx, MAX_TOKENS, num_experts), nv.InvalidArgumentError, "low_latency_mode")
     normal.destroy()
