@@ -183,6 +183,22 @@ def graph_replays(buffer: Buffer, tally: Tally, hidden: int, replays: int) -> No
         if problem or combine_error(combined, expected_combine(x, idx, weights)) > 1e-5:
             bad += 1
     tally.check(bad == 0, f"CUDA graph: {bad} of {replays} replays differ from torch")
+    # After a replay only the error record tells of a failure: an expert id out of range in
+    # the captured routing is skipped by both kernels and recorded, and check() raises it;
+    # the next replay is sound again.
+    idx[0, 0] = num_experts + 3
+    graph.replay()
+    torch.cuda.synchronize()
+    tally.expect_error(buffer.check, nv.InvalidArgumentError, "outside -1..")
+    new_x, new_idx, new_w = inputs(MAX_TOKENS, hidden, 7001 + replays)
+    x.copy_(new_x), idx.copy_(new_idx), weights.copy_(new_w)
+    graph.replay()
+    torch.cuda.synchronize()
+    buffer.check()
+    problem = check_dispatch(recv, recv_count, handle, x, idx, hidden, use_fp8=False)
+    if not problem and combine_error(combined, expected_combine(x, idx, weights)) > 1e-5:
+        problem = "combine differs from torch"
+    tally.check(not problem, f"CUDA graph: the replay after a recorded bad input: {problem}")
     del graph
 # ANCHOR_END: graph
 
