@@ -151,6 +151,7 @@ def region_after_destroy(buffer: Buffer, tally: Tally) -> None:
     """A view of the buffer's memory keeps it alive after destroy(); the memory returns at the
     collect point after the view is gone (the package's freeing rule)."""
     region = buffer.get_local_buffer_tensor(torch.int32, (16,))
+    nv.collect()  # nothing else released is left to free below
     live = nv.heap_usage()["live"]
     buffer.destroy()
     region.fill_(7)
