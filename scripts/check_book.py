@@ -65,7 +65,6 @@ LISTING_ALLOWED: Dict[Tuple[str, str], str] = {
     # maintainers do not edit. Split or shorten them by anchors there when that issue lands.
     ("src/notify.rs", "notify"): "TODO(issue 26): the notify step's host code",
     ("src/bin/ch07-buffer.rs", "round_trip"): "TODO(issue 26): chapter 7's Rust round trip is a test harness",
-    ("kernels/cuda/buffer/ll_dispatch.cu", "dispatch_recv"): "TODO(issue 26): low-latency dispatch receive",
 }
 
 # ---- helpers --------------------------------------------------------------------------------

@@ -350,6 +350,8 @@ __device__ __forceinline__ void dispatch_recv(const Workspace& ws, const LlDispa
                 if (n > 1) a.recv_layout_range[e * n + me] = seen[0];
             }
         }
+        // ANCHOR_END: dispatch_recv
+        // ANCHOR: dispatch_recv_copy
         if (p == 0) continue;  // our own rows are in place
         // The header's token and the row's scales are loaded before the row, so their latency
         // overlaps its first round of loads. Rounds of 8 vectors per lane: 16 (one round for a
@@ -375,9 +377,9 @@ __device__ __forceinline__ void dispatch_recv(const Workspace& ws, const LlDispa
             for (int c = lane + 2 * WARP_SIZE; c < num_scales; c += WARP_SIZE)  // hidden > 8192: the rest
                 store_packed_scale(column, c, rows_per_expert, a.use_ue8m0, __ldcg(scales + c));
         }
+        // ANCHOR_END: dispatch_recv_copy
     }
 }
-// ANCHOR_END: dispatch_recv
 
 __global__ void __launch_bounds__(LL_THREADS) dispatch(Workspace ws, LlDispatchArgs args, int phases) {
     run_call(ws, args, phases, dispatch_send, dispatch_recv);
