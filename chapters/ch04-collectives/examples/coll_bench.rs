@@ -374,7 +374,7 @@ fn nvshmem_team_peer(world: &World, timer: &Timer, out_path: &str) -> Result<boo
     let (me, n) = (world.my_pe(), world.n_pes());
     let input = SymmetricBuffer::<_, u8>::new(world, MAX_BYTES)?;
     let out = SymmetricBuffer::<_, u8>::new(world, MAX_BYTES)?;
-    let stream = world.stream().cu_stream();
+    let stream = world.stream();
     let (mut rows, mut failed) = (Vec::new(), 0usize);
     for size in sizes() {
         for collective in TEAM_COLLECTIVES.into_iter().filter(|c| wanted(c.name())) {
@@ -446,7 +446,7 @@ fn check_team_call(
         input,
         size,
         0,
-        world.stream().cu_stream(),
+        world.stream(),
     )?;
     world.barrier_all()?;
     let got = out.copy_to_host_range(0, call.out_bytes)?;

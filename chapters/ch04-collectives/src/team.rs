@@ -100,8 +100,8 @@ pub fn nccl_disabled(value: Option<&str>) -> bool {
     })
 }
 
-/// Enqueues NVSHMEM's `collective` over `NVSHMEM_TEAM_WORLD` on `stream` (a raw CUstream of
-/// this PE's context): `input` and `out` are symmetric, as NVSHMEM requires, and big enough
+/// Enqueues NVSHMEM's `collective` over `NVSHMEM_TEAM_WORLD` on `stream` (a stream of this
+/// PE's context): `input` and `out` are symmetric, as NVSHMEM requires, and big enough
 /// for the call; broadcast copies PE `root`'s input. Every PE must make the same call.
 pub fn enqueue_team<W: Deref<Target = World>>(
     world: &World,
@@ -110,7 +110,7 @@ pub fn enqueue_team<W: Deref<Target = World>>(
     input: &SymmetricBuffer<W, u8>,
     size: usize,
     root: usize,
-    stream: cudarc::driver::sys::CUstream,
+    stream: &cudarc::driver::CudaStream,
 ) -> Result<TeamCall, CollError> {
     let call = team_call(collective, size, world.n_pes())?;
     input.check_range(0, call.in_bytes)?;
@@ -127,7 +127,7 @@ pub fn enqueue_team<W: Deref<Target = World>>(
             out.device_ptr(),
             input.device_ptr(),
             root,
-            stream,
+            stream.cu_stream(),
         )
     }?;
     Ok(call)
