@@ -172,6 +172,22 @@ fn good_arguments_pass_every_plan() {
     ll_combine(&spec, &a).unwrap();
 }
 
+/// The guards only the GPU can make (a `num_worst_tokens` below what arrives, counts that
+/// disagree with the routing) need the buffer's input-error record and the rows the outputs
+/// hold: the plans hand both to the kernels.
+#[test]
+fn the_kernels_get_the_input_error_record_and_the_rows_the_outputs_hold() {
+    let (spec, a) = (normal_spec(), normal());
+    let notify = plan_notify(&spec, &config(), &a.notify_in, &a.notify_out).unwrap();
+    assert_eq!(notify.input_error, spec.input_error);
+    let d = plan_dispatch(&spec, &config(), &a.dispatch_in, &a.handle, &a.dispatch_out).unwrap();
+    assert_eq!(d.args.bad_input, spec.input_error);
+    assert_eq!(d.args.num_recv_rows, ROWS as i32);
+    let c = plan_combine(&spec, &config(), &a.combine_in, &a.handle, &a.combine_out).unwrap();
+    assert_eq!(c.args.bad_input, spec.input_error);
+    assert_eq!(c.args.num_recv_rows, ROWS as i32);
+}
+
 /// Runs every case: spoil good arguments, call every plan, expect the case's message.
 fn assert_refused<A>(
     cases: &[BadCase<A>],

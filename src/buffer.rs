@@ -343,6 +343,17 @@ fn input_error([kind, token, value, limit]: [u64; 4]) -> BufferError {
             value: value as i64,
             num_experts: limit,
         },
+        Ok(Failure::RecvOverflow) => BufferError::RecvOverflow {
+            first_rank: token,
+            needed: value,
+            num_worst_tokens: limit,
+        },
+        Ok(Failure::CountsMismatch) => BufferError::CountsMismatch {
+            rank: token,
+            counted: value,
+            given: limit as i64,
+        },
+        // The communicators' failures, which the kernels never write to this record.
         Ok(other) => BufferError::invalid(
             "input",
             format!(
@@ -364,4 +375,83 @@ fn input_error([kind, token, value, limit]: [u64; 4]) -> BufferError {
 /// A kernel argument: a pointer to the value, as cuLaunchKernel takes them.
 pub(crate) fn arg<T>(value: &T) -> *mut c_void {
     value as *const T as *mut c_void
+}
+
+#[cfg(test)]
+mod tests {
+    use super::input_error;
+    use crate::error::BufferError;
+    use kernels::contract::Failure;
+
+    /// The input-error record as a kernel leaves it: [kind, token, value, limit].
+    fn record(kind: Failure, token: u64, value: u64, limit: u64) -> [u64; 4] {
+        [kind as u64, token, value, limit]
+    }
+
+    #[test]
+    fn a_dispatch_past_num_worst_tokens_names_it_and_the_rows_needed() {
+        let e = input_error(record(Failure::RecvOverflow, 1, 250, 100));
+        assert!(matches!(
+            e,
+            BufferError::RecvOverflow {
+                first_rank: 1,
+                needed: 250,
+                num_worst_tokens: 100
+            }
+        ));
+        let text = e.to_string();
+        for part in [
+            "received 250 tokens",
+            "num_worst_tokens = 100 rows",
+            "from rank 1's tokens on",
+            "Pass num_worst_tokens >= 250",
+        ] {
+            assert!(text.contains(part), "{part:?} not in {text}");
+        }
+    }
+
+    #[test]
+    fn counts_that_disagree_with_the_routing_name_the_rank_and_both_numbers() {
+        let e = input_error(record(Failure::CountsMismatch, 2, 5, 7));
+        let text = e.to_string();
+        assert!(
+            text.contains("num_tokens_per_rank[2] = 7")
+                && text.contains("is_token_in_rank sends 5 tokens to rank 2")
+                && text.contains("get_dispatch_layout"),
+            "{text}"
+        );
+        // The kernel stores the caller's count sign-extended: a negative one reads back as such.
+        let e = input_error(record(Failure::CountsMismatch, 0, 3, -4i64 as u64));
+        assert!(e.to_string().contains("num_tokens_per_rank[0] = -4"), "{e}");
+    }
+
+    #[test]
+    fn every_kind_reads_back_as_itself_and_input_kinds_leave_the_buffer_usable() {
+        let input_kinds = [
+            Failure::BadExpert,
+            Failure::BadHandle,
+            Failure::SlotsFull,
+            Failure::RecvOverflow,
+            Failure::CountsMismatch,
+        ];
+        for &kind in Failure::ALL {
+            assert_eq!(Failure::from_code(kind as u64), Ok(kind));
+            let e = input_error(record(kind, 1, 2, 3));
+            let text = e.to_string();
+            assert!(!text.contains("does not know"), "{kind:?}: {text}");
+            assert!(e.is_invalid_input(), "{kind:?}: {text}");
+            // Input kinds have messages of their own; kinds the kernels never write to this
+            // record still say what they are.
+            let own_message = input_kinds.contains(&kind);
+            assert_eq!(
+                text.contains(kind.device_name()),
+                !own_message,
+                "{kind:?}: {text}"
+            );
+        }
+        assert_eq!(Failure::RecvOverflow.device_name(), "RECV_OVERFLOW");
+        assert_eq!(Failure::CountsMismatch.device_name(), "COUNTS_MISMATCH");
+        let unknown = input_error([999, 0, 0, 0]).to_string();
+        assert!(unknown.contains("kind 999"), "{unknown}");
+    }
 }

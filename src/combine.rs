@@ -110,12 +110,14 @@ pub fn plan_combine(
         heads: spec.counters(3),
         sent: spec.progress(Progress::CombineSent),
         received: spec.progress(Progress::CombineReceived),
+        bad_input: spec.input_error,
         num_tokens: num_tokens as i32,
         hidden_bytes: hidden_bytes as i32,
         num_topk: num_topk as i32,
         num_channels: c as i32,
         ring_tokens: ring_tokens as i32,
         slot_bytes: slot_bytes as i32,
+        num_recv_rows: rows as i32,
     };
     Ok(CombinePlan {
         args,

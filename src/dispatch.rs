@@ -234,6 +234,7 @@ pub fn plan_dispatch(
         heads: spec.counters(1),
         sent: spec.progress(Progress::DispatchSent),
         received: spec.progress(Progress::DispatchReceived),
+        bad_input: spec.input_error,
         slot,
         num_tokens: num_tokens as i32,
         num_experts: inputs.num_experts as i32,

@@ -51,6 +51,29 @@ pub enum BufferError {
         expert: u64,
         max_tokens: u64,
     },
+    /// A dispatch's handle delivers more rows than its outputs hold: `num_worst_tokens` below
+    /// what this rank received (found on the GPU; the call completed without the extra rows).
+    #[error(
+        "dispatch: this rank received {needed} tokens, but num_worst_tokens = {num_worst_tokens} \
+         rows were allocated for them: the rows past {num_worst_tokens} (from rank \
+         {first_rank}'s tokens on) were dropped, and a combine with this handle leaves them out. \
+         Pass num_worst_tokens >= {needed}: at least the most tokens a rank can receive, the \
+         sum of every rank's num_tokens (num_tokens x num_ranks when all ranks have as many), \
+         or 0 to size the outputs from the notify step"
+    )]
+    RecvOverflow {
+        first_rank: u64,
+        needed: u64,
+        num_worst_tokens: u64,
+    },
+    /// The notify step's counts and routing disagree (found on the GPU; the call went by the
+    /// routing).
+    #[error(
+        "dispatch: num_tokens_per_rank[{rank}] = {given}, but is_token_in_rank sends {counted} \
+         tokens to rank {rank}: pass the num_tokens_per_rank and is_token_in_rank of one \
+         get_dispatch_layout call (this dispatch followed is_token_in_rank)"
+    )]
+    CountsMismatch { rank: u64, counted: u64, given: i64 },
     #[error(
         "rank {me}: {}",
         if *started {
@@ -85,6 +108,22 @@ impl BufferError {
             what,
             message: message.into(),
         }
+    }
+
+    /// Whether this is a wrong argument (found by a plan, or recorded by a kernel), after which
+    /// the buffer stays usable; otherwise a kernel failed, a wait timed out, or the buffer is
+    /// gone. The first kind is what Python's `InvalidArgumentError` is for.
+    pub fn is_invalid_input(&self) -> bool {
+        matches!(
+            self,
+            Self::Invalid { .. }
+                | Self::BufferTooSmall { .. }
+                | Self::BadExpert { .. }
+                | Self::BadHandle { .. }
+                | Self::SlotsFull { .. }
+                | Self::RecvOverflow { .. }
+                | Self::CountsMismatch { .. }
+        )
     }
 
     /// A failed CUDA driver call, named by what it was doing: `.map_err(BufferError::cuda(..))`.

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use ch01_bootstrap::World;
 use ch04_collectives::LaunchSpec;
 use cudarc::driver::sys;
-use kernels::contract::NOTIFY_THREADS;
+use kernels::contract::{InputError, NOTIFY_THREADS};
 
 use crate::buffer::{NvshmemBuffer, arg};
 use crate::checks;
@@ -18,11 +18,17 @@ use crate::regions::{MAX_EXPERTS, row_ints};
 use crate::spec::BufferSpec;
 use crate::view::{ElemType, View};
 
-/// The notify step's inputs: the layout of this rank's tokens.
+/// The notify step's inputs: the layout of this rank's tokens (`get_dispatch_layout`'s).
 #[derive(Debug, Clone, Copy)]
 pub struct NotifyInputs {
+    /// [R] i32. Only compared, on the GPU, with what `is_token_in_rank` sends to each rank (a
+    /// difference is `BufferError::CountsMismatch` at the next check): the routing decides
+    /// every count the dispatch relies on.
     pub num_tokens_per_rank: View,
+    /// [E] i32: summed over ranks into the tokens per local expert the host gets back, and
+    /// used for nothing else.
     pub num_tokens_per_expert: View,
+    /// [N, R] bool: which ranks each token goes to.
     pub is_token_in_rank: View,
     pub expert_alignment: usize,
 }
@@ -60,6 +66,8 @@ pub struct NotifyPlan {
     pub rows: u64,
     pub row_bytes: usize,
     pub num_local_experts: usize,
+    /// Where `moe_notify_prepare` records num_tokens_per_rank that disagrees with the routing.
+    pub input_error: InputError,
 }
 
 // ANCHOR: plan_notify
@@ -127,6 +135,7 @@ pub fn plan_notify(
         rows,
         row_bytes: row_ints(n, num_experts, c) * 4,
         num_local_experts: num_experts / n,
+        input_error: spec.input_error,
     })
 }
 // ANCHOR_END: plan_notify
@@ -177,6 +186,7 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
                     arg(&p.inputs.num_tokens_per_expert.ptr),
                     arg(&p.outputs.channel_prefix_matrix.ptr),
                     arg(&p.my_row),
+                    arg(&p.input_error),
                 ],
             )
         }?;

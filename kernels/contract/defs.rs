@@ -60,6 +60,16 @@ contract! {
         /// `phases` of a low-latency launch: the send half, the receive half, or both (3).
         PHASE_SEND: i32 = 1 => "int";
         PHASE_RECV: i32 = 2 => "int";
+
+        // ---- chapter 5: RMA groups (PEs that reach each other only by NVSHMEM's RMA calls) ----
+        /// Most members of one RMA group: the nodes of a rail, or the PEs of a flat call.
+        MAX_GROUP: usize = 64 => "int";
+        /// Most blocks of one RMA launch: tickets are kept per block.
+        MAX_RMA_BLOCKS: usize = 32 => "int";
+        /// Steps of one RMA call that raise tickets of their own (reduce-scatter then all-gather).
+        RMA_STEPS: usize = 2 => "int";
+        /// Threads per block of the RMA kernels (NVSHMEM's block-scoped puts copy with all of them).
+        RMA_THREADS: u32 = 512 => "int";
     }
 
     failures {
@@ -89,6 +99,16 @@ contract! {
         BadHandle = 12 => BAD_HANDLE;
         /// a low-latency expert got more than T tokens from one rank
         SlotsFull = 13 => SLOTS_FULL;
+        /// a rank received more tokens than its dispatch outputs hold (num_worst_tokens too small)
+        RecvOverflow = 14 => RECV_OVERFLOW;
+        /// num_tokens_per_rank disagreed with the tokens is_token_in_rank sends
+        CountsMismatch = 15 => COUNTS_MISMATCH;
+        /// a PE of another node never entered the call (chapter 5's RMA groups)
+        RemoteReady = 20 => WAIT_REMOTE_READY;
+        /// a PE of another node entered the call but its data never arrived
+        RemoteData = 21 => WAIT_REMOTE_DATA;
+        /// a PE would send one node more all-to-all-v rows than the receiver's slot holds
+        SlotOverflow = 22 => SLOT_OVERFLOW;
     }
 
     /// The communicator as every chapter-4 kernel receives it (by value, first argument).
@@ -176,6 +196,8 @@ contract! {
         sent: u64 => "uint64_t*",
         /// local [MAX_CHANNELS][MAX_PES]
         received: u64 => "uint64_t*",
+        /// where a handle that delivers more than num_recv_rows rows is recorded (RECV_OVERFLOW)
+        bad_input: InputError => "InputError",
         slot: DispatchSlot => "DispatchSlot",
         num_tokens: i32 => "int",
         num_experts: i32 => "int",
@@ -210,12 +232,16 @@ contract! {
         heads: u64 => "uint64_t*",
         sent: u64 => "uint64_t*",
         received: u64 => "uint64_t*",
+        /// where a handle that delivered more than num_recv_rows rows is recorded (RECV_OVERFLOW)
+        bad_input: InputError => "InputError",
         num_tokens: i32 => "int",
         hidden_bytes: i32 => "int",
         num_topk: i32 => "int",
         num_channels: i32 => "int",
         ring_tokens: i32 => "int",
         slot_bytes: i32 => "int",
+        /// rows of x and topk_weights: rows past them are never read
+        num_recv_rows: i32 => "int",
     }
 
     /// Per-rank device state of low-latency mode (local memory, zeroed at creation).
@@ -293,5 +319,32 @@ contract! {
         num_topk: i32 => "int",
         num_experts: i32 => "int",
         max_tokens: i32 => "int",
+    }
+
+    /// A group of PEs that reach each other through NVSHMEM's RMA calls only (chapter 5: the
+    /// PEs of a rail, one per node, or every PE for the flat algorithms): member i is world PE
+    /// start + i x stride. Every chapter-5 kernel that crosses nodes receives it by value.
+    struct RmaWorkspace {
+        /// local device [STATE_WORDS] u64: failed at STATE_FAILED, epochs per block slot from STATE_EPOCHS
+        state: u64 => "uint64_t*",
+        /// host-mapped [FAILURE_WORDS] u64: the failure record, naming world PEs
+        error: u64 => "uint64_t*",
+        /// symmetric [MAX_GROUP] u64: ready[i] = the calls member i entered (signal adds)
+        ready: u64 => "uint64_t*",
+        /// symmetric [RMA_STEPS][MAX_GROUP][MAX_RMA_BLOCKS] u64: tickets, by step, sender and block
+        done: u64 => "uint64_t*",
+        /// symmetric [MAX_GROUP][MAX_GROUP] u64: all-to-all-v rows of counts, by sender then destination PE
+        counts: u64 => "uint64_t*",
+        /// symmetric [scratch_bytes]: where reduce-scatter parts and all-to-all-v rows land
+        scratch: u64 => "uint8_t*",
+        scratch_bytes: u64 => "uint64_t",
+        /// bound on every wait, in SM clock cycles
+        timeout_cycles: i64 => "long long",
+        /// member i is world PE start + i * stride
+        start: i32 => "int",
+        stride: i32 => "int",
+        size: i32 => "int",
+        /// this PE's member index
+        me: i32 => "int",
     }
 }

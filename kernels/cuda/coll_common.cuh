@@ -64,12 +64,16 @@ __device__ __forceinline__ T* peer(const Workspace& ws, T* ptr, int pe) {
 
 // ---- failure ----------------------------------------------------------------------------------
 
-__device__ __forceinline__ bool failed(const Workspace& ws) { return ld_volatile(ws.state + STATE_FAILED) != 0; }
+// `failed`, `record_failure` and `end_call` take a workspace with the local `state` and the
+// host-mapped `error` record: chapter 4's `Workspace` or chapter 5's `RmaWorkspace`.
+template <typename WS>
+__device__ __forceinline__ bool failed(const WS& ws) { return ld_volatile(ws.state + STATE_FAILED) != 0; }
 
 // First failure wins: it claims state[2] (device memory, where atomics are cheap), fills the
 // host-mapped record and raises its word 0 last, so a host that sees word 0 sees the rest.
-__device__ __noinline__ void record_failure(const Workspace& ws, Failure what, int pe, uint64_t expected,
-                                            uint64_t seen, uint64_t epoch) {
+template <typename WS>
+__device__ __forceinline__ void fill_failure_record(const WS& ws, Failure what, int pe, uint64_t expected,
+                                                    uint64_t seen, uint64_t epoch) {
     if (atomicCAS(reinterpret_cast<unsigned long long*>(ws.state + STATE_FAILED), 0ull, 1ull) != 0ull) return;
     volatile uint64_t* record = ws.error;
     record[1] = static_cast<uint64_t>(pe);
@@ -80,6 +84,16 @@ __device__ __noinline__ void record_failure(const Workspace& ws, Failure what, i
     record[6] = epoch;
     __threadfence_system();
     record[0] = 1;
+}
+
+// Out of line, once per workspace type: chapter 4's and chapter 5's (`RmaWorkspace`).
+__device__ __noinline__ void record_failure(const Workspace& ws, Failure what, int pe, uint64_t expected,
+                                            uint64_t seen, uint64_t epoch) {
+    fill_failure_record(ws, what, pe, expected, seen, epoch);
+}
+__device__ __noinline__ void record_failure(const RmaWorkspace& ws, Failure what, int pe, uint64_t expected,
+                                            uint64_t seen, uint64_t epoch) {
+    fill_failure_record(ws, what, pe, expected, seen, epoch);
 }
 
 // ANCHOR: wait_at_least
@@ -122,7 +136,8 @@ __device__ __forceinline__ uint64_t begin_call(const Workspace& ws) {
 // Block b advances the epoch in slots b, b + grid, b + 2 grid, ...: every slot once per call.
 // Slot b is written by block b alone in this launch, after it read it in begin_call, so no
 // block of this launch sees the new value; later launches read it after this one's end.
-__device__ __forceinline__ void end_call(const Workspace& ws, uint64_t epoch) {
+template <typename WS>
+__device__ __forceinline__ void end_call(const WS& ws, uint64_t epoch) {
     for (unsigned slot = blockIdx.x + threadIdx.x * gridDim.x; slot < MAX_BLOCKS; slot += blockDim.x * gridDim.x)
         ws.state[STATE_EPOCHS + slot] = epoch;
 }

@@ -87,11 +87,7 @@ impl From<SymmetricError> for Error {
 impl From<BufferError> for Error {
     fn from(e: BufferError) -> Self {
         match e {
-            BufferError::Invalid { .. }
-            | BufferError::BufferTooSmall { .. }
-            | BufferError::BadExpert { .. }
-            | BufferError::BadHandle { .. }
-            | BufferError::SlotsFull { .. } => Error::Invalid(e.to_string()),
+            e if e.is_invalid_input() => Error::Invalid(e.to_string()),
             BufferError::Coll(e) => e.into(),
             other => Error::Failed(other.to_string()),
         }

@@ -9,9 +9,11 @@
 //! top-k and the notify step; then bf16 and fp8 with the cached handle), combine (with
 //! weights and a bias), 200 dispatch and combine pairs in a row with new routing and no
 //! cleanup, then mistakes a live buffer refuses (src/bad_inputs.rs has the whole table, on
-//! the CPU). Outputs are poisoned before every call. Every result is checked against a host
-//! reference built from every rank's inputs (each rank can rebuild every other's from the
-//! shared seed). Ends `N passed, M failed`.
+//! the CPU) and the guards only the GPU can make (ch07-buffer/guards.rs, on the raw layer: a
+//! num_worst_tokens below what arrives, counts that disagree with the routing). Outputs are
+//! poisoned before every call. Every result is checked against a host reference built from
+//! every rank's inputs (each rank can rebuild every other's from the shared seed). Ends
+//! `N passed, M failed`.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -27,6 +29,8 @@ use nvshmem_tutorial::{
 };
 use rand::{SeedableRng, rngs::StdRng};
 
+#[path = "ch07-buffer/guards.rs"]
+mod guards;
 #[path = "shared/routing.rs"]
 mod routing;
 #[path = "shared/soak.rs"]
@@ -156,6 +160,7 @@ fn run() -> Result<bool, AnyError> {
         soak::create_destroy(&world, count, options, &mut tally)?;
     }
     check_mistakes(&mut buffer, &mut tally)?;
+    guards::check_device_guards(&mut buffer, &mut tally, &config, seed)?;
     Ok(tally.finish(&world)?)
 }
 

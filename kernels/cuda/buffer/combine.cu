@@ -45,6 +45,14 @@ __device__ __forceinline__ void add_rows(float (&acc)[UNROLL][BF16_PER_VECTOR], 
     }
 }
 
+// A row the handle names but x does not have (x holds num_recv_rows rows, and the dispatch
+// that made the handle received more; check_recv_rows records it): its slot goes out as zeros,
+// row and weights, so the token's owner sums nothing for it rather than a stale slot. Not
+// inlined: a path no correct call takes stays out of the copy loop's registers.
+static __device__ __noinline__ void warp_zero_slot(uint8_t* slot, int slot_bytes, int lane) {
+    for (int i = lane; i < slot_bytes / VECTOR_BYTES; i += WARP_SIZE) reinterpret_cast<uint4*>(slot)[i] = make_uint4(0, 0, 0, 0);
+}
+
 // ANCHOR: gather_send
 // Combine, sender side of channel c to PE s (the tokens' owner): push, in received order, the
 // rows s delivered to us in channel c, with their top-k weights.
@@ -59,6 +67,7 @@ __device__ void gather_send(const Workspace& ws, const GatherArgs& a, uint64_t e
     bool alive = lane != 0 || wait_counter(ws, ws.ready + s, epoch, WAIT_READY, s, epoch);
     alive = __shfl_sync(ALL_LANES, alive, 0);
     const int full_window = min(COMBINE_WINDOW, a.ring_tokens);
+    const int stored = max(0, min(count, a.num_recv_rows - first));  // rows past x's: check_recv_rows
     for (int w0 = 0; w0 < count; w0 += full_window) {
         const int window = min(full_window, count - w0);
         const uint64_t pos = base + w0;
@@ -69,6 +78,10 @@ __device__ void gather_send(const Workspace& ws, const GatherArgs& a, uint64_t e
         for (int j = g.member; alive && j < window; j += g.size) {
             const int64_t r = first + w0 + j;
             uint8_t* slot = ring + int64_t((pos + j) % a.ring_tokens) * a.slot_bytes;
+            if (w0 + j >= stored) {
+                warp_zero_slot(slot, a.slot_bytes, lane);
+                continue;
+            }
             warp_copy<false, 4>(slot, a.x + r * a.hidden_bytes, a.hidden_bytes, lane);
             if (lane < a.num_topk) {
                 reinterpret_cast<float*>(slot + weights_at)[lane] =
@@ -99,6 +112,7 @@ __device__ __forceinline__ int gather_rows(const Workspace& ws, const GatherArgs
         if (k < 0) continue;
         if (p == me) {
             const int64_t r = self_first + k;
+            if (r >= a.num_recv_rows) continue;  // no such row: check_recv_rows records it
             rows[num_rows] = a.x + r * a.hidden_bytes;
             weights[num_rows++] = a.topk_weights != nullptr ? a.topk_weights + r * a.num_topk : nullptr;
             continue;
@@ -200,6 +214,7 @@ extern "C" __global__ void __launch_bounds__(CHANNEL_THREADS) moe_gather(const _
         const PeerGroup g(ws.n_pes, ws.my_pe);  // the owner reads our own rows in place
         if (g.active()) gather_send(ws, a, epoch, c, g);
     } else {
+        if (c == 0 && threadIdx.x == 0) check_recv_rows(a.bad_input, a.rank_prefix_matrix, ws.n_pes, ws.my_pe, a.num_recv_rows);
         gather_receive(ws, a, epoch, c);
     }
     end_call(ws, epoch);

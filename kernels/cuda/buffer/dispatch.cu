@@ -149,6 +149,7 @@ __device__ void scatter_send(const Workspace& ws, const ScatterArgs& a, uint64_t
         for (int j = g.member; alive && j < count; j += g.size) {
             const int token = w0 + __fns(mask, 0, j + 1);  // the j-th selected token of the window
             const uint64_t k = pos + j;
+            if (to_self && self_first + int64_t(k - base) >= a.num_recv_rows) continue;  // check_recv_rows records it
             const LaneMeta m = load_meta(a, token, d, n, lane);
             uint8_t* row;
             MetaDst dst;
@@ -198,7 +199,9 @@ __device__ void scatter_receive(const Workspace& ws, const ScatterArgs& a, uint6
         const uint64_t seen = seen_tail[s];
         const bool alive = !(seen & TAIL_GAVE_UP);
         const uint64_t new_tail = seen & ~TAIL_GAVE_UP;
-        for (uint64_t k = head + g.member; alive && k < new_tail; k += g.size) {
+        // Slots whose rows lie past our outputs are consumed, not copied (check_recv_rows).
+        const uint64_t copy_end = min(new_tail, base + uint64_t(max(0, a.num_recv_rows - first)));
+        for (uint64_t k = head + g.member; alive && k < copy_end; k += g.size) {
             const uint8_t* slot = ring + int64_t(k % a.ring_tokens) * a.slot.bytes;
             const int64_t r = first + int64_t(k - base);
             const bool with_topk = a.recv_topk_idx != nullptr, with_scales = a.recv_x_scales != nullptr;
@@ -240,6 +243,7 @@ extern "C" __global__ void __launch_bounds__(CHANNEL_THREADS) moe_scatter(const 
         if (g.active()) scatter_send(ws, a, epoch, c, g);
     } else {
         const PeerGroup g(ws.n_pes, ws.my_pe);  // our own tokens were written by the sender
+        if (c == 0 && threadIdx.x == 0) check_recv_rows(a.bad_input, a.rank_prefix_matrix, ws.n_pes, ws.my_pe, a.num_recv_rows);
         if (g.active()) scatter_receive(ws, a, epoch, c, g);
         clear_unreceived_topk(ws, a, c);
     }

@@ -76,6 +76,20 @@ __device__ __forceinline__ void rows_from(const int* rank_prefix_matrix, const i
     *count = next - start;
 }
 
+// A handle that delivers more rows than the outputs hold (a dispatch with num_worst_tokens
+// below what arrives, and the combine with its handle): one thread records it; every row at or
+// past `num_recv_rows` is skipped, but its ring slot still moves, so the peers finish the call
+// and the rings stay in step. The record names the first source rank whose rows do not all fit,
+// the rows the handle delivers, and the rows there were.
+__device__ __forceinline__ void check_recv_rows(const InputError& e, const int* rank_prefix_matrix, int n, int me,
+                                                int num_recv_rows) {
+    const int received = rank_prefix_matrix[(n - 1) * n + me];
+    if (received <= num_recv_rows) return;
+    int src = 0;
+    while (src + 1 < n && rank_prefix_matrix[src * n + me] <= num_recv_rows) ++src;
+    record_input_error(e, RECV_OVERFLOW, src, received, num_recv_rows);
+}
+
 // Before filling a ring up to position `end`, the receiver's head must have reached
 // end - ring_tokens (counters are unsigned: nothing to wait for while end fits).
 __device__ __forceinline__ uint64_t space_needed(uint64_t end, int ring_tokens) {

@@ -4,16 +4,20 @@
 // counts into one row; chapter 4's all-gather (one LL traversal) gives every PE every row;
 // then each PE derives its own prefix sums locally.
 //
-// A row, int32: [num_tokens_per_rank: n_pes][num_tokens_per_expert: num_experts]
+// A row, int32: [tokens per rank: n_pes][num_tokens_per_expert: num_experts]
 //               [channel_prefix_matrix: n_pes x num_channels]
+// The routing, is_token_in_rank, is what dispatch sends, so everything the rings rely on (the
+// tokens per rank and per channel) is counted from it; the caller's num_tokens_per_rank is only
+// compared with those counts. A mismatch is an input error (COUNTS_MISMATCH): the step still
+// completes, with the counted numbers, and the host raises it at its next check.
 #include "moe.cuh"
 
 using namespace moe;
 
 // ANCHOR: notify_prepare
 // Block d counts, per channel, the tokens going to PE d and writes the inclusive prefix
-// (channel_prefix_matrix[d][c], handle element 1) and the row. Block 0 also copies the
-// layout counts into the row.
+// (channel_prefix_matrix[d][c], handle element 1) and the row, its total included (checked
+// against num_tokens_per_rank[d]). Block 0 also copies the expert counts into the row.
 // is_token_in_rank: local bool [num_tokens, n]; num_tokens_per_rank: local int32 [n];
 // num_tokens_per_expert: local int32 [num_experts]; channel_prefix_matrix: local int32
 // [n, num_channels]; row: symmetric int32 [n + num_experts + n * num_channels].
@@ -21,7 +25,8 @@ extern "C" __global__ void __launch_bounds__(NOTIFY_THREADS) moe_notify_prepare(
                                                                                 int n, int num_channels, int num_experts,
                                                                                 const int* num_tokens_per_rank,
                                                                                 const int* num_tokens_per_expert,
-                                                                                int* channel_prefix_matrix, int* row) {
+                                                                                int* channel_prefix_matrix, int* row,
+                                                                                InputError input_error) {
     __shared__ int per_channel[MAX_CHANNELS];
     const int dst = blockIdx.x;
     for (int c = threadIdx.x; c < num_channels; c += blockDim.x) per_channel[c] = 0;
@@ -43,9 +48,11 @@ extern "C" __global__ void __launch_bounds__(NOTIFY_THREADS) moe_notify_prepare(
             channel_prefix_matrix[dst * num_channels + c] = sum;
             row_prefix[c] = sum;
         }
+        row[dst] = sum;
+        const int given = num_tokens_per_rank[dst];
+        if (given != sum) record_input_error(input_error, COUNTS_MISMATCH, dst, sum, uint64_t(int64_t(given)));
     }
     if (dst == 0) {
-        for (int i = threadIdx.x; i < n; i += blockDim.x) row[i] = num_tokens_per_rank[i];
         for (int i = threadIdx.x; i < num_experts; i += blockDim.x) row[n + i] = num_tokens_per_expert[i];
     }
 }
