@@ -439,15 +439,7 @@ fn check_team_call(
     input.copy_from_host(&inputs[me])?;
     out.fill_bytes(0xFF)?; // bf16 NaN, and no pattern byte run
     world.barrier_all()?;
-    team::enqueue_team(
-        world,
-        collective,
-        out,
-        input,
-        size,
-        0,
-        world.stream(),
-    )?;
+    team::enqueue_team(world, collective, out, input, size, 0, world.stream())?;
     world.barrier_all()?;
     let got = out.copy_to_host_range(0, call.out_bytes)?;
     let expected = team_reference(collective, &inputs, me, n, call.out_bytes);
