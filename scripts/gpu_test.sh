@@ -20,6 +20,9 @@
 #                    run at once (each on its share of the SMs, see scripts/fold_pes.sh), as
 #                    NVSHMEM's teams and collectives need; this script starts the MPS daemon
 #                    for them and stops it after. 0: folded PEs take turns on the GPU instead.
+# Chapter 5 runs once per virtual topology (NODE_SIZES below: N = 4 as 2 nodes of 2, N = 8 as
+# 2 nodes of 4 and 4 nodes of 2), logs <bin>-n<N>-g<G>.log, then across two torchrun agents on
+# this host (scripts/ch05_two_agents.sh).
 # The last line printed is "<P> passed, <F> failed" over all runs; the exit code is 0 only
 # when every run passed.
 set -euo pipefail
@@ -34,9 +37,24 @@ CHAPTER_BINS=(
   ch02-symmetric-memory
   ch03-put-get
   ch04-collectives
+  ch05-inter-node
   ch07-buffer
   ch08-low-latency
 )
+
+# The node sizes (NVSHMEM_TUTORIAL_NODE_PES) chapter 5 runs at N PEs: "-" is the default
+# (torchrun's node: one node of N). Other binaries run once, with the default.
+node_sizes() {
+  local bin=$1 n=$2
+  if [[ "$bin" != ch05-inter-node ]]; then echo -; return; fi
+  case $n in
+    1) echo - ;;
+    2) echo - 1 ;;
+    4) echo 2 ;;
+    8) echo 4 2 ;;
+    *) echo - ;;
+  esac
+}
 
 step() { printf '\n== gpu_test: %s\n' "$*"; }
 die() { printf 'gpu_test: error: %s\n' "$*" >&2; exit 1; }
@@ -120,8 +138,14 @@ for bin in "${bins[@]}"; do
     results+=("SKIP  $bin")
     continue
   fi
-  for n in "${nprocs[@]}"; do
+  for run in $(for n in "${nprocs[@]}"; do for g in $(node_sizes "$bin" "$n"); do echo "$n:$g"; done; done); do
+    n=${run%%:*} g=${run#*:}
     log="$LOG_DIR/$bin-n$n.log"
+    node_env=()
+    if [[ "$g" != - ]]; then
+      log="$LOG_DIR/$bin-n$n-g$g.log"
+      node_env=(env "NVSHMEM_TUTORIAL_NODE_PES=$g")
+    fi
     fold=()
     where="$n GPU(s)"
     if ((n > num_gpus)); then
@@ -133,11 +157,13 @@ for bin in "${bins[@]}"; do
     else
       mps_stop
     fi
-    step "$bin, $n PEs on $where -> $log"
+    label="$bin n=$n"
+    [[ "$g" == - ]] || label="$label (nodes of $g)"
+    step "$label, $n PEs on $where -> $log"
     rc=0
     started=$SECONDS
-    timeout --kill-after=30 "$timeout_s" "${torchrun[@]}" --standalone --nproc_per_node="$n" \
-      --no-python "${fold[@]}" "$BIN_DIR/$bin" 2>&1 | tee "$log" || rc=$?
+    timeout --kill-after=30 "$timeout_s" "${node_env[@]}" "${torchrun[@]}" --standalone \
+      --nproc_per_node="$n" --no-python "${fold[@]}" "$BIN_DIR/$bin" 2>&1 | tee "$log" || rc=$?
     took="$((SECONDS - started)) s"
     if ((${#fold[@]} > 0)); then
       took="$took; folded onto $num_gpus GPU(s)"
@@ -145,7 +171,7 @@ for bin in "${bins[@]}"; do
     fi
     if ((rc == 0)) && grep -Eq '^[0-9]+ passed, 0 failed' "$log"; then
       passed=$((passed + 1))
-      results+=("PASS  $bin n=$n ($took)")
+      results+=("PASS  $label ($took)")
     else
       failed=$((failed + 1))
       if ((rc == 0)); then
@@ -155,12 +181,35 @@ for bin in "${bins[@]}"; do
       else
         why="exit code $rc"
       fi
-      results+=("FAIL  $bin n=$n ($why; $took; log $log)")
+      results+=("FAIL  $label ($why; $took; log $log)")
     fi
   done
 done
 
 mps_stop
+
+# ---- chapter 5 across two torchrun agents on this host ---------------------------------------
+# Two agents (--nnodes=2, c10d rendezvous) of 1 and of 2 processes each, where they fit: their
+# nodes are virtual (NVSHMEM's node team spans the host), which chapter 1's placement check and
+# chapter 5's topology must accept.
+if [[ " ${bins[*]} " == *" ch05-inter-node "* && -x "$BIN_DIR/ch05-inter-node" ]]; then
+  for per_agent in 1 2; do
+    ((2 * per_agent <= num_gpus * pes_per_gpu)) || continue
+    log="$LOG_DIR/ch05-two-agents-x$per_agent.log"
+    step "ch05-inter-node across two torchrun agents of $per_agent process(es) -> $log"
+    rc=0
+    LOG_DIR="$LOG_DIR" BIN_DIR="$BIN_DIR" TORCHRUN="${torchrun[*]}" TWO_AGENTS_TIMEOUT_S="$timeout_s" \
+      GPU_TEST_MPS="$use_mps" scripts/ch05_two_agents.sh "$per_agent" 2>&1 | tee "$log" || rc=$?
+    if ((rc == 0)); then
+      passed=$((passed + 1))
+      results+=("PASS  ch05-inter-node two agents x $per_agent")
+    else
+      failed=$((failed + 1))
+      results+=("FAIL  ch05-inter-node two agents x $per_agent (exit code $rc; log $log)")
+    fi
+  done
+fi
+# ------------------------------------------------------------------------------------------
 
 # ---- GPU pytest (Python package under torchrun) -----------------------------------------
 # The nvshmem_tutorial package, installed or on PYTHONPATH (on the GPU machine: the wheel

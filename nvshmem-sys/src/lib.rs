@@ -145,6 +145,10 @@ host_api! {
     fn team_n_pes = "nvshmem_team_n_pes"(team: Team) -> c_int;
     /// Collective over `parent`: PEs start, start+stride, ... (size of them) form `new_team`.
     fn team_split_strided = "nvshmem_team_split_strided"(parent: Team, start: c_int, stride: c_int, size: c_int, config: *const TeamConfig, config_mask: c_long, new_team: *mut Team) -> c_int;
+    /// Collective over `parent`: a 2-D grid of `xrange` columns. Each PE gets the x-axis team
+    /// of its row (`xrange` consecutive PEs: a node) and the y-axis team of its column (PEs
+    /// `xrange` apart: a rail). Null configs with masks 0 take the defaults.
+    fn team_split_2d = "nvshmem_team_split_2d"(parent: Team, xrange: c_int, xaxis_config: *const TeamConfig, xaxis_mask: c_long, xaxis_team: *mut Team, yaxis_config: *const TeamConfig, yaxis_mask: c_long, yaxis_team: *mut Team) -> c_int;
     /// PE number `src_pe` of `src_team` as a PE number of `dest_team` (-1 if not a member).
     fn team_translate_pe = "nvshmem_team_translate_pe"(src_team: Team, src_pe: c_int, dest_team: Team) -> c_int;
     fn team_destroy = "nvshmem_team_destroy"(team: Team);

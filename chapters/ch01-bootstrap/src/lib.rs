@@ -12,10 +12,12 @@
 
 pub mod checks;
 pub mod launch_env;
+pub mod placement;
 pub mod rendezvous;
 pub mod world;
 
 pub use launch_env::{EnvError, LaunchEnv};
+pub use placement::{NvshmemPlace, Placement, check_placement};
 pub use rendezvous::{RendezvousConfig, RendezvousError};
 pub use world::{
     InitSpec, World, create_unique_id, load_library, probe_driver, share_unique_id, sm_share,

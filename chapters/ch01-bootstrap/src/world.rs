@@ -165,6 +165,15 @@ impl World {
     pub fn node_size(&self) -> usize {
         self.node_size
     }
+    /// NVSHMEM's account of this PE, for [`crate::check_placement`].
+    pub fn place(&self) -> crate::NvshmemPlace {
+        crate::NvshmemPlace {
+            my_pe: self.my_pe,
+            n_pes: self.n_pes,
+            node_pe: self.node_pe,
+            node_size: self.node_size,
+        }
+    }
     /// How many PEs share this PE's GPU, this one included: 1 unless PEs are folded onto
     /// fewer GPUs. Kernels whose blocks wait for each other's PEs must then leave room on the
     /// GPU for the other PEs' blocks (chapter 4, `Kernels`).

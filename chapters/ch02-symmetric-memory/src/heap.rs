@@ -57,18 +57,25 @@ pub(crate) fn describe_heap() -> String {
 }
 
 // ANCHOR: check_sizes
-/// Collective: `Err` on every PE unless every PE passes the same `num_bytes`.
-///
-/// Each PE writes its request into slot `my_pe` of a small table on every PE (one 8-byte put
-/// per peer), a barrier completes the puts, and then each PE reads the whole table locally.
-/// Every PE sees the same table, so every PE reaches the same verdict: an error on one PE
-/// and not another would leave the others waiting in the next collective.
+/// Collective: `Err` on every PE unless every PE passes the same `num_bytes`. Every PE reaches
+/// the same verdict: an error on one PE only would leave the others waiting in the next call.
 pub fn check_sizes_agree(world: &World, num_bytes: u64) -> Result<(), SymmetricError> {
-    let nvshmem = world.nvshmem();
-    let stream = world.stream();
-    let n_pes = world.n_pes();
-    // The table itself is the same size on every PE by construction.
-    // SAFETY: initialised; collective, identical size everywhere.
+    let sizes = exchange_u64(world, num_bytes)?;
+    if sizes.iter().all(|&s| s == sizes[0]) {
+        Ok(())
+    } else {
+        Err(SymmetricError::SizeMismatch {
+            sizes: sizes.into_iter().enumerate().collect(),
+        })
+    }
+}
+
+/// Collective: every PE's `value`, in PE order, on every PE. Each PE writes its value into
+/// slot `my_pe` of a small table on every PE (one 8-byte put per peer), a barrier completes
+/// the puts, and then each PE reads the whole table locally.
+pub fn exchange_u64(world: &World, value: u64) -> Result<Vec<u64>, SymmetricError> {
+    let (nvshmem, stream, n_pes) = (world.nvshmem(), world.stream(), world.n_pes());
+    // SAFETY: initialised; collective, identical size everywhere (n_pes x 8 bytes).
     let table = unsafe { (nvshmem.malloc)(n_pes * 8) } as u64;
     if table == 0 {
         return Err(SymmetricError::HeapExhausted {
@@ -78,38 +85,26 @@ pub fn check_sizes_agree(world: &World, num_bytes: u64) -> Result<(), SymmetricE
     }
     let result = (|| {
         let mine = stream
-            .clone_htod(&[num_bytes])
-            .map_err(SymmetricError::cuda("staging the size"))?;
+            .clone_htod(&[value])
+            .map_err(SymmetricError::cuda("staging the value"))?;
         let (mine_ptr, _sync) = cudarc::driver::DevicePtr::device_ptr(&mine, stream);
-        let slot = table + 8 * world.my_pe() as u64;
+        let (slot, cs) = (table + 8 * world.my_pe() as u64, stream.cu_stream() as _);
         for pe in 0..n_pes {
             // SAFETY: `slot` is symmetric, `mine_ptr` a live device pointer of 8 bytes.
-            unsafe {
-                (nvshmem.putmem_on_stream)(
-                    slot as *mut _,
-                    mine_ptr as *const _,
-                    8,
-                    pe as i32,
-                    stream.cu_stream() as _,
-                )
-            };
+            unsafe { (nvshmem.putmem_on_stream)(slot as _, mine_ptr as _, 8, pe as i32, cs) };
         }
         // SAFETY: collective; completes the puts above on every PE.
         unsafe { (nvshmem.barrier_all_on_stream)(stream.cu_stream() as _) };
-        let mut sizes = vec![0u64; n_pes];
+        let mut values = vec![0u64; n_pes];
         // SAFETY: `table` holds n_pes u64; synchronised before use.
-        unsafe { cudarc::driver::result::memcpy_dtoh_async(&mut sizes, table, stream.cu_stream()) }
-            .map_err(SymmetricError::cuda("reading the size table"))?;
+        unsafe {
+            cudarc::driver::result::memcpy_dtoh_async(&mut values, table, stream.cu_stream())
+        }
+        .map_err(SymmetricError::cuda("reading the table"))?;
         stream
             .synchronize()
             .map_err(SymmetricError::cuda("synchronising"))?;
-        if sizes.iter().all(|&s| s == sizes[0]) {
-            Ok(())
-        } else {
-            Err(SymmetricError::SizeMismatch {
-                sizes: sizes.into_iter().enumerate().collect(),
-            })
-        }
+        Ok(values)
     })();
     // SAFETY: collective free of the table; every PE reaches it (errors above are uniform
     // or are CUDA failures that end the job anyway).

@@ -19,7 +19,9 @@ use std::ops::Deref;
 use ch01_bootstrap::World;
 use cudarc::driver::{DeviceRepr, ValidAsZeroBits};
 
-pub use heap::{SYMMETRIC_SIZE_VAR, check_sizes_agree, configured_heap_bytes, parse_size};
+pub use heap::{
+    SYMMETRIC_SIZE_VAR, check_sizes_agree, configured_heap_bytes, exchange_u64, parse_size,
+};
 
 /// Everything that can go wrong with symmetric memory, caught on the host before any GPU
 /// work is enqueued.
