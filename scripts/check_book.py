@@ -48,9 +48,6 @@ HISTORY_ALLOWED = [
     r"\b(?:u|s|b|f)(?:8|16|32|64)x[0-9]+\b",  # vector type names
     r"\bv[0-9] *(?:[-+*/<>=!,;)\]]|\+=|$)",  # a variable named v0, v1 in a listing (v0 < n)
     r"uint[0-9]+_t v[0-9]\b",  # its declaration
-    # TODO(issue 26): comments in kernels/cuda/buffer/ that chapter 8's listings quote; that
-    # code is being reshaped by the code-shape issue, which should move these to the notes.
-    r"\(v9 in benchmarks/notes/buffer\.md\)",
     r"measured no faster in v5",
 ]
 
@@ -59,13 +56,7 @@ HISTORY_ALLOWED = [
 MAX_LISTING_LINES = 60
 # (file included, anchor) -> why it may be longer. Keep this list short: a listing shows the
 # lesson, not the harness, and a long one is split by adding anchors around its parts.
-LISTING_ALLOWED: Dict[Tuple[str, str], str] = {
-    # TODO(issue 26): the buffer's code is being reshaped (the code-shape issue); these
-    # listings are quoted from src/, src/bin/ and kernels/cuda/buffer/, which this book's
-    # maintainers do not edit. Split or shorten them by anchors there when that issue lands.
-    ("src/notify.rs", "notify"): "TODO(issue 26): the notify step's host code",
-    ("src/bin/ch07-buffer.rs", "round_trip"): "TODO(issue 26): chapter 7's Rust round trip is a test harness",
-}
+LISTING_ALLOWED: Dict[Tuple[str, str], str] = {}
 
 # ---- helpers --------------------------------------------------------------------------------
 

@@ -159,22 +159,38 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
     ) -> Result<Option<RecvCounts>, BufferError> {
         self.check()?;
         let p = plan_notify(&self.spec, config, inputs, outputs)?;
-        let kernel = |kernel, num_blocks| LaunchSpec {
-            kernel,
-            num_blocks,
-            threads_per_block: NOTIFY_THREADS,
-            shared_mem_bytes: 0,
-        };
         if wait {
             self.counts.write_i32(0, -1); // the kernel writes the total last: -1 = not yet
             // SAFETY: the caller vouches for the stream.
             unsafe { self.mark_started(stream) }?;
         }
-        // SAFETY (both launches): the kernels' parameters in order, from a checked plan; the
-        // caller vouches for the views and the stream.
+        // SAFETY: a checked plan; the caller vouches for the views and the stream.
+        unsafe { self.launch_notify_prepare(&p, stream) }?;
+        self.comm
+            .all_gather_raw(p.rows, p.my_row, p.row_bytes, None, stream)?;
+        // SAFETY: as above.
+        unsafe { self.launch_notify_finish(&p, stream) }?;
+        if !wait {
+            return Ok(None);
+        }
+        self.wait_for_counts(p.num_local_experts).map(Some)
+    }
+    // ANCHOR_END: notify
+
+    /// `moe_notify_prepare`, one block per destination rank: the kernel's parameters in
+    /// order.
+    ///
+    /// # Safety
+    /// `p` comes from `plan_notify`; its views and `stream` are live.
+    unsafe fn launch_notify_prepare(
+        &self,
+        p: &NotifyPlan,
+        stream: sys::CUstream,
+    ) -> Result<(), BufferError> {
+        // SAFETY: the caller's.
         unsafe {
             self.launch(
-                kernel("moe_notify_prepare", p.n_pes as u32),
+                notify_kernel("moe_notify_prepare", p.n_pes as u32),
                 stream,
                 &mut [
                     arg(&p.inputs.is_token_in_rank.ptr),
@@ -189,13 +205,23 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
                     arg(&p.input_error),
                 ],
             )
-        }?;
-        self.comm
-            .all_gather_raw(p.rows, p.my_row, p.row_bytes, None, stream)?;
+        }
+    }
+
+    /// `moe_notify_finish`, one block: the handle's prefix matrices and the host's counts.
+    ///
+    /// # Safety
+    /// As `launch_notify_prepare`.
+    unsafe fn launch_notify_finish(
+        &self,
+        p: &NotifyPlan,
+        stream: sys::CUstream,
+    ) -> Result<(), BufferError> {
         let counts = self.counts.device_ptr();
+        // SAFETY: the caller's.
         unsafe {
             self.launch(
-                kernel("moe_notify_finish", 1),
+                notify_kernel("moe_notify_finish", 1),
                 stream,
                 &mut [
                     arg(&p.rows),
@@ -209,13 +235,8 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
                     arg(&counts),
                 ],
             )
-        }?;
-        if !wait {
-            return Ok(None);
         }
-        self.wait_for_counts(p.num_local_experts).map(Some)
     }
-    // ANCHOR_END: notify
 
     /// Spins on the host-mapped total the notify kernel writes last. The bound counts from
     /// when the step's first kernel started (an event recorded before it), not from when it
@@ -262,5 +283,15 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
             }
             std::hint::spin_loop();
         }
+    }
+}
+
+/// A notify kernel's launch shape.
+fn notify_kernel(kernel: &'static str, num_blocks: u32) -> LaunchSpec {
+    LaunchSpec {
+        kernel,
+        num_blocks,
+        threads_per_block: NOTIFY_THREADS,
+        shared_mem_bytes: 0,
     }
 }

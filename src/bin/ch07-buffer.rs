@@ -164,7 +164,6 @@ fn run() -> Result<bool, AnyError> {
     Ok(tally.finish(&world)?)
 }
 
-// ANCHOR: round_trip
 /// Layout, dispatch (notify included), cached dispatch and combine for one routing, on the
 /// typed layer; every output checked against the host reference.
 fn check_round_trip(
@@ -180,6 +179,7 @@ fn check_round_trip(
     let num_tokens = mine.num_tokens;
     let num_experts = EXPERTS_PER_RANK * n;
 
+    // ANCHOR: round_trip
     let x = upload(&stream, &mine.x, num_tokens, HIDDEN)?;
     let topk_idx = upload(&stream, &mine.topk_idx, num_tokens, NUM_TOPK)?;
     let topk_weights = upload(&stream, &mine.topk_weights, num_tokens, NUM_TOPK)?;
@@ -206,6 +206,7 @@ fn check_round_trip(
         config,
     )?;
     buffer.check()?;
+    // ANCHOR_END: round_trip
 
     let expected_per_rank: Vec<i32> = (0..n)
         .map(|r| (0..num_tokens).filter(|&t| mine.goes_to(t, r)).count() as i32)
@@ -248,7 +249,6 @@ fn check_round_trip(
     });
     Ok(())
 }
-// ANCHOR_END: round_trip
 
 /// What rank `me` receives, in order: (source rank, token) from rank 0, then 1, ..., each
 /// in token order.

@@ -49,7 +49,7 @@
 //   the pattern of cooperative groups' grid sync and of DeepEP's per-expert finish counters.
 //   The blocks' fences are system-scoped, the conservative choice: GPU scope would do by the
 //   memory model (the blocks meet on this GPU and the release stores are cumulative), and
-//   measured no faster (v9 in benchmarks/notes/buffer.md).
+//   measured no faster (benchmarks/notes/buffer.md, "GPU-scope block fences").
 // - Slots are handed out by atomics on LlState::slots, in the order tokens reach them (as in
 //   DeepEP); the last block for a destination reads and zeroes its experts' counters in one
 //   atomicExch, which is also the reset for the next call.
