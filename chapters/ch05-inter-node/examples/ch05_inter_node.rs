@@ -454,6 +454,7 @@ fn check_device_errors(
         .expect_error(me, "bad splits", topo.check(), "'s in_splits are negative");
     drop(topo);
     let topo = Topology::from_env(world, config)?;
+    // ANCHOR: node_never_comes
     if topo.layout().num_nodes() > 1 {
         // Node 0's PEs meet in a rail barrier that node 1's PEs enter only later.
         if topo.layout().node_of(me) == 0 {
@@ -479,6 +480,7 @@ fn check_device_errors(
         );
         ch01_bootstrap::world::mark_broken();
     }
+    // ANCHOR_END: node_never_comes
     Ok(())
 }
 // ANCHOR_END: device_errors

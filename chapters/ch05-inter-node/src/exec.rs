@@ -482,6 +482,7 @@ impl<W: Deref<Target = World> + Clone> Topology<W> {
                 return Err(InterNodeError::invalid(collective, what));
             }
         };
+        // ANCHOR: team_enqueue
         if call.dtype == Some(DType::F32) {
             return Err(InterNodeError::invalid(
                 collective,
@@ -493,6 +494,7 @@ impl<W: Deref<Target = World> + Clone> Topology<W> {
         // SAFETY: symmetric addresses checked by `prepare` (or the topology's stages) holding
         // the bytes the plan's extents say; a team of this PE; the caller's stream.
         Ok(unsafe { enqueue_on_team(self.world(), team, &team_call, out, input, root, stream) }?)
+        // ANCHOR_END: team_enqueue
     }
     // ANCHOR_END: team_step
 

@@ -59,6 +59,7 @@ impl Model {
         &self.buffers[pe][&buf]
     }
 
+    // ANCHOR: model_run
     /// Runs PE p's `plans[p]`, every group step once all its members reached it.
     pub fn run<T: Element>(&mut self, plans: &[Vec<Step>]) {
         let n = self.layout.n_pes;
@@ -90,6 +91,7 @@ impl Model {
             );
         }
     }
+    // ANCHOR_END: model_run
 
     fn group(&self, pe: usize, scope: Scope) -> Vec<usize> {
         match scope {

@@ -19,6 +19,7 @@ pub enum Buf {
     StageB,
 }
 
+// ANCHOR: scope
 /// Who takes part in a step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scope {
@@ -29,6 +30,7 @@ pub enum Scope {
     /// This PE alone.
     Local,
 }
+// ANCHOR_END: scope
 
 // ANCHOR: step
 /// One step of a plan. Counts are elements of the call's type, sizes bytes.
@@ -351,6 +353,7 @@ pub fn all_reduce(layout: &Layout, count: usize, elem: usize) -> Plan {
                 num_bytes: chunk * elem,
             },
         ]
+        // ANCHOR_END: plan_all_reduce
     } else {
         let chunk = count.div_ceil(g);
         let (bytes, padded) = (count * elem, g * chunk * elem);
@@ -389,7 +392,6 @@ pub fn all_reduce(layout: &Layout, count: usize, elem: usize) -> Plan {
     };
     Plan::new("all_reduce", layout, elem, steps)
 }
-// ANCHOR_END: plan_all_reduce
 
 // ANCHOR: plan_all_gather
 /// All-gather of `num_bytes` per PE: across the rail first (each PE gets the blocks of its
@@ -437,6 +439,7 @@ pub fn all_gather(layout: &Layout, num_bytes: usize) -> Plan {
 }
 // ANCHOR_END: plan_all_gather
 
+// ANCHOR: plan_reduce_scatter
 /// Reduce-scatter, `count` elements out per PE from `n_pes x count` in: permute the input so
 /// that each node PE's chunks (one per node) are contiguous, reduce-scatter them inside the
 /// node, then reduce-scatter across the rail.
@@ -480,7 +483,9 @@ pub fn reduce_scatter(layout: &Layout, count: usize, elem: usize) -> Plan {
     };
     Plan::new("reduce_scatter", layout, elem, steps)
 }
+// ANCHOR_END: plan_reduce_scatter
 
+// ANCHOR: plan_broadcast
 /// Broadcast from world PE `root`: across the root's rail (one put per node), then inside
 /// every node from the PE of that rail. The PEs of the other rails skip the first step.
 pub fn broadcast(layout: &Layout, me: usize, num_bytes: usize, root: usize) -> Plan {
@@ -523,6 +528,7 @@ pub fn broadcast(layout: &Layout, me: usize, num_bytes: usize, root: usize) -> P
     };
     Plan::new("broadcast", layout, 1, steps)
 }
+// ANCHOR_END: plan_broadcast
 
 /// All-to-all-v of rows of `row_bytes`: each PE's rows for a node cross once, to its rail
 /// partner there, which forwards them inside the node. The counts are on the device.

@@ -122,6 +122,7 @@ mod tests {
             .join("\n")
     }
 
+    // ANCHOR: kernels_never_name_a_peer_pointer
     #[test]
     fn the_cross_node_kernels_never_name_a_peer_pointer() {
         let sources = [
@@ -154,4 +155,5 @@ mod tests {
         let rma_workspace = &header[start..start + header[start..].find("};").unwrap()];
         assert!(!rma_workspace.contains("peer"), "{rma_workspace}");
     }
+    // ANCHOR_END: kernels_never_name_a_peer_pointer
 }
