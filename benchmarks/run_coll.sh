@@ -43,3 +43,29 @@ run benchmarks/coll_bench.py --peers torch_nvshmem "$work/vdev.csv"
 run benchmarks/coll_bench.py --peers ours "$work/ours_python.csv"
 inputs+=("$work/peers.csv" "$work/vdev.csv" "$work/ours_python.csv")
 python3 benchmarks/plot_coll.py "$out_dir/coll_${gpu}_${n}gpu.csv" "${inputs[@]}"
+
+# Chapter 5 (ch05-hier-bench, when built): every collective hierarchical and flat, and the
+# hierarchical plans on NVSHMEM's node and rail teams, on each topology of N PEs: one node of
+# N, and virtual nodes of every smaller divisor G (NVSHMEM_TUTORIAL_NODE_PES). On one host the
+# "cross-node" steps run over NVLink: these rows compare algorithms, not networks. Each run's
+# CSV keeps its own header (layout, GPU, date); they go one after the other into
+# hier_<gpu>_<N>gpu.csv.
+if [[ -x "$BIN_DIR/ch05-hier-bench" ]]; then
+  hier_out="$out_dir/hier_${gpu}_${n}gpu.csv"
+  : >"$hier_out"
+  for ((g = n; g >= 1; g--)); do
+    ((n % g == 0)) || continue
+    for peer in ours nvshmem; do
+      csv="$work/hier_${peer}_g$g.csv"
+      flags=()
+      [[ "$peer" == nvshmem ]] && flags=(--nvshmem)
+      if NVSHMEM_DISABLE_NCCL=1 NVSHMEM_TUTORIAL_NODE_PES=$g run --no-python \
+        "$BIN_DIR/ch05-hier-bench" "${flags[@]}" "$csv"; then
+        cat "$csv" >>"$hier_out"
+      else
+        echo "run_coll: warning: ch05-hier-bench ($peer, nodes of $g) failed (above)" >&2
+      fi
+    done
+  done
+  echo "run_coll: chapter 5 rows in $hier_out"
+fi

@@ -14,7 +14,8 @@
 //!
 //! Writes PE 0's rows (`collective,method,layout,timing,n_pes,node_pes,num_bytes,us,busbw_gb_per_s`)
 //! to OUT_CSV (default `hier_ours.csv` or `hier_nvshmem.csv`); `benchmarks/run_coll.sh` runs it
-//! for each layout. On one host the "cross-node" steps run over NVLink, and with several PEs on
+//! for one node of N and for virtual nodes of every smaller divisor of N, ours and --nvshmem,
+//! into `hier_<gpu>_<N>gpu.csv`. On one host the "cross-node" steps run over NVLink, and with several PEs on
 //! one GPU (folded) nothing here is speed: the CSV says which, and the book quotes only runs of
 //! record.
 

@@ -200,9 +200,9 @@ impl<W: Deref<Target = World> + Clone> Topology<W> {
         self.node.check()?;
         let (ws, rail) = (self.node.workspace(), self.rail.workspace());
         let (row_bytes, out_rows) = (row_bytes as u64, out_rows as u64);
-        let blocks = (out_rows * row_bytes)
-            .div_ceil(16 << 10)
-            .clamp(1, u64::from(self.num_sms)) as u32;
+        // Every node PE must launch the same grid (tickets are matched block by block), and
+        // out_rows is each PE's own: the grid is the job's share of a GPU, whatever the call.
+        let blocks = self.num_sms.max(1);
         let spec = LaunchSpec {
             kernel: "hier_a2av_forward",
             num_blocks: blocks,
@@ -403,7 +403,9 @@ impl<W: Deref<Target = World> + Clone> Topology<W> {
         call: &Call,
         stream: sys::CUstream,
     ) -> Result<(), InterNodeError> {
-        let blocks = rma_blocks(out_rows * row_bytes / group.team().size, self.num_sms);
+        // From in_rows, which every PE passes alike (prepare checks it), never out_rows (each
+        // PE's own): every member must launch the same grid.
+        let blocks = rma_blocks(in_rows * row_bytes / group.team().size, self.num_sms);
         let (row_bytes, in_rows, out_rows) = (row_bytes as u64, in_rows as u64, out_rows as u64);
         let (splits, counts) = (call.in_splits, call.out_splits_offsets);
         let mut args = [
