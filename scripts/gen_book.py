@@ -955,8 +955,7 @@ DEVICE_GUARDS: List[Dict[str, object]] = [
         "calls": "`low_latency_combine`",
         "when": "on the GPU: the rows it cannot place are skipped; raised by the next `check()` or call",
         "message": "pass the handle of the dispatch whose results x holds",
-        "tests": [("src/buffer.rs", "every_kind_reads_back_as_itself_and_input_kinds_leave_the_buffer_usable")],
-        "covers": "the record read back as this message; no test plants such a handle",
+        "tests": [("src/bin/ch08-low-latency/guards.rs", "check_bad_handle")],
     },
 ]
 

@@ -33,6 +33,7 @@ use rand::{SeedableRng, rngs::StdRng};
 mod cases;
 mod checks;
 mod device;
+mod guards;
 mod mistakes;
 #[path = "../shared/routing.rs"]
 mod routing;
@@ -112,6 +113,7 @@ fn run() -> Result<bool, AnyError> {
     });
 
     check_mistakes(&buffer, &mut tally)?;
+    guards::check_bad_handle(&mut buffer, &mut tally)?;
     // Nothing the refused calls did may show in the next call.
     let after = Case {
         name: "after the refused calls",
