@@ -35,8 +35,10 @@ Importing the package needs neither torch nor a GPU; the calls that do raise cle
 Where things are: ``_bootstrap`` (init, finalize, where this PE stands), ``_tensors``
 (symmetric tensors, peer views, freeing), ``_transfers`` (put/get, barrier, quiet),
 ``_signals`` (put_signal, signal_op, wait_signal), ``_collectives`` (chapter 4: all_reduce,
-reduce_scatter, all_gather, all_to_all, all_to_all_v, broadcast, sync_all); ``_checks`` and
-``_runtime`` hold what they share. The Rust side (python/src) is split the same way.
+reduce_scatter, all_gather, all_to_all, all_to_all_v, broadcast, sync_all), ``_inter_node``
+(chapter 5: the same collectives across nodes, ``inter_node_*``, each ``method="hierarchical"``,
+``"nvshmem_teams"`` or ``"flat"``, and ``inter_node_layout``); ``_checks`` and ``_runtime`` hold
+what they share. The Rust side (python/src) is split the same way.
 
 Freeing rule: ``nvshmem_free`` is collective, so a symmetric tensor whose last reference dies
 is only *released*; its memory is returned at the next collective point (``empty()``,
@@ -102,6 +104,18 @@ from ._collectives import (  # noqa: E402
     reduce_scatter,
     sync_all,
 )
+from ._inter_node import (  # noqa: E402
+    INTER_NODE_METHODS,
+    InterNodeLayout,
+    check_inter_node,
+    inter_node_all_gather,
+    inter_node_all_reduce,
+    inter_node_all_to_all,
+    inter_node_all_to_all_v,
+    inter_node_broadcast,
+    inter_node_layout,
+    inter_node_reduce_scatter,
+)
 from ._signals import put_signal, signal_op, wait_signal  # noqa: E402
 from ._tensors import (  # noqa: E402
     SUPPORTED_DTYPES,
@@ -118,6 +132,8 @@ __version__: str = _native.__version__
 __all__ = [
     "process_group_backend",
     "SUPPORTED_DTYPES",
+    "INTER_NODE_METHODS",
+    "InterNodeLayout",
     "InvalidArgumentError",
     "LibraryError",
     "NoDeviceError",
@@ -134,6 +150,7 @@ __all__ = [
     "barrier",
     "broadcast",
     "check_collectives",
+    "check_inter_node",
     "collect",
     "empty",
     "finalize",
@@ -141,6 +158,13 @@ __all__ = [
     "get_nbi",
     "heap_usage",
     "init",
+    "inter_node_all_gather",
+    "inter_node_all_reduce",
+    "inter_node_all_to_all",
+    "inter_node_all_to_all_v",
+    "inter_node_broadcast",
+    "inter_node_layout",
+    "inter_node_reduce_scatter",
     "is_initialized",
     "is_symmetric",
     "library_info",

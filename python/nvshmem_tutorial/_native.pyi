@@ -12,6 +12,10 @@ SIGNAL_CMPS: Tuple[str, ...]
 """Names wait_signal takes as ``cmp``: ("eq", "ne", "gt", "ge", "lt", "le")."""
 BUFFER_TIMEOUT_VAR: str
 """``"NVSHMEM_TUTORIAL_BUFFER_TIMEOUT_MS"``: the default bound on a Buffer's waits."""
+NODE_PES_VAR: str
+"""``"NVSHMEM_TUTORIAL_NODE_PES"``: cuts chapter 5's nodes into virtual nodes of that many PEs."""
+INTER_NODE_METHODS: Tuple[str, ...]
+"""Names the inter-node calls take as ``method``: ("hierarchical", "nvshmem_teams", "flat")."""
 
 class NvshmemError(RuntimeError): ...
 class NotInitializedError(NvshmemError): ...
@@ -86,6 +90,30 @@ def all_to_all_v(
     stream: int,
 ) -> None: ...
 def check_collectives() -> None: ...
+
+# ---- chapter 5: collectives across nodes (python/src/inter_node.rs) ----------------------------
+def inter_node_layout() -> Tuple[int, int, int, int, int]:
+    """(n_pes, node_pes, num_nodes, node, local): the live topology's, else the one the first
+    inter-node call would make now."""
+def _resolve_node_pes(env_value: Optional[str], local_world_size: Optional[int], nvshmem_node: int, n_pes: int) -> int:
+    """The node size Topology::from_env takes from these inputs (no NVSHMEM needed)."""
+def inter_node_all_reduce(out_ptr: int, in_ptr: int, count: int, dtype: str, method: str, stream: int) -> None: ...
+def inter_node_reduce_scatter(out_ptr: int, in_ptr: int, count: int, dtype: str, method: str, stream: int) -> None: ...
+def inter_node_all_gather(out_ptr: int, in_ptr: int, num_bytes: int, method: str, stream: int) -> None: ...
+def inter_node_broadcast(out_ptr: int, in_ptr: int, num_bytes: int, root: int, method: str, stream: int) -> None: ...
+def inter_node_all_to_all(out_ptr: int, in_ptr: int, num_bytes: int, method: str, stream: int) -> None: ...
+def inter_node_all_to_all_v(
+    out_ptr: int,
+    out_rows: int,
+    in_ptr: int,
+    in_rows: int,
+    row_bytes: int,
+    in_splits_ptr: int,
+    out_splits_offsets_ptr: int,
+    method: str,
+    stream: int,
+) -> None: ...
+def check_inter_node() -> None: ...
 
 # ---- chapters 7 and 8: the buffer (python/src/buffer.rs, config.rs, events.rs, low_latency.rs) --
 Tensor = Any  # a torch.Tensor on the buffer's GPU

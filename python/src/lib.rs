@@ -14,7 +14,8 @@
 //!
 //! One module per concern, like the Python package beside it: [`bootstrap`] (library, init,
 //! finalize), [`allocation`] (symmetric tensors and their checks), [`transfers`] (put/get,
-//! barrier, quiet), [`signals`] (the pairwise handshake), [`collectives`] (chapter 4);
+//! barrier, quiet), [`signals`] (the pairwise handshake), [`collectives`] (chapter 4),
+//! [`inter_node`] (chapter 5: the same collectives over nodes, three ways);
 //! [`state`], [`errors`] and [`dlpack`] hold what they share. Chapters 7-8, the buffer:
 //! [`buffer`] (`BufferCore`: every DeepEP call, one crossing each), [`normal`] and
 //! [`low_latency`] (each mode's arguments and outputs), [`torch`] (tensors in, outputs out),
@@ -34,6 +35,7 @@ mod config;
 mod dlpack;
 mod errors;
 mod events;
+mod inter_node;
 mod low_latency;
 mod normal;
 mod shared;
@@ -79,6 +81,12 @@ mod _native {
     #[pymodule_export]
     use crate::events::{Event, capture};
     #[pymodule_export]
+    use crate::inter_node::{
+        check_inter_node, inter_node_all_gather, inter_node_all_reduce, inter_node_all_to_all,
+        inter_node_all_to_all_v, inter_node_broadcast, inter_node_layout,
+        inter_node_reduce_scatter, resolve_node_pes,
+    };
+    #[pymodule_export]
     use crate::low_latency::ReceiveHook;
     #[pymodule_export]
     use crate::signals::{put_signal, signal_cmp_code, signal_op, signal_op_code, wait_signal};
@@ -92,9 +100,12 @@ mod _native {
     /// The variable that sets the default timeout of a `Buffer`'s waits.
     #[pymodule_export]
     const BUFFER_TIMEOUT_VAR: &str = crate::config::BUFFER_TIMEOUT_VAR;
+    /// The variable that cuts chapter 5's nodes smaller (virtual nodes).
+    #[pymodule_export]
+    const NODE_PES_VAR: &str = ch05_inter_node::NODE_PES_VAR;
 
-    /// The attributes that are not items: the version, and the names put_signal/signal_op
-    /// take as `op` and wait_signal as `cmp`, in table order.
+    /// The attributes that are not items: the version, the names put_signal/signal_op take
+    /// as `op` and wait_signal as `cmp`, and the inter-node calls as `method`, in table order.
     #[pymodule_init]
     fn add_attributes(m: &Bound<'_, PyModule>) -> PyResult<()> {
         let py = m.py();
@@ -103,6 +114,8 @@ mod _native {
         m.add("SIGNAL_OPS", PyTuple::new(py, op_names)?)?;
         let cmp_names = crate::signals::SIGNAL_CMPS.map(|(name, _)| name);
         m.add("SIGNAL_CMPS", PyTuple::new(py, cmp_names)?)?;
+        let method_names = crate::inter_node::METHODS.map(|(name, _)| name);
+        m.add("INTER_NODE_METHODS", PyTuple::new(py, method_names)?)?;
         Ok(())
     }
 }

@@ -79,6 +79,9 @@ pub struct State {
     /// Chapter 4's collectives, made at the first collective call (which every PE makes at
     /// the same point of its program, so the communicator's collective allocation lines up).
     pub collectives: Option<ch04_collectives::Communicator<Arc<World>>>,
+    /// Chapter 5's topology (nodes, teams, RMA groups, stages), made at the first inter-node
+    /// collective call, at the same point of every PE's program, like `collectives`.
+    pub inter_node: Option<ch05_inter_node::Topology<Arc<World>>>,
     /// Live allocations by id. Ids only grow, so key order is allocation order: the order
     /// every PE made them in, and the order in which they must be freed.
     pub allocations: BTreeMap<u64, Allocation>,
@@ -137,6 +140,7 @@ pub fn install(init: impl FnOnce() -> Result<World, Error>) -> Result<(), Error>
     *guard = Some(State {
         world: Arc::new(init()?),
         collectives: None,
+        inter_node: None,
         allocations: BTreeMap::new(),
         owned: BTreeMap::new(),
     });
@@ -329,9 +333,11 @@ pub fn finalize() -> Result<usize, Error> {
     let ctx = state.world.context().clone();
     let _ = ctx.bind_to_thread();
     let synced = ctx.synchronize();
-    // The communicator was allocated after some tensors and before others; freeing it first
-    // is still the same order on every PE, which is all nvshmem_free needs.
+    // The communicator and the topology were allocated after some tensors and before others;
+    // freeing them first is still the same order on every PE, which is all nvshmem_free needs
+    // (the topology's teams are destroyed with it, collectively too).
     drop(state.collectives.take());
+    drop(state.inter_node.take());
     // Allocation order on every PE: pop from the front of the ordered map (the buffers'
     // memory last: the same order on every PE too).
     while let Some((_, allocation)) = state.allocations.pop_first() {

@@ -1,0 +1,385 @@
+//! Chapter 5's collectives for Python: one `Topology` per process (made by the first call,
+//! from the environment as the Rust chapter makes it), each call validated here against the
+//! live allocations, then handed to the chapter's checked raw API on the caller's stream with
+//! the `Method` the caller named.
+
+use std::sync::Arc;
+
+use ch01_bootstrap::World;
+use ch04_collectives::DType;
+use ch05_inter_node::{InterNodeConfig, InterNodeError, Layout, Method, NODE_PES_VAR, Topology};
+use nvshmem_tutorial::put_get::PutGetError;
+use pyo3::prelude::*;
+
+use crate::errors::Error;
+use crate::state::{self, State};
+use crate::transfers::stream_handle;
+
+/// The names Python passes as `method`, in `Method::ALL`'s order.
+pub const METHODS: [(&str, Method); 3] = [
+    ("hierarchical", Method::Hierarchical),
+    ("nvshmem_teams", Method::NvshmemTeams),
+    ("flat", Method::Flat),
+];
+
+/// Bad input (a call that cannot run, a topology the environment cannot make) is an
+/// `InvalidArgumentError`; a team split, a kernel or the device failing is an `NvshmemError`.
+impl From<InterNodeError> for Error {
+    fn from(e: InterNodeError) -> Self {
+        match e {
+            InterNodeError::Coll(e) => e.into(),
+            InterNodeError::Bootstrap(e) => Error::Bootstrap(e),
+            InterNodeError::Symmetric(e) | InterNodeError::PutGet(PutGetError::Symmetric(e)) => {
+                Error::Symmetric(e)
+            }
+            e @ (InterNodeError::InvalidArgument { .. }
+            | InterNodeError::TooLarge { .. }
+            | InterNodeError::Topology(_)
+            | InterNodeError::PutGet(PutGetError::RangeNotSymmetric { .. })) => {
+                Error::Invalid(e.to_string())
+            }
+            other => Error::Failed(other.to_string()),
+        }
+    }
+}
+
+fn parse_method(name: &str) -> Result<Method, Error> {
+    METHODS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|&(_, method)| method)
+        .ok_or_else(|| {
+            let names: Vec<String> = METHODS.iter().map(|(n, _)| format!("{n:?}")).collect();
+            Error::Invalid(format!(
+                "unknown method {name:?}: use one of {}",
+                names.join(", ")
+            ))
+        })
+}
+
+fn parse_dtype(what: &str, name: &str) -> Result<DType, Error> {
+    match name {
+        "bfloat16" => Ok(DType::Bf16),
+        "float32" => Ok(DType::F32),
+        other => Err(Error::Invalid(format!(
+            "{what} takes torch.bfloat16 or torch.float32 tensors (summed in fp32), not {other}"
+        ))),
+    }
+}
+
+/// NVSHMEM's team collectives reduce bf16 only (chapter 4's team call): refused here, before
+/// any step of the plan is enqueued.
+fn check_team_dtype(what: &str, method: Method, dtype: DType) -> Result<(), Error> {
+    if method == Method::NvshmemTeams && dtype == DType::F32 {
+        return Err(Error::Invalid(format!(
+            "{what}: method \"nvshmem_teams\" reduces torch.bfloat16 only (NVSHMEM's team \
+             reductions, as chapter 4's baseline); use \"hierarchical\" or \"flat\" for float32"
+        )));
+    }
+    Ok(())
+}
+
+/// NVSHMEM has no team all-to-all(-v): refused here, whatever the size.
+fn check_team_exchange(what: &str, method: Method) -> Result<(), Error> {
+    if method == Method::NvshmemTeams {
+        return Err(Error::Invalid(format!(
+            "{what}: method \"nvshmem_teams\" has no all-to-all (NVSHMEM has no team \
+             all-to-all-v); use \"hierarchical\" or \"flat\""
+        )));
+    }
+    Ok(())
+}
+
+/// `Err` when the output and input byte ranges overlap: peers write the output while this PE
+/// may still read its input. `in_place` allows them to be the same range exactly.
+fn check_disjoint(what: &str, ranges: [(u64, usize); 2], in_place: bool) -> Result<(), Error> {
+    let [(o, o_len), (i, i_len)] = ranges;
+    if in_place && ranges[0] == ranges[1] {
+        return Ok(());
+    }
+    let (o_end, i_end) = (
+        o.saturating_add(o_len as u64),
+        i.saturating_add(i_len as u64),
+    );
+    if o_len == 0 || i_len == 0 || o_end <= i || i_end <= o {
+        return Ok(());
+    }
+    let allowed = match in_place {
+        true => " (output may be input itself, not a part of it)",
+        false => "",
+    };
+    Err(Error::Invalid(format!(
+        "{what}: output (bytes {o:#x}..{o_end:#x}) and input (bytes {i:#x}..{i_end:#x}) \
+         overlap; pass distinct tensors{allowed}"
+    )))
+}
+
+/// The layout the topology has, or (none made yet) the one it would be made with now: G from
+/// the environment, as `Topology::from_env` reads it.
+fn current_layout(s: &State) -> Result<Layout, Error> {
+    if let Some(topology) = &s.inter_node {
+        return Ok(*topology.layout());
+    }
+    let env = std::env::var(NODE_PES_VAR).ok();
+    let torchrun_node = std::env::var("LOCAL_WORLD_SIZE")
+        .ok()
+        .and_then(|v| v.trim().parse().ok());
+    let w = &s.world;
+    let node_pes =
+        ch05_inter_node::resolve_node_pes(env.as_deref(), torchrun_node, w.node_size(), w.n_pes())?;
+    Ok(Layout::new(w.n_pes(), node_pes)?)
+}
+
+/// Runs `call` with the process's topology, making it first if this is the first call. `ranges`
+/// gets the job's PE count and returns the (output, input) byte ranges, each checked against
+/// the live allocations before anything is made or enqueued.
+fn with_topology(
+    py: Python<'_>,
+    what: &'static str,
+    ranges: impl FnOnce(usize) -> Result<[(u64, usize); 2], Error> + Send,
+    call: impl FnOnce(&Topology<Arc<World>>, &State) -> Result<(), Error> + Send,
+) -> PyResult<()> {
+    state::with_state_detached(py, what, move |s: &mut State| {
+        for (ptr, num_bytes) in ranges(s.world.n_pes())? {
+            if num_bytes > 0 {
+                s.locate(ptr, num_bytes)?;
+            }
+        }
+        s.bind()?;
+        if s.inter_node.is_none() {
+            s.inter_node = Some(Topology::from_env(
+                s.world.clone(),
+                InterNodeConfig::default(),
+            )?);
+        }
+        let topology = s.inter_node.as_ref().expect("made above");
+        call(topology, s)
+    })
+}
+
+/// (n_pes, node_pes, num_nodes, node, local): the job as nodes of node_pes PEs, and this PE's
+/// node and local index in it. The live topology's, else the one the first collective call
+/// would make (from LOCAL_WORLD_SIZE, NVSHMEM's node team and NVSHMEM_TUTORIAL_NODE_PES); not
+/// collective.
+#[pyfunction]
+pub fn inter_node_layout(py: Python<'_>) -> PyResult<(usize, usize, usize, usize, usize)> {
+    state::with_state_detached(py, "inter_node_layout", |s| {
+        let layout = current_layout(s)?;
+        let me = s.world.my_pe();
+        Ok((
+            layout.n_pes,
+            layout.node_pes,
+            layout.num_nodes(),
+            layout.node_of(me),
+            layout.local_of(me),
+        ))
+    })
+}
+
+/// G for a job of `n_pes` PEs: `local_world_size` (torchrun's node) when given, else
+/// `nvshmem_node`; `env_value` (NVSHMEM_TUTORIAL_NODE_PES) must divide it. The rule
+/// `Topology::from_env` applies; needs no NVSHMEM.
+#[pyfunction]
+#[pyo3(name = "_resolve_node_pes")]
+pub fn resolve_node_pes(
+    env_value: Option<&str>,
+    local_world_size: Option<usize>,
+    nvshmem_node: usize,
+    n_pes: usize,
+) -> PyResult<usize> {
+    ch05_inter_node::resolve_node_pes(env_value, local_world_size, nvshmem_node, n_pes)
+        .map_err(|e| Error::from(e).into())
+}
+
+/// out[i] = the sum over PEs of input[i], `count` elements of `dtype`. Hierarchical and
+/// nvshmem_teams sum each node (local order), then the nodes (node order); flat sums in PE
+/// order. out_ptr, in_ptr: symmetric [count]; may be equal (in place).
+#[pyfunction]
+#[pyo3(signature = (out_ptr, in_ptr, count, dtype, method, stream))]
+pub fn inter_node_all_reduce(
+    py: Python<'_>,
+    out_ptr: u64,
+    in_ptr: u64,
+    count: usize,
+    dtype: &str,
+    method: &str,
+    stream: u64,
+) -> PyResult<()> {
+    let what = "all_reduce";
+    let (method, dtype) = (parse_method(method)?, parse_dtype(what, dtype)?);
+    check_team_dtype(what, method, dtype)?;
+    let bytes = count * dtype.size();
+    let ranges = [(out_ptr, bytes), (in_ptr, bytes)];
+    check_disjoint(what, ranges, true)?;
+    with_topology(
+        py,
+        "inter_node_all_reduce",
+        move |_| Ok(ranges),
+        move |t, _| {
+            let stream = stream_handle(stream) as _;
+            Ok(t.all_reduce_raw(method, out_ptr, in_ptr, count, dtype, stream)?)
+        },
+    )
+}
+
+/// out[i] = the sum over PEs of input[my_pe * count + i] (orders as all_reduce).
+/// out_ptr: symmetric [count]; in_ptr: symmetric [n_pes * count]; distinct.
+#[pyfunction]
+#[pyo3(signature = (out_ptr, in_ptr, count, dtype, method, stream))]
+pub fn inter_node_reduce_scatter(
+    py: Python<'_>,
+    out_ptr: u64,
+    in_ptr: u64,
+    count: usize,
+    dtype: &str,
+    method: &str,
+    stream: u64,
+) -> PyResult<()> {
+    let what = "reduce_scatter";
+    let (method, dtype) = (parse_method(method)?, parse_dtype(what, dtype)?);
+    check_team_dtype(what, method, dtype)?;
+    let bytes = count * dtype.size();
+    let ranges = move |n_pes| {
+        let ranges = [(out_ptr, bytes), (in_ptr, n_pes * bytes)];
+        check_disjoint(what, ranges, false).map(|()| ranges)
+    };
+    with_topology(py, "inter_node_reduce_scatter", ranges, move |t, _| {
+        let stream = stream_handle(stream) as _;
+        Ok(t.reduce_scatter_raw(method, out_ptr, in_ptr, count, dtype, stream)?)
+    })
+}
+
+/// Every PE's `num_bytes` at in_ptr into out_ptr + p * num_bytes on every PE.
+/// out_ptr: symmetric [n_pes * num_bytes]; in_ptr: symmetric [num_bytes]; distinct.
+#[pyfunction]
+pub fn inter_node_all_gather(
+    py: Python<'_>,
+    out_ptr: u64,
+    in_ptr: u64,
+    num_bytes: usize,
+    method: &str,
+    stream: u64,
+) -> PyResult<()> {
+    let method = parse_method(method)?;
+    let ranges = move |n_pes| {
+        let ranges = [(out_ptr, n_pes * num_bytes), (in_ptr, num_bytes)];
+        check_disjoint("all_gather", ranges, false).map(|()| ranges)
+    };
+    with_topology(py, "inter_node_all_gather", ranges, move |t, _| {
+        let stream = stream_handle(stream) as _;
+        Ok(t.all_gather_raw(method, out_ptr, in_ptr, num_bytes, stream)?)
+    })
+}
+
+/// `root`'s num_bytes at in_ptr into out_ptr on every PE. out_ptr, in_ptr: symmetric
+/// [num_bytes]; distinct.
+#[pyfunction]
+pub fn inter_node_broadcast(
+    py: Python<'_>,
+    out_ptr: u64,
+    in_ptr: u64,
+    num_bytes: usize,
+    root: i64,
+    method: &str,
+    stream: u64,
+) -> PyResult<()> {
+    let method = parse_method(method)?;
+    let ranges = [(out_ptr, num_bytes), (in_ptr, num_bytes)];
+    check_disjoint("broadcast", ranges, false)?;
+    with_topology(
+        py,
+        "inter_node_broadcast",
+        move |_| Ok(ranges),
+        move |t, s| {
+            let root = s.check_pe(root)?;
+            let stream = stream_handle(stream) as _;
+            Ok(t.broadcast_raw(method, out_ptr, in_ptr, num_bytes, root, stream)?)
+        },
+    )
+}
+
+/// Block q of in_ptr (num_bytes each) to PE q, landing at out_ptr + p * num_bytes for
+/// sender p. out_ptr, in_ptr: symmetric [n_pes * num_bytes]; distinct.
+#[pyfunction]
+pub fn inter_node_all_to_all(
+    py: Python<'_>,
+    out_ptr: u64,
+    in_ptr: u64,
+    num_bytes: usize,
+    method: &str,
+    stream: u64,
+) -> PyResult<()> {
+    let what = "all_to_all";
+    let method = parse_method(method)?;
+    check_team_exchange(what, method)?;
+    let ranges = move |n_pes| {
+        let ranges = [(out_ptr, n_pes * num_bytes), (in_ptr, n_pes * num_bytes)];
+        check_disjoint(what, ranges, false).map(|()| ranges)
+    };
+    with_topology(py, "inter_node_all_to_all", ranges, move |t, _| {
+        let stream = stream_handle(stream) as _;
+        Ok(t.all_to_all_raw(method, out_ptr, in_ptr, num_bytes, stream)?)
+    })
+}
+
+/// All-to-all-v over rows of row_bytes with counts only the device knows; hierarchical: each
+/// PE's rows for a node cross once and are forwarded inside it.
+/// out_ptr: symmetric [out_rows, row_bytes]; in_ptr: symmetric [in_rows, row_bytes];
+/// distinct; in_splits_ptr: device int64 [n_pes]; out_splits_offsets_ptr: device int64
+/// [2, n_pes] (both checked by the Python layer: CUDA int64 tensors of those shapes on this
+/// GPU).
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub fn inter_node_all_to_all_v(
+    py: Python<'_>,
+    out_ptr: u64,
+    out_rows: usize,
+    in_ptr: u64,
+    in_rows: usize,
+    row_bytes: usize,
+    in_splits_ptr: u64,
+    out_splits_offsets_ptr: u64,
+    method: &str,
+    stream: u64,
+) -> PyResult<()> {
+    let what = "all_to_all_v";
+    let method = parse_method(method)?;
+    check_team_exchange(what, method)?;
+    let ranges = [
+        (out_ptr, out_rows * row_bytes),
+        (in_ptr, in_rows * row_bytes),
+    ];
+    check_disjoint(what, ranges, false)?;
+    with_topology(
+        py,
+        "inter_node_all_to_all_v",
+        move |_| Ok(ranges),
+        move |t, _| {
+            // SAFETY: the Python layer checked both count tensors (device, int64, shapes).
+            Ok(unsafe {
+                t.all_to_all_v_raw(
+                    method,
+                    out_ptr,
+                    out_rows,
+                    in_ptr,
+                    in_rows,
+                    row_bytes,
+                    in_splits_ptr,
+                    out_splits_offsets_ptr,
+                    stream_handle(stream) as _,
+                )
+            }?)
+        },
+    )
+}
+
+/// Raises what a kernel of the topology recorded on the device (a wait across nodes that
+/// timed out, naming both PEs by node and local index; all-to-all-v counts that do not add
+/// up), if anything. Call after synchronising.
+#[pyfunction]
+pub fn check_inter_node(py: Python<'_>) -> PyResult<()> {
+    state::with_state_detached(py, "check_inter_node", |s| match &s.inter_node {
+        Some(t) => Ok(t.check()?),
+        None => Ok(()),
+    })
+}
