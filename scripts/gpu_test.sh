@@ -245,8 +245,13 @@ if [[ "${GPU_TEST_PYTHON:-1}" == 1 ]]; then
         rc=0
         # `python3 -m x` runs as `torchrun ... -m x`; a script path runs as itself; folded,
         # both run as `torchrun --no-python scripts/fold_pes.sh python3 ...`.
+        # Chapter 5 splits NVSHMEM teams, which folded PEs may do only under MPS; the other
+        # scripts run folded without it (see above).
+        if ((${#py_fold[@]} > 0)) && [[ "$name" == ch05_* ]]; then mps_start; else mps_stop; fi
         if ((${#py_fold[@]} > 0)); then
-          step "python $name, $n PEs on $num_gpus GPU(s), folded over gloo -> $log"
+          how="folded over gloo"
+          ((mps_on == 0)) || how="$how, under MPS"
+          step "python $name, $n PEs on $num_gpus GPU(s), $how -> $log"
           launch=(--no-python "${py_fold[@]}" "${cmd[@]:1}")
         elif [[ "${cmd[1]}" == -m ]]; then
           step "python $name on $n GPU(s) -> $log"
