@@ -111,7 +111,7 @@ def refusal(name: str, method: str, dtype: torch.dtype):
     if name == "all_to_all":
         return "has no all-to-all"
     if name in REDUCTIONS and dtype == torch.float32:
-        return "reduces torch.bfloat16 only"
+        return "reduces bf16 only"
     return None
 
 

@@ -7,20 +7,13 @@ use std::sync::Arc;
 
 use ch01_bootstrap::World;
 use ch04_collectives::DType;
-use ch05_inter_node::{InterNodeConfig, InterNodeError, Layout, Method, NODE_PES_VAR, Topology};
+use ch05_inter_node::{InterNodeConfig, InterNodeError, Layout, Method, Topology};
 use nvshmem_tutorial::put_get::PutGetError;
 use pyo3::prelude::*;
 
 use crate::errors::Error;
 use crate::state::{self, State};
 use crate::transfers::stream_handle;
-
-/// The names Python passes as `method`, in `Method::ALL`'s order.
-pub const METHODS: [(&str, Method); 3] = [
-    ("hierarchical", Method::Hierarchical),
-    ("nvshmem_teams", Method::NvshmemTeams),
-    ("flat", Method::Flat),
-];
 
 /// Bad input (a call that cannot run, a topology the environment cannot make) is an
 /// `InvalidArgumentError`; a team split, a kernel or the device failing is an `NvshmemError`.
@@ -44,17 +37,16 @@ impl From<InterNodeError> for Error {
 }
 
 fn parse_method(name: &str) -> Result<Method, Error> {
-    METHODS
-        .iter()
-        .find(|(n, _)| *n == name)
-        .map(|&(_, method)| method)
-        .ok_or_else(|| {
-            let names: Vec<String> = METHODS.iter().map(|(n, _)| format!("{n:?}")).collect();
-            Error::Invalid(format!(
-                "unknown method {name:?}: use one of {}",
-                names.join(", ")
-            ))
-        })
+    Method::from_name(name).ok_or_else(|| {
+        let names: Vec<String> = Method::ALL
+            .iter()
+            .map(|m| format!("{:?}", m.name()))
+            .collect();
+        Error::Invalid(format!(
+            "unknown method {name:?}: use one of {}",
+            names.join(", ")
+        ))
+    })
 }
 
 fn parse_dtype(what: &str, name: &str) -> Result<DType, Error> {
@@ -67,67 +59,25 @@ fn parse_dtype(what: &str, name: &str) -> Result<DType, Error> {
     }
 }
 
-/// NVSHMEM's team collectives reduce bf16 only (chapter 4's team call): refused here, before
-/// any step of the plan is enqueued.
-fn check_team_dtype(what: &str, method: Method, dtype: DType) -> Result<(), Error> {
-    if method == Method::NvshmemTeams && dtype == DType::F32 {
-        return Err(Error::Invalid(format!(
-            "{what}: method \"nvshmem_teams\" reduces torch.bfloat16 only (NVSHMEM's team \
-             reductions, as chapter 4's baseline); use \"hierarchical\" or \"flat\" for float32"
-        )));
-    }
-    Ok(())
-}
-
-/// NVSHMEM has no team all-to-all(-v): refused here, whatever the size.
-fn check_team_exchange(what: &str, method: Method) -> Result<(), Error> {
-    if method == Method::NvshmemTeams {
-        return Err(Error::Invalid(format!(
-            "{what}: method \"nvshmem_teams\" has no all-to-all (NVSHMEM has no team \
-             all-to-all-v); use \"hierarchical\" or \"flat\""
-        )));
-    }
-    Ok(())
-}
-
-/// `Err` when the output and input byte ranges overlap: peers write the output while this PE
-/// may still read its input. `in_place` allows them to be the same range exactly.
-fn check_disjoint(what: &str, ranges: [(u64, usize); 2], in_place: bool) -> Result<(), Error> {
-    let [(o, o_len), (i, i_len)] = ranges;
-    if in_place && ranges[0] == ranges[1] {
-        return Ok(());
-    }
-    let (o_end, i_end) = (
-        o.saturating_add(o_len as u64),
-        i.saturating_add(i_len as u64),
-    );
-    if o_len == 0 || i_len == 0 || o_end <= i || i_end <= o {
-        return Ok(());
-    }
-    let allowed = match in_place {
-        true => " (output may be input itself, not a part of it)",
-        false => "",
-    };
-    Err(Error::Invalid(format!(
-        "{what}: output (bytes {o:#x}..{o_end:#x}) and input (bytes {i:#x}..{i_end:#x}) \
-         overlap; pass distinct tensors{allowed}"
-    )))
+/// Chapter 5's own checks of a call (what the method can run, output and input disjoint),
+/// made before the topology exists or anything is enqueued.
+fn check_call(
+    what: &'static str,
+    method: Method,
+    dtype: Option<DType>,
+    ranges: [(u64, usize); 2],
+) -> Result<[(u64, usize); 2], Error> {
+    ch05_inter_node::check_call(what, method, dtype, ranges[0], ranges[1])?;
+    Ok(ranges)
 }
 
 /// The layout the topology has, or (none made yet) the one it would be made with now: G from
 /// the environment, as `Topology::from_env` reads it.
 fn current_layout(s: &State) -> Result<Layout, Error> {
-    if let Some(topology) = &s.inter_node {
-        return Ok(*topology.layout());
+    match &s.inter_node {
+        Some(topology) => Ok(*topology.layout()),
+        None => Ok(Layout::from_env(&s.world)?),
     }
-    let env = std::env::var(NODE_PES_VAR).ok();
-    let torchrun_node = std::env::var("LOCAL_WORLD_SIZE")
-        .ok()
-        .and_then(|v| v.trim().parse().ok());
-    let w = &s.world;
-    let node_pes =
-        ch05_inter_node::resolve_node_pes(env.as_deref(), torchrun_node, w.node_size(), w.n_pes())?;
-    Ok(Layout::new(w.n_pes(), node_pes)?)
 }
 
 /// Runs `call` with the process's topology, making it first if this is the first call. `ranges`
@@ -207,10 +157,13 @@ pub fn inter_node_all_reduce(
 ) -> PyResult<()> {
     let what = "all_reduce";
     let (method, dtype) = (parse_method(method)?, parse_dtype(what, dtype)?);
-    check_team_dtype(what, method, dtype)?;
     let bytes = count * dtype.size();
-    let ranges = [(out_ptr, bytes), (in_ptr, bytes)];
-    check_disjoint(what, ranges, true)?;
+    let ranges = check_call(
+        what,
+        method,
+        Some(dtype),
+        [(out_ptr, bytes), (in_ptr, bytes)],
+    )?;
     with_topology(
         py,
         "inter_node_all_reduce",
@@ -237,11 +190,12 @@ pub fn inter_node_reduce_scatter(
 ) -> PyResult<()> {
     let what = "reduce_scatter";
     let (method, dtype) = (parse_method(method)?, parse_dtype(what, dtype)?);
-    check_team_dtype(what, method, dtype)?;
+    // Refused for any size (the ranges need the PE count, known once the state is).
+    check_call(what, method, Some(dtype), [(out_ptr, 0), (in_ptr, 0)])?;
     let bytes = count * dtype.size();
     let ranges = move |n_pes| {
         let ranges = [(out_ptr, bytes), (in_ptr, n_pes * bytes)];
-        check_disjoint(what, ranges, false).map(|()| ranges)
+        check_call(what, method, Some(dtype), ranges)
     };
     with_topology(py, "inter_node_reduce_scatter", ranges, move |t, _| {
         let stream = stream_handle(stream) as _;
@@ -263,7 +217,7 @@ pub fn inter_node_all_gather(
     let method = parse_method(method)?;
     let ranges = move |n_pes| {
         let ranges = [(out_ptr, n_pes * num_bytes), (in_ptr, num_bytes)];
-        check_disjoint("all_gather", ranges, false).map(|()| ranges)
+        check_call("all_gather", method, None, ranges)
     };
     with_topology(py, "inter_node_all_gather", ranges, move |t, _| {
         let stream = stream_handle(stream) as _;
@@ -285,7 +239,7 @@ pub fn inter_node_broadcast(
 ) -> PyResult<()> {
     let method = parse_method(method)?;
     let ranges = [(out_ptr, num_bytes), (in_ptr, num_bytes)];
-    check_disjoint("broadcast", ranges, false)?;
+    let ranges = check_call("broadcast", method, None, ranges)?;
     with_topology(
         py,
         "inter_node_broadcast",
@@ -311,10 +265,10 @@ pub fn inter_node_all_to_all(
 ) -> PyResult<()> {
     let what = "all_to_all";
     let method = parse_method(method)?;
-    check_team_exchange(what, method)?;
+    check_call(what, method, None, [(out_ptr, 0), (in_ptr, 0)])?;
     let ranges = move |n_pes| {
         let ranges = [(out_ptr, n_pes * num_bytes), (in_ptr, n_pes * num_bytes)];
-        check_disjoint(what, ranges, false).map(|()| ranges)
+        check_call(what, method, None, ranges)
     };
     with_topology(py, "inter_node_all_to_all", ranges, move |t, _| {
         let stream = stream_handle(stream) as _;
@@ -344,12 +298,11 @@ pub fn inter_node_all_to_all_v(
 ) -> PyResult<()> {
     let what = "all_to_all_v";
     let method = parse_method(method)?;
-    check_team_exchange(what, method)?;
     let ranges = [
         (out_ptr, out_rows * row_bytes),
         (in_ptr, in_rows * row_bytes),
     ];
-    check_disjoint(what, ranges, false)?;
+    let ranges = check_call(what, method, None, ranges)?;
     with_topology(
         py,
         "inter_node_all_to_all_v",

@@ -114,7 +114,7 @@ mod _native {
         m.add("SIGNAL_OPS", PyTuple::new(py, op_names)?)?;
         let cmp_names = crate::signals::SIGNAL_CMPS.map(|(name, _)| name);
         m.add("SIGNAL_CMPS", PyTuple::new(py, cmp_names)?)?;
-        let method_names = crate::inter_node::METHODS.map(|(name, _)| name);
+        let method_names = ch05_inter_node::Method::ALL.map(|m| m.name());
         m.add("INTER_NODE_METHODS", PyTuple::new(py, method_names)?)?;
         Ok(())
     }

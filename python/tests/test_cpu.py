@@ -337,13 +337,13 @@ def test_bad_inter_node_methods_and_dtypes_are_named(call, text):
 @pytest.mark.parametrize(
     "call, text",
     [
-        (lambda: _native.inter_node_all_reduce(0x1000, 0x2000, 16, "float32", "nvshmem_teams", 0), "reduces torch.bfloat16 only"),
+        (lambda: _native.inter_node_all_reduce(0x1000, 0x2000, 16, "float32", "nvshmem_teams", 0), "reduces bf16 only"),
         (lambda: _native.inter_node_reduce_scatter(0x1000, 0x9000, 0, "float32", "nvshmem_teams", 0), "use \"hierarchical\" or \"flat\" for float32"),
         (lambda: _native.inter_node_all_to_all(0x1000, 0x9000, 16, "nvshmem_teams", 0), "all_to_all: method \"nvshmem_teams\" has no all-to-all"),
         (lambda: _native.inter_node_all_to_all_v(0x1000, 4, 0x9000, 4, 64, 0x20000, 0x30000, "nvshmem_teams", 0), "has no all-to-all"),
-        (lambda: _native.inter_node_all_reduce(0x1000, 0x1004, 16, "float32", "flat", 0), r"output may be input itself, not a part of it"),
+        (lambda: _native.inter_node_all_reduce(0x1000, 0x1004, 16, "float32", "flat", 0), r"may be the input itself, not a part of it"),
         (lambda: _native.inter_node_broadcast(0x1000, 0x1000, 16, 0, "hierarchical", 0), r"broadcast: output \(bytes 0x1000..0x1010\) and input \(bytes 0x1000..0x1010\) overlap"),
-        (lambda: _native.inter_node_all_to_all_v(0x1000, 4, 0x1040, 4, 64, 0x20000, 0x30000, "flat", 0), "overlap; pass distinct tensors"),
+        (lambda: _native.inter_node_all_to_all_v(0x1000, 4, 0x1040, 4, 64, 0x20000, 0x30000, "flat", 0), "overlap; pass distinct buffers"),
     ],
 )
 def test_inter_node_calls_refuse_what_cannot_run_before_anything_else(call, text):

@@ -35,13 +35,60 @@ pub enum Method {
 
 impl Method {
     pub const ALL: [Method; 3] = [Method::Hierarchical, Method::NvshmemTeams, Method::Flat];
+    /// The method called `name` (as [`Method::name`] spells it).
+    pub fn from_name(name: &str) -> Option<Method> {
+        Self::ALL.into_iter().find(|m| m.name() == name)
+    }
     pub fn name(self) -> &'static str {
         match self {
-            Method::Hierarchical => "hier",
+            Method::Hierarchical => "hierarchical",
             Method::NvshmemTeams => "nvshmem_teams",
             Method::Flat => "flat",
         }
     }
+}
+
+/// What every call checks before anything is enqueued, without NVSHMEM (Python's binding makes
+/// the same call before it touches the GPU): that `method` can run the collective, and that
+/// the output does not overlap the input (peers write the output while this PE may still read
+/// its input; all-reduce may be exactly in place). `out` and `input` are (address, bytes).
+pub fn check_call(
+    collective: &'static str,
+    method: Method,
+    dtype: Option<DType>,
+    out: (u64, usize),
+    input: (u64, usize),
+) -> Result<(), InterNodeError> {
+    if method == Method::NvshmemTeams && collective.starts_with("all_to_all") {
+        let what = "method \"nvshmem_teams\" has no all-to-all (NVSHMEM has no team \
+                    all-to-all-v): use \"hierarchical\" or \"flat\"";
+        return Err(InterNodeError::invalid(collective, what));
+    }
+    if method == Method::NvshmemTeams && dtype == Some(DType::F32) {
+        let what = "method \"nvshmem_teams\" reduces bf16 only (NVSHMEM's team reductions, as \
+                    chapter 4's baseline): use \"hierarchical\" or \"flat\" for float32";
+        return Err(InterNodeError::invalid(collective, what));
+    }
+    let (may_be_in_place, ((o, o_len), (i, i_len))) = (collective == "all_reduce", (out, input));
+    let (o_end, i_end) = (
+        o.saturating_add(o_len as u64),
+        i.saturating_add(i_len as u64),
+    );
+    let disjoint = o_len == 0 || i_len == 0 || o_end <= i || i_end <= o;
+    if disjoint || (may_be_in_place && out == input) {
+        return Ok(());
+    }
+    let allowed = match may_be_in_place {
+        true => " (the output may be the input itself, not a part of it)",
+        false => "",
+    };
+    Err(InterNodeError::invalid(
+        collective,
+        format!(
+            "output (bytes {o:#x}..{o_end:#x}) and input (bytes {i:#x}..{i_end:#x}) overlap; \
+             pass distinct buffers{allowed}"
+        ),
+    ))
 }
 
 /// One call's device addresses: the caller's buffers, and the all-to-all-v count arrays.
@@ -64,10 +111,12 @@ impl<W: Deref<Target = World> + Clone> Topology<W> {
     /// on, outside stream capture) that every PE passed the same size.
     fn prepare(
         &self,
-        ranges: &[(u64, usize)],
+        (collective, method, dtype): (&'static str, Method, Option<DType>),
+        ranges: &[(u64, usize); 2],
         size: usize,
         stream: sys::CUstream,
     ) -> Result<(), InterNodeError> {
+        check_call(collective, method, dtype, ranges[0], ranges[1])?;
         self.check()?;
         for &(ptr, num_bytes) in ranges.iter().filter(|r| r.1 > 0) {
             check_symmetric_range(self.world(), ptr, num_bytes as u64)?;
@@ -479,18 +528,16 @@ impl<W: Deref<Target = World> + Clone> Topology<W> {
                 num_bytes,
                 root,
             } => (rail, n, Collective::Broadcast, num_bytes, out, input, root),
+            // check_call refuses what NVSHMEM's teams cannot do before any step runs.
             _ => {
-                let what = "NVSHMEM has no team all-to-all-v: its alltoallmem is chapter 4's --nvshmem row";
-                return Err(InterNodeError::invalid(collective, what));
+                return Err(InterNodeError::invalid(
+                    collective,
+                    "NVSHMEM has no team all-to-all-v",
+                ));
             }
         };
         // ANCHOR: team_enqueue
-        if call.dtype == Some(DType::F32) {
-            return Err(InterNodeError::invalid(
-                collective,
-                "the NVSHMEM baseline reduces bf16 only, as chapter 4's",
-            ));
-        }
+        debug_assert_ne!(call.dtype, Some(DType::F32), "check_call refuses f32 teams");
         let team_call = team_call(c, size, team_pes)?;
         let (out, input) = (self.address(out, call), self.address(input, call));
         // SAFETY: symmetric addresses checked by `prepare` (or the topology's stages) holding
@@ -589,7 +636,13 @@ impl<W: Deref<Target = World> + Clone> Topology<W> {
         stream: sys::CUstream,
     ) -> Result<(), InterNodeError> {
         let num_bytes = count * dtype.size();
-        self.prepare(&[(out, num_bytes), (input, num_bytes)], num_bytes, stream)?;
+        let check = ("all_reduce", method, Some(dtype));
+        self.prepare(
+            check,
+            &[(out, num_bytes), (input, num_bytes)],
+            num_bytes,
+            stream,
+        )?;
         let call = Call {
             input,
             out,
@@ -630,7 +683,13 @@ impl<W: Deref<Target = World> + Clone> Topology<W> {
     ) -> Result<(), InterNodeError> {
         let out_bytes = count * dtype.size();
         let in_bytes = self.layout.n_pes * out_bytes;
-        self.prepare(&[(out, out_bytes), (input, in_bytes)], in_bytes, stream)?;
+        let check = ("reduce_scatter", method, Some(dtype));
+        self.prepare(
+            check,
+            &[(out, out_bytes), (input, in_bytes)],
+            in_bytes,
+            stream,
+        )?;
         let call = Call {
             input,
             out,
@@ -668,7 +727,13 @@ impl<W: Deref<Target = World> + Clone> Topology<W> {
         stream: sys::CUstream,
     ) -> Result<(), InterNodeError> {
         let out_bytes = self.layout.n_pes * num_bytes;
-        self.prepare(&[(out, out_bytes), (input, num_bytes)], out_bytes, stream)?;
+        let check = ("all_gather", method, None);
+        self.prepare(
+            check,
+            &[(out, out_bytes), (input, num_bytes)],
+            out_bytes,
+            stream,
+        )?;
         let call = Call {
             input,
             out,
@@ -701,7 +766,13 @@ impl<W: Deref<Target = World> + Clone> Topology<W> {
         stream: sys::CUstream,
     ) -> Result<(), InterNodeError> {
         ch02_symmetric_memory::check_pe(self.world(), root)?;
-        self.prepare(&[(out, num_bytes), (input, num_bytes)], num_bytes, stream)?;
+        let check = ("broadcast", method, None);
+        self.prepare(
+            check,
+            &[(out, num_bytes), (input, num_bytes)],
+            num_bytes,
+            stream,
+        )?;
         let call = Call {
             input,
             out,
@@ -744,6 +815,7 @@ impl<W: Deref<Target = World> + Clone> Topology<W> {
     ) -> Result<(), InterNodeError> {
         let n = self.layout.n_pes;
         self.prepare(
+            ("all_to_all", method, None),
             &[(out, n * num_bytes), (input, n * num_bytes)],
             n * num_bytes,
             stream,
@@ -804,7 +876,8 @@ impl<W: Deref<Target = World> + Clone> Topology<W> {
             ));
         }
         let ranges = [(out, out_rows * row_bytes), (input, in_rows * row_bytes)];
-        self.prepare(&ranges, in_rows * row_bytes, stream)?;
+        let check = ("all_to_all_v", method, None);
+        self.prepare(check, &ranges, in_rows * row_bytes, stream)?;
         let call = Call {
             input,
             out,
@@ -873,5 +946,61 @@ impl<W: Deref<Target = World> + Clone> Topology<W> {
             self.rail
                 .launch(&self.kernels, "rma_sync", 1, stream, &mut [])
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_a_method_cannot_do_and_overlaps_are_refused_before_any_launch() {
+        let (a, b) = ((0x1000, 64), (0x9000, 64));
+        let refused = |r: Result<(), InterNodeError>| r.unwrap_err().to_string();
+        let teams = Method::NvshmemTeams;
+        let f32_teams = refused(check_call("all_reduce", teams, Some(DType::F32), a, b));
+        assert!(f32_teams.contains("bf16 only"), "{f32_teams}");
+        // Size 0 too: the refusal does not depend on the plan having a step.
+        let empty = refused(check_call(
+            "reduce_scatter",
+            teams,
+            Some(DType::F32),
+            (a.0, 0),
+            b,
+        ));
+        assert!(empty.contains("bf16 only"), "{empty}");
+        for c in ["all_to_all", "all_to_all_v"] {
+            assert!(refused(check_call(c, teams, None, a, b)).contains("no team all-to-all-v"));
+        }
+        check_call("all_reduce", teams, Some(DType::Bf16), a, b).unwrap();
+        for m in [Method::Hierarchical, Method::Flat] {
+            check_call("all_reduce", m, Some(DType::F32), a, b).unwrap();
+            check_call("all_to_all_v", m, None, a, b).unwrap();
+        }
+        // Exactly in place: all-reduce only. Partly overlapping: nothing.
+        check_call("all_reduce", Method::Flat, Some(DType::F32), a, a).unwrap();
+        let bcast = refused(check_call("broadcast", Method::Flat, None, a, a));
+        assert!(
+            bcast.contains("broadcast: output (bytes 0x1000..0x1040)"),
+            "{bcast}"
+        );
+        let part = refused(check_call(
+            "all_reduce",
+            Method::Flat,
+            None,
+            a,
+            (0x1020, 64),
+        ));
+        assert!(part.contains("not a part of it"), "{part}");
+        check_call("all_gather", Method::Flat, None, a, (0x1040, 64)).unwrap(); // adjacent
+        check_call("all_gather", Method::Flat, None, (0x1000, 0), a).unwrap(); // empty
+    }
+
+    #[test]
+    fn method_names_read_back() {
+        for m in Method::ALL {
+            assert_eq!(Method::from_name(m.name()), Some(m));
+        }
+        assert_eq!(Method::from_name("hier"), None);
     }
 }

@@ -11,6 +11,8 @@
 //! Inside a node every PE may use a peer pointer to every other; between nodes there is none,
 //! only NVSHMEM's RMA calls ([`Route`]).
 
+use ch01_bootstrap::World;
+
 use crate::config::{MAX_GROUP, MAX_NODE_PES, NODE_PES_VAR};
 use crate::error::InterNodeError;
 
@@ -118,6 +120,23 @@ impl Layout {
             ));
         }
         Ok(Self { n_pes, node_pes })
+    }
+
+    /// This job's layout as the environment gives it, without NVSHMEM calls: nodes of torchrun's
+    /// LOCAL_WORLD_SIZE PEs (else NVSHMEM's node team), cut smaller by NVSHMEM_TUTORIAL_NODE_PES
+    /// when it is set ([`resolve_node_pes`]).
+    pub fn from_env(world: &World) -> Result<Self, InterNodeError> {
+        let env = std::env::var(NODE_PES_VAR).ok();
+        let torchrun_node = std::env::var("LOCAL_WORLD_SIZE")
+            .ok()
+            .and_then(|v| v.trim().parse().ok());
+        let node_pes = resolve_node_pes(
+            env.as_deref(),
+            torchrun_node,
+            world.node_size(),
+            world.n_pes(),
+        )?;
+        Self::new(world.n_pes(), node_pes)
     }
 
     /// One line for logs: `2 nodes x 4 PEs`.

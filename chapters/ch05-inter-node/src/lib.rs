@@ -32,7 +32,7 @@ mod model;
 
 pub use config::{InterNodeConfig, NODE_PES_VAR};
 pub use error::{InterNodeError, RemoteFailure};
-pub use exec::Method;
+pub use exec::{Method, check_call};
 pub use layout::{Layout, Route, Strided, resolve_node_pes};
 pub use plan::{Buf, Plan, Scope, Step};
 pub use topology::Topology;

@@ -10,9 +10,9 @@ use ch02_symmetric_memory::{SymmetricBuffer, exchange_u64};
 use ch04_collectives::{CollectivesConfig, Communicator, Kernels};
 use cudarc::driver::CudaSlice;
 
-use crate::config::{InterNodeConfig, MAX_GROUP, NODE_PES_VAR};
+use crate::config::{InterNodeConfig, MAX_GROUP};
 use crate::error::InterNodeError;
-use crate::layout::{Layout, resolve_node_pes};
+use crate::layout::Layout;
 use crate::rma::RmaGroup;
 use crate::routes::{pointer_peers, rail_group, world_group};
 use crate::teams::Teams;
@@ -51,17 +51,8 @@ impl<W: Deref<Target = World> + Clone> Topology<W> {
     /// Collective: nodes of torchrun's LOCAL_WORLD_SIZE PEs (else NVSHMEM's node team), cut
     /// smaller by NVSHMEM_TUTORIAL_NODE_PES when it is set.
     pub fn from_env(world: W, config: InterNodeConfig) -> Result<Self, InterNodeError> {
-        let env = std::env::var(NODE_PES_VAR).ok();
-        let torchrun_node = std::env::var("LOCAL_WORLD_SIZE")
-            .ok()
-            .and_then(|v| v.trim().parse().ok());
-        let node_pes = resolve_node_pes(
-            env.as_deref(),
-            torchrun_node,
-            world.node_size(),
-            world.n_pes(),
-        )?;
-        Self::new(world, node_pes, config)
+        let layout = Layout::from_env(&world)?;
+        Self::new(world, layout.node_pes, config)
     }
     // ANCHOR_END: from_env
 
