@@ -75,6 +75,13 @@ KERNEL_ARCHS=sm_80,sm_90 CARGO_TARGET_DIR=target/sm80-check cargo check --quiet 
 echo "kernels: every module compiles for sm_80 and sm_90"
 # ------------------------------------------------------------------------------------------
 
+# ---- multi-node preflight ---------------------------------------------------------------
+# Appendix A's preflight in its reporting mode: it names what a multi-node run would lack
+# (here: no RDMA device, said plainly) and exits 0; --require-rdma is for cluster nodes.
+step "cluster preflight (scripts/cluster_check.sh, reporting mode)"
+bash scripts/cluster_check.sh
+# ------------------------------------------------------------------------------------------
+
 # ---- pytest (Python package) ------------------------------------------------------------
 # CPU suite of python/ (import, version, library discovery, errors before init and without a
 # GPU). After cargo test: cargo's last lines are the doc-tests of the last crate, often
