@@ -233,8 +233,9 @@ if [[ "${GPU_TEST_PYTHON:-1}" == 1 ]]; then
       py_fold=()
       if ((n > num_gpus)); then
         # Folded: torch.distributed over gloo (NCCL takes one rank per GPU; the package picks
-        # the backend, nv.process_group_backend), PEs taking turns on the GPU (no MPS: the
-        # buffer's default 20 SMs fit a quarter of a GPU, not a quarter of an MPS client's).
+        # the backend, nv.process_group_backend). The buffer's scripts take turns on the GPU
+        # (no MPS: its default 20 SMs fit a quarter of a GPU, not a quarter of an MPS
+        # client's); the others run under MPS (below).
         ((n <= 4)) || continue
         py_fold=(env "FOLD_GPUS=$num_gpus" scripts/fold_pes.sh python3)
       fi
@@ -245,9 +246,14 @@ if [[ "${GPU_TEST_PYTHON:-1}" == 1 ]]; then
         rc=0
         # `python3 -m x` runs as `torchrun ... -m x`; a script path runs as itself; folded,
         # both run as `torchrun --no-python scripts/fold_pes.sh python3 ...`.
-        # Chapter 5 splits NVSHMEM teams, which folded PEs may do only under MPS; the other
-        # scripts run folded without it (see above).
-        if ((${#py_fold[@]} > 0)) && [[ "$name" == ch05_* ]]; then mps_start; else mps_stop; fi
+        # Folded PEs may use NVSHMEM's on-stream synchronisation and teams only under MPS
+        # ("not supported with limited MPG"); the buffer's scripts run folded without it (see
+        # above).
+        if ((${#py_fold[@]} > 0)) && [[ "$name" != ch07_* && "$name" != ch08_* ]]; then
+          mps_start
+        else
+          mps_stop
+        fi
         if ((${#py_fold[@]} > 0)); then
           how="folded over gloo"
           ((mps_on == 0)) || how="$how, under MPS"

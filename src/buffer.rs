@@ -166,7 +166,9 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
     }
 
     /// `Err` if a kernel of this buffer failed (the buffer is unusable then), or if one found
-    /// bad input (raised once; the buffer stays usable). Cheap: reads host-mapped memory.
+    /// bad input (raised once; the buffer stays usable). Cheap: reads host-mapped memory, never
+    /// waits for the GPU, so it sees what finished kernels recorded: synchronise the call's
+    /// stream first to see that call's.
     pub fn check(&self) -> Result<(), BufferError> {
         let last = *self
             .last_ring_call

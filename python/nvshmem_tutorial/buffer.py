@@ -157,7 +157,9 @@ class Buffer:
     def check(self) -> None:
         """Raises what a kernel of this buffer recorded (a timeout naming the rank and what it
         waited for, an expert id out of range), if anything. Cheap: reads host memory, never
-        waits for the GPU. Under CUDA-graph replay, call it after ``replay()``."""
+        waits for the GPU, so it sees what finished kernels recorded: synchronise the stream
+        first to see the last call's. Under CUDA-graph replay, call it after ``replay()`` and a
+        synchronise."""
         self.runtime.check()
 
     @property

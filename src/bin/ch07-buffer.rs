@@ -233,10 +233,11 @@ fn check_round_trip(
     };
     let (got8, got_scales) = (got8.to_host(&stream)?, got_scales.to_host(&stream)?);
     let (mut want8, mut want_scales) = (Vec::new(), Vec::new());
+    let sent: Vec<_> = (0..n).map(|s| fp8_rows(s, all[s].num_tokens)).collect();
+    let groups = HIDDEN / FP8_GROUP;
     for &(s, t) in &received {
-        let (x, scales) = fp8_rows(s, t + 1);
-        want8.extend_from_slice(&x[t * HIDDEN..]);
-        want_scales.extend_from_slice(&scales[t * HIDDEN / FP8_GROUP..]);
+        want8.extend_from_slice(&sent[s].0[t * HIDDEN..(t + 1) * HIDDEN]);
+        want_scales.extend_from_slice(&sent[s].1[t * groups..(t + 1) * groups]);
     }
     tally.check(me, got8 == want8 && got_scales == want_scales, || {
         format!("{case}: fp8 dispatch: rows or scales differ")

@@ -452,6 +452,9 @@ fn check_device_errors(world: &World, check: &mut Checker) -> Result<(), AnyErro
             });
         }
         world.barrier_all()?;
+        // PE 0's timeout marked its job broken (its teardown skips the collective frees); the
+        // others must skip them too, or their frees would wait for PE 0 in vain.
+        ch01_bootstrap::world::mark_broken();
     }
     Ok(())
 }

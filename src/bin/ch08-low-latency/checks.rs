@@ -50,6 +50,11 @@ impl Checks {
             (Routing::ExpertTwice, "dispatch") => "must not name one expert twice".into(),
             _ => return buffer.check(),
         };
+        // check() sees what finished kernels recorded: let this call's finish first.
+        let stream = buffer.world().stream();
+        stream
+            .synchronize()
+            .map_err(BufferError::cuda("synchronising"))?;
         let what = format!("{}: {call}", self.case.name);
         self.tally
             .expect_error(self.me, &what, buffer.check(), &expected);
