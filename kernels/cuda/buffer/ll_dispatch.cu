@@ -355,7 +355,8 @@ __device__ __forceinline__ void dispatch_recv(const Workspace& ws, const LlDispa
         if (p == 0) continue;  // our own rows are in place
         // The header's token and the row's scales are loaded before the row, so their latency
         // overlaps its first round of loads. Rounds of 8 vectors per lane: 16 (one round for a
-        // 7 KB row) measured no faster in v5 and makes the kernel spill registers.
+        // 7 KB row) measured no faster (benchmarks/notes/buffer.md) and makes the kernel spill
+        // registers.
         const uint8_t* run = a.region.data[h] + (static_cast<int64_t>(e) * n + s) * T * msg_bytes;
         for (int i = warp; i < count; i += warps) {
             const uint8_t* m = run + static_cast<int64_t>(i) * msg_bytes;
