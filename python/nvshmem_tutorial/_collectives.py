@@ -63,6 +63,31 @@ def _reduce_dtype(what: str, tensor: Any) -> str:
     return name
 
 
+def _all_to_all_v_args(what: str, stream: StreamLike, output: Any, input: Any, in_splits: Any, out_splits_offsets: Any) -> tuple:
+    """The checks of an all-to-all-v's tensors (chapter 4's and chapter 5's alike): the
+    stream handle and the bytes of one row."""
+    torch, _, handle = _prepare(
+        what, stream, output=output, input=input, in_splits=in_splits, out_splits_offsets=out_splits_offsets
+    )
+    _same_dtype(what, output, input)
+    n = n_pes()
+    if output.dim() == 0 or input.dim() == 0 or output.shape[1:] != input.shape[1:]:
+        raise InvalidArgumentError(
+            f"{what}: output {tuple(output.shape)} and input {tuple(input.shape)} must be at "
+            "least 1-D with the same row shape (dims after the first)"
+        )
+    for name, tensor, shape in (("in_splits", in_splits, (n,)), ("out_splits_offsets", out_splits_offsets, (2, n))):
+        if tensor.dtype != torch.int64 or tuple(tensor.shape) != shape:
+            raise InvalidArgumentError(
+                f"{what}: {name} must be a torch.int64 tensor of shape {shape}, got "
+                f"{tensor.dtype} {tuple(tensor.shape)}"
+            )
+    row_bytes = math.prod(input.shape[1:]) * input.element_size()
+    if row_bytes == 0:
+        raise InvalidArgumentError(f"{what}: rows of shape {tuple(input.shape[1:])} hold no bytes")
+    return handle, row_bytes
+
+
 def sync_all(*, stream: StreamLike = None) -> None:
     """Collective barrier on ``stream``: later work on every PE's stream runs after every PE's
     stream reached this call. Cheaper than ``barrier()`` (one signal each way, no NVSHMEM
@@ -169,26 +194,7 @@ def all_to_all_v(
     ``output`` holds on some PE) are found on the GPU by every PE; the kernel returns early
     and the next collective call (or ``check_collectives()``) raises ``NvshmemError``.
     """
-    what = "all_to_all_v"
-    torch, _, handle = _prepare(
-        what, stream, output=output, input=input, in_splits=in_splits, out_splits_offsets=out_splits_offsets
-    )
-    _same_dtype(what, output, input)
-    n = n_pes()
-    if output.dim() == 0 or input.dim() == 0 or output.shape[1:] != input.shape[1:]:
-        raise InvalidArgumentError(
-            f"{what}: output {tuple(output.shape)} and input {tuple(input.shape)} must be at "
-            "least 1-D with the same row shape (dims after the first)"
-        )
-    for name, tensor, shape in (("in_splits", in_splits, (n,)), ("out_splits_offsets", out_splits_offsets, (2, n))):
-        if tensor.dtype != torch.int64 or tuple(tensor.shape) != shape:
-            raise InvalidArgumentError(
-                f"{what}: {name} must be a torch.int64 tensor of shape {shape}, got "
-                f"{tensor.dtype} {tuple(tensor.shape)}"
-            )
-    row_bytes = math.prod(input.shape[1:]) * input.element_size()
-    if row_bytes == 0:
-        raise InvalidArgumentError(f"{what}: rows of shape {tuple(input.shape[1:])} hold no bytes")
+    handle, row_bytes = _all_to_all_v_args("all_to_all_v", stream, output, input, in_splits, out_splits_offsets)
     _native.all_to_all_v(
         output.data_ptr(),
         output.shape[0],

@@ -26,13 +26,12 @@ can be captured.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import _native
 from ._bootstrap import n_pes
 from ._checks import num_bytes
-from ._collectives import _numel_must_be, _prepare, _reduce_dtype, _same_dtype
+from ._collectives import _all_to_all_v_args, _numel_must_be, _prepare, _reduce_dtype, _same_dtype
 from ._native import InvalidArgumentError
 from ._runtime import require_init
 
@@ -199,25 +198,7 @@ def inter_node_all_to_all_v(
     """
     what = "inter_node_all_to_all_v"
     method = _method(what, method)
-    torch, _, handle = _prepare(
-        what, stream, output=output, input=input, in_splits=in_splits, out_splits_offsets=out_splits_offsets
-    )
-    _same_dtype(what, output, input)
-    n = n_pes()
-    if output.dim() == 0 or input.dim() == 0 or output.shape[1:] != input.shape[1:]:
-        raise InvalidArgumentError(
-            f"{what}: output {tuple(output.shape)} and input {tuple(input.shape)} must be at "
-            "least 1-D with the same row shape (dims after the first)"
-        )
-    for name, tensor, shape in (("in_splits", in_splits, (n,)), ("out_splits_offsets", out_splits_offsets, (2, n))):
-        if tensor.dtype != torch.int64 or tuple(tensor.shape) != shape:
-            raise InvalidArgumentError(
-                f"{what}: {name} must be a torch.int64 tensor of shape {shape}, got "
-                f"{tensor.dtype} {tuple(tensor.shape)}"
-            )
-    row_bytes = math.prod(input.shape[1:]) * input.element_size()
-    if row_bytes == 0:
-        raise InvalidArgumentError(f"{what}: rows of shape {tuple(input.shape[1:])} hold no bytes")
+    handle, row_bytes = _all_to_all_v_args(what, stream, output, input, in_splits, out_splits_offsets)
     _native.inter_node_all_to_all_v(
         output.data_ptr(),
         output.shape[0],

@@ -34,13 +34,13 @@ fn parse_algorithm(name: Option<&str>) -> Result<Option<Algorithm>, Error> {
     .transpose()
 }
 
-fn parse_dtype(name: &str) -> Result<DType, Error> {
+/// The element type of a reduction (`what`), from torch's dtype name.
+pub(crate) fn parse_dtype(what: &str, name: &str) -> Result<DType, Error> {
     match name {
         "bfloat16" => Ok(DType::Bf16),
         "float32" => Ok(DType::F32),
         other => Err(Error::Invalid(format!(
-            "reductions take torch.bfloat16 or torch.float32 tensors (summed in fp32), not \
-             {other}"
+            "{what} takes torch.bfloat16 or torch.float32 tensors (summed in fp32), not {other}"
         ))),
     }
 }
@@ -54,21 +54,20 @@ fn with_communicator(
     + Send,
 ) -> PyResult<()> {
     let ranges = ranges.to_vec();
-    state::with_state_detached(py, what, move |s: &mut State| {
-        for (ptr, num_bytes) in ranges {
-            if num_bytes > 0 {
-                s.locate(ptr, num_bytes)?;
+    state::with_located(
+        py,
+        what,
+        move |_| Ok(ranges),
+        move |s: &mut State| {
+            if s.collectives.is_none() {
+                s.collectives = Some(Communicator::new(
+                    s.world.clone(),
+                    CollectivesConfig::default(),
+                )?);
             }
-        }
-        s.bind()?;
-        if s.collectives.is_none() {
-            s.collectives = Some(Communicator::new(
-                s.world.clone(),
-                CollectivesConfig::default(),
-            )?);
-        }
-        Ok(call(s.collectives.as_ref().expect("made above"))?)
-    })
+            Ok(call(s.collectives.as_ref().expect("made above"))?)
+        },
+    )
 }
 
 /// Collective, on `stream`: every PE's stream reaches this point before any goes on. Does not
@@ -93,7 +92,10 @@ pub fn all_reduce(
     algorithm: Option<&str>,
     stream: u64,
 ) -> PyResult<()> {
-    let (dtype, algorithm) = (parse_dtype(dtype)?, parse_algorithm(algorithm)?);
+    let (dtype, algorithm) = (
+        parse_dtype("all_reduce", dtype)?,
+        parse_algorithm(algorithm)?,
+    );
     let bytes = count * dtype.size();
     with_communicator(
         py,
@@ -125,7 +127,10 @@ pub fn reduce_scatter(
     algorithm: Option<&str>,
     stream: u64,
 ) -> PyResult<()> {
-    let (dtype, algorithm) = (parse_dtype(dtype)?, parse_algorithm(algorithm)?);
+    let (dtype, algorithm) = (
+        parse_dtype("reduce_scatter", dtype)?,
+        parse_algorithm(algorithm)?,
+    );
     let bytes = count * dtype.size();
     with_communicator(py, "reduce_scatter", &[(out_ptr, bytes)], move |c| {
         c.reduce_scatter_raw(

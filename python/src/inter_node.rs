@@ -11,6 +11,7 @@ use ch05_inter_node::{InterNodeConfig, InterNodeError, Layout, Method, Topology}
 use nvshmem_tutorial::put_get::PutGetError;
 use pyo3::prelude::*;
 
+use crate::collectives::parse_dtype;
 use crate::errors::Error;
 use crate::state::{self, State};
 use crate::transfers::stream_handle;
@@ -49,16 +50,6 @@ fn parse_method(name: &str) -> Result<Method, Error> {
     })
 }
 
-fn parse_dtype(what: &str, name: &str) -> Result<DType, Error> {
-    match name {
-        "bfloat16" => Ok(DType::Bf16),
-        "float32" => Ok(DType::F32),
-        other => Err(Error::Invalid(format!(
-            "{what} takes torch.bfloat16 or torch.float32 tensors (summed in fp32), not {other}"
-        ))),
-    }
-}
-
 /// Chapter 5's own checks of a call (what the method can run, output and input disjoint),
 /// made before the topology exists or anything is enqueued.
 fn check_call(
@@ -89,13 +80,8 @@ fn with_topology(
     ranges: impl FnOnce(usize) -> Result<[(u64, usize); 2], Error> + Send,
     call: impl FnOnce(&Topology<Arc<World>>, &State) -> Result<(), Error> + Send,
 ) -> PyResult<()> {
-    state::with_state_detached(py, what, move |s: &mut State| {
-        for (ptr, num_bytes) in ranges(s.world.n_pes())? {
-            if num_bytes > 0 {
-                s.locate(ptr, num_bytes)?;
-            }
-        }
-        s.bind()?;
+    let ranges = move |n_pes| ranges(n_pes).map(Vec::from);
+    state::with_located(py, what, ranges, move |s: &mut State| {
         if s.inter_node.is_none() {
             s.inter_node = Some(Topology::from_env(
                 s.world.clone(),

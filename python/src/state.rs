@@ -123,6 +123,26 @@ pub fn with_state_detached<R: Send>(
     py.detach(|| with_state(what, f)).map_err(Into::into)
 }
 
+/// `with_state_detached` for a collective call: every (address, bytes) range `ranges` returns
+/// (given the job's PE count) is located in a live symmetric allocation and the context bound
+/// to this thread before `call` runs.
+pub fn with_located<R: Send>(
+    py: Python<'_>,
+    what: &'static str,
+    ranges: impl FnOnce(usize) -> Result<Vec<(u64, usize)>, Error> + Send,
+    call: impl FnOnce(&mut State) -> Result<R, Error> + Send,
+) -> PyResult<R> {
+    with_state_detached(py, what, move |s: &mut State| {
+        for (ptr, num_bytes) in ranges(s.world.n_pes())? {
+            if num_bytes > 0 {
+                s.locate(ptr, num_bytes)?;
+            }
+        }
+        s.bind()?;
+        call(s)
+    })
+}
+
 pub fn is_initialized() -> bool {
     lock(&STATE).is_some()
 }
