@@ -18,6 +18,16 @@ use super::{
     AnyError, EXPERTS_PER_RANK, HIDDEN, NUM_TOPK, Tokens, check_round_trip, received_rows, upload,
 };
 
+/// `rows` bf16 rows of HIDDEN, every bit set (a NaN no kernel writes).
+fn poisoned_rows(stream: &Arc<CudaStream>, rows: usize) -> Result<DeviceArray<bf16>, AnyError> {
+    upload(
+        stream,
+        &vec![bf16::from_bits(u16::MAX); rows * HIDDEN],
+        rows,
+        HIDDEN,
+    )
+}
+
 /// Tokens that every rank sends to every rank (top-k = the first expert of each rank), so that
 /// every rank receives n_pes x num_tokens rows, in a known order.
 fn to_every_rank(rank: usize, num_tokens: usize, n: usize) -> Tokens {
@@ -166,12 +176,7 @@ fn check_worst_tokens_too_small(
     let arrays = HandleArrays::new(&stream, n, config.num_channels(), NUM_TOKENS, rows)?;
     let handle = arrays.handle(&layout, worst);
     // Room for every row, poisoned; the dispatch is told of the first `worst` only.
-    let recv_x = upload(
-        &stream,
-        &vec![bf16::from_bits(u16::MAX); rows * HIDDEN],
-        rows,
-        HIDDEN,
-    )?;
+    let recv_x = poisoned_rows(&stream, rows)?;
     let recv_idx = upload(&stream, &vec![-1i64; rows * NUM_TOPK], rows, NUM_TOPK)?;
     let recv_w = upload(
         &stream,
@@ -236,12 +241,7 @@ fn check_combine_past_the_rows(
     let world = buffer.world();
     let (me, n, stream) = (world.my_pe(), world.n_pes(), world.stream().clone());
     let num_tokens = all[me].num_tokens;
-    let combined = upload(
-        &stream,
-        &vec![bf16::from_bits(u16::MAX); num_tokens * HIDDEN],
-        num_tokens,
-        HIDDEN,
-    )?;
+    let combined = poisoned_rows(&stream, num_tokens)?;
     let inputs = CombineInputs {
         x: first_rows(recv_x, worst),
         topk_weights: None,
@@ -361,12 +361,7 @@ fn dispatch_with(
     let (me, stream) = (world.my_pe(), world.stream().clone());
     let rows = received.len();
     let x = upload(&stream, &all[me].x, all[me].num_tokens, HIDDEN)?;
-    let recv_x = upload(
-        &stream,
-        &vec![bf16::from_bits(u16::MAX); rows * HIDDEN],
-        rows,
-        HIDDEN,
-    )?;
+    let recv_x = poisoned_rows(&stream, rows)?;
     let inputs = DispatchInputs {
         x: x.view(),
         x_scales: None,
