@@ -20,6 +20,18 @@
 #                    run at once (each on its share of the SMs, see scripts/fold_pes.sh), as
 #                    NVSHMEM's teams and collectives need; this script starts the MPS daemon
 #                    for them and stops it after. 0: folded PEs take turns on the GPU instead.
+#   GPU_TEST_SANITIZER  memcheck, racecheck, synccheck or initcheck: every chapter run, Rust and
+#                    Python, runs each PE under `compute-sanitizer --tool <tool>` (inside
+#                    torchrun, after scripts/fold_pes.sh when folded), with smaller sizes and
+#                    raised timeouts where a program takes them; a run passes only when
+#                    scripts/sanitizer_filter.py counts 0 errors after its documented rules.
+#                    Each PE's report: <log>.<tool>.rank<R>.log; one row per PE in
+#                    $LOG_DIR/sanitizer-<tool>.tsv. Chapter 5's two-agent launch is skipped.
+#   COMPUTE_SANITIZER   the compute-sanitizer binary (default: on PATH, else /usr/local/cuda/bin)
+#   GPU_TEST_SANITIZER_TIMEOUT_MS  the bound on every wait a program lets us set, under a
+#                    sanitizer (default 300000: 5x the bootstrap's 60 s, 3x the buffer's 100 s)
+#   GPU_TEST_SANITIZER_PAIRS  dispatch/combine pairs in a row of ch07-buffer and ch08-low-latency
+#                    under a sanitizer (default 4; they run 200 and 50 without one)
 # Chapter 5 runs once per virtual topology (NODE_SIZES below: N = 4 as 2 nodes of 2, N = 8 as
 # 2 nodes of 4 and 4 nodes of 2), logs <bin>-n<N>-g<G>.log, then across two torchrun agents on
 # this host (scripts/ch05_two_agents.sh).
@@ -89,6 +101,79 @@ else
   LOG_DIR=$(mktemp -d "${TMPDIR:-/tmp}/gpu_test.XXXXXX")
 fi
 
+# ---- compute-sanitizer (GPU_TEST_SANITIZER) -------------------------------------------------
+# Each PE is one process: `torchrun --no-python [fold_pes.sh] compute-sanitizer ... PROGRAM`.
+# The tool's flags (compute-sanitizer --help; its manual for the record formats):
+#   --target-processes all   also the processes a PE starts (python3's, say)
+#   --log-file F.rank%q{RANK}.log   the tool's reports, one file per PE, apart from the output
+#   --print-limit 1000       enough for the known noise (about 24 records a PE); a summary that
+#                            counts more than the log shows fails the run (sanitizer_filter.py)
+#   --show-backtrace yes     the host stack of an API error: the NCCL rule reads it
+#   memcheck:  --report-api-errors explicit   errors of API calls made by code (ours, NVSHMEM's,
+#              NCCL's); not the runtime's internal calls nor the driver's log ("extended")
+#   racecheck: --racecheck-report analysis    one record per race (a pair of accesses), each an
+#              error or a warning; warnings count as errors here
+#   initcheck: --check-api-memory-access yes  also cudaMemcpy/cudaMemset reading unset memory;
+#              NVSHMEM's INFO log (NVSHMEM_DEBUG=INFO, subsystem MEM) records each PE's heap
+#              addresses for the filter's IPC rule
+#   synccheck: the defaults
+# No --error-exitcode: the tool would exit non-zero on the known noise too, and torchrun ends
+# the other PEs when one exits non-zero, cutting their reports short. The verdict is
+# sanitizer_filter.py's count of what is left after its rules (each rule, with its why, is in
+# that file's docstring); a PE whose program fails still fails the run by its exit code.
+# Under a sanitizer the programs run many times slower (the tool's known limitations), so every
+# timeout a program takes is raised (NVSHMEM_TUTORIAL_TIMEOUT_MS, the bootstrap;
+# NVSHMEM_TUTORIAL_BUFFER_TIMEOUT_MS, the Python buffer; --timeout-ms, the Rust buffer) and the
+# soak loops run GPU_TEST_SANITIZER_PAIRS pairs (--pairs). Chapters 1-5 have no such knobs:
+# their sizes stay, and so do the in-kernel 10 s bounds of chapters 3-5.
+sanitizer=${GPU_TEST_SANITIZER:-}
+san_cmd=()
+if [[ -n "$sanitizer" ]]; then
+  case $sanitizer in
+    memcheck) san_tool_args=(--report-api-errors explicit) ;;
+    racecheck) san_tool_args=(--racecheck-report analysis) ;;
+    initcheck) san_tool_args=(--check-api-memory-access yes) ;;
+    synccheck) san_tool_args=() ;;
+    *) die "GPU_TEST_SANITIZER: '$sanitizer' is not memcheck, racecheck, synccheck or initcheck" ;;
+  esac
+  compute_sanitizer=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}
+  [[ -x "$compute_sanitizer" ]] ||
+    die "compute-sanitizer not found (not on PATH nor in /usr/local/cuda/bin): set COMPUTE_SANITIZER to it"
+  san_timeout_ms=${GPU_TEST_SANITIZER_TIMEOUT_MS:-300000}
+  san_pairs=${GPU_TEST_SANITIZER_PAIRS:-4}
+  [[ "$san_timeout_ms" =~ ^[1-9][0-9]*$ ]] || die "GPU_TEST_SANITIZER_TIMEOUT_MS: '$san_timeout_ms' is not a positive integer"
+  [[ "$san_pairs" =~ ^[1-9][0-9]*$ ]] || die "GPU_TEST_SANITIZER_PAIRS: '$san_pairs' is not a positive integer"
+  san_cmd=("$compute_sanitizer" --tool "$sanitizer" --target-processes all --print-limit 1000
+    --show-backtrace yes "${san_tool_args[@]}")
+  export NVSHMEM_TUTORIAL_TIMEOUT_MS=$san_timeout_ms NVSHMEM_TUTORIAL_BUFFER_TIMEOUT_MS=$san_timeout_ms
+fi
+
+# The compute-sanitizer command of one run whose logs start with PREFIX (none without a
+# sanitizer), in san_run; stale reports of an earlier run into the same LOG_DIR go first.
+sanitize() {
+  local prefix=$1
+  san_run=()
+  [[ -n "$sanitizer" ]] || return 0
+  rm -f "$prefix.$sanitizer".rank*.log "$prefix".nvshmem.*.log
+  san_run=("${san_cmd[@]}" --log-file "$prefix.$sanitizer.rank%q{RANK}.log")
+  if [[ "$sanitizer" == initcheck ]]; then
+    san_run=(env NVSHMEM_DEBUG=INFO NVSHMEM_DEBUG_SUBSYS=MEM "NVSHMEM_DEBUG_FILE=$prefix.nvshmem.%p.log"
+      "${san_run[@]}")
+  fi
+}
+
+# Under a sanitizer: the errors of the run at PREFIX (label LABEL) after the documented rules,
+# appended to its log; non-zero status when any is left. Without one: nothing, status 0.
+sanitizer_verdict() {
+  local prefix=$1 label=$2
+  [[ -n "$sanitizer" ]] || return 0
+  python3 scripts/sanitizer_filter.py --tool "$sanitizer" --tsv "$LOG_DIR/sanitizer-$sanitizer.tsv" \
+    --label "$label" "$prefix" 2>&1 | tee -a "$prefix.log"
+}
+# The filter's last line for a run's log ("sanitizer TOOL: E errors after filtering (...)").
+sanitizer_line() { grep -E '^sanitizer [a-z]+: [0-9]+ errors after filtering' "$1" | tail -1 || true; }
+# ------------------------------------------------------------------------------------------
+
 if [[ -n "${TORCHRUN:-}" ]]; then
   read -r -a torchrun <<<"$TORCHRUN"
 elif command -v torchrun >/dev/null; then
@@ -103,6 +188,9 @@ step "$num_gpus GPU(s); process counts: ${nprocs[*]}"
 echo "binaries: $BIN_DIR"
 echo "logs:     $LOG_DIR"
 echo "launcher: ${torchrun[*]}"
+if [[ -n "$sanitizer" ]]; then
+  echo "sanitizer: ${san_cmd[*]} (waits bounded at $san_timeout_ms ms, $san_pairs soak pairs)"
+fi
 
 # ---- CUDA MPS for folded runs ----------------------------------------------------------------
 use_mps=${GPU_TEST_MPS:-1}
@@ -159,22 +247,36 @@ for bin in "${bins[@]}"; do
     fi
     label="$bin n=$n"
     [[ "$g" == - ]] || label="$label (nodes of $g)"
+    sanitize "${log%.log}"
+    args=() # the soak options of chapters 7 and 8 (src/bin/shared/soak.rs), under a sanitizer
+    if [[ -n "$sanitizer" ]]; then
+      where="$where, under compute-sanitizer $sanitizer"
+      if [[ "$bin" == ch07-buffer || "$bin" == ch08-low-latency ]]; then
+        args=(--pairs "$san_pairs" --timeout-ms "$san_timeout_ms")
+      fi
+    fi
     step "$label, $n PEs on $where -> $log"
     rc=0
     started=$SECONDS
     timeout --kill-after=30 "$timeout_s" "${node_env[@]}" "${torchrun[@]}" --standalone \
-      --nproc_per_node="$n" --no-python "${fold[@]}" "$BIN_DIR/$bin" 2>&1 | tee "$log" || rc=$?
+      --nproc_per_node="$n" --no-python "${fold[@]}" "${san_run[@]}" "$BIN_DIR/$bin" "${args[@]}" 2>&1 |
+      tee "$log" || rc=$?
     took="$((SECONDS - started)) s"
     if ((${#fold[@]} > 0)); then
       took="$took; folded onto $num_gpus GPU(s)"
       ((mps_on == 0)) || took="$took, MPS"
     fi
-    if ((rc == 0)) && grep -Eq '^[0-9]+ passed, 0 failed' "$log"; then
+    san_rc=0
+    sanitizer_verdict "${log%.log}" "$label" || san_rc=$?
+    [[ -z "$sanitizer" ]] || took="$took; $(sanitizer_line "$log")"
+    if ((rc == 0 && san_rc == 0)) && grep -Eq '^[0-9]+ passed, 0 failed' "$log"; then
       passed=$((passed + 1))
       results+=("PASS  $label ($took)")
     else
       failed=$((failed + 1))
-      if ((rc == 0)); then
+      if ((rc == 0 && san_rc != 0)) && grep -Eq '^[0-9]+ passed, 0 failed' "$log"; then
+        why="compute-sanitizer $sanitizer found errors"
+      elif ((rc == 0)); then
         why="no '<N> passed, 0 failed' line"
       elif ((rc == 124 || rc == 137)); then
         why="timed out after $timeout_s s"
@@ -192,7 +294,11 @@ mps_stop
 # Two agents (--nnodes=2, c10d rendezvous) of 1 and of 2 processes each, where they fit: their
 # nodes are virtual (NVSHMEM's node team spans the host), which chapter 1's placement check and
 # chapter 5's topology must accept.
-if [[ " ${bins[*]} " == *" ch05-inter-node "* && -x "$BIN_DIR/ch05-inter-node" ]]; then
+# Not under a sanitizer: scripts/ch05_two_agents.sh launches its own torchrun agents.
+if [[ -n "$sanitizer" && " ${bins[*]} " == *" ch05-inter-node "* ]]; then
+  echo "skipped: ch05-inter-node two agents (not under a sanitizer: ch05_two_agents.sh starts its own torchrun)"
+  results+=("SKIP  ch05-inter-node two agents (not under compute-sanitizer)")
+elif [[ " ${bins[*]} " == *" ch05-inter-node "* && -x "$BIN_DIR/ch05-inter-node" ]]; then
   for per_agent in 1 2; do
     ((2 * per_agent <= num_gpus * pes_per_gpu)) || continue
     log="$LOG_DIR/ch05-two-agents-x$per_agent.log"
@@ -237,7 +343,7 @@ if [[ "${GPU_TEST_PYTHON:-1}" == 1 ]]; then
         # (no MPS: its default 20 SMs fit a quarter of a GPU, not a quarter of an MPS
         # client's); the others run under MPS (below).
         ((n <= 4)) || continue
-        py_fold=(env "FOLD_GPUS=$num_gpus" scripts/fold_pes.sh python3)
+        py_fold=(env "FOLD_GPUS=$num_gpus" scripts/fold_pes.sh)
       fi
       for entry in "${py_runs[@]}"; do
         name=${entry%%:*}
@@ -245,7 +351,8 @@ if [[ "${GPU_TEST_PYTHON:-1}" == 1 ]]; then
         log="$LOG_DIR/py-$name-n$n.log"
         rc=0
         # `python3 -m x` runs as `torchrun ... -m x`; a script path runs as itself; folded,
-        # both run as `torchrun --no-python scripts/fold_pes.sh python3 ...`.
+        # both run as `torchrun --no-python scripts/fold_pes.sh python3 ...`; under a sanitizer,
+        # as `torchrun --no-python [scripts/fold_pes.sh] compute-sanitizer ... python3 ...`.
         # Folded PEs may use NVSHMEM's on-stream synchronisation and teams only under MPS
         # ("not supported with limited MPG"); the buffer's scripts run folded without it (see
         # above).
@@ -254,11 +361,17 @@ if [[ "${GPU_TEST_PYTHON:-1}" == 1 ]]; then
         else
           mps_stop
         fi
+        sanitize "${log%.log}"
+        under=""
+        [[ -z "$sanitizer" ]] || under=", under compute-sanitizer $sanitizer"
         if ((${#py_fold[@]} > 0)); then
           how="folded over gloo"
           ((mps_on == 0)) || how="$how, under MPS"
-          step "python $name, $n PEs on $num_gpus GPU(s), $how -> $log"
-          launch=(--no-python "${py_fold[@]}" "${cmd[@]:1}")
+          step "python $name, $n PEs on $num_gpus GPU(s), $how$under -> $log"
+          launch=(--no-python "${py_fold[@]}" "${san_run[@]}" "${cmd[@]}")
+        elif [[ -n "$sanitizer" ]]; then
+          step "python $name on $n GPU(s)$under -> $log"
+          launch=(--no-python "${san_run[@]}" "${cmd[@]}")
         elif [[ "${cmd[1]}" == -m ]]; then
           step "python $name on $n GPU(s) -> $log"
           launch=(-m "${cmd[@]:2}")
@@ -268,13 +381,17 @@ if [[ "${GPU_TEST_PYTHON:-1}" == 1 ]]; then
         fi
         timeout --kill-after=30 "$timeout_s" "${torchrun[@]}" --standalone \
           --nproc_per_node="$n" "${launch[@]}" 2>&1 | tee "$log" || rc=$?
+        san_rc=0
+        sanitizer_verdict "${log%.log}" "python $name n=$n" || san_rc=$?
+        san_note=""
+        [[ -z "$sanitizer" ]] || san_note="; $(sanitizer_line "$log")"
         # pytest: torchrun's exit code says every rank passed; scripts also print the line.
-        if ((rc == 0)) && { [[ "$name" == pytest ]] || grep -Eq '^[0-9]+ passed, 0 failed' "$log"; }; then
+        if ((rc == 0 && san_rc == 0)) && { [[ "$name" == pytest ]] || grep -Eq '^[0-9]+ passed, 0 failed' "$log"; }; then
           passed=$((passed + 1))
-          results+=("PASS  python $name n=$n${py_fold:+ (folded over gloo)}")
+          results+=("PASS  python $name n=$n${py_fold:+ (folded over gloo)}$san_note")
         else
           failed=$((failed + 1))
-          results+=("FAIL  python $name n=$n (exit code $rc; log $log)")
+          results+=("FAIL  python $name n=$n (exit code $rc$san_note; log $log)")
         fi
       done
     done
@@ -284,6 +401,7 @@ fi
 
 step "summary (logs in $LOG_DIR)"
 printf '%s\n' "${results[@]}"
+[[ -z "$sanitizer" ]] || echo "compute-sanitizer $sanitizer, per PE: $LOG_DIR/sanitizer-$sanitizer.tsv"
 if ((passed + failed == 0)); then
   echo "nothing ran: no binary found in $BIN_DIR (build with: cargo build --release --workspace)"
   failed=1

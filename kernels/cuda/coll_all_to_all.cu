@@ -44,7 +44,6 @@ extern "C" __global__ void __launch_bounds__(COLL_THREADS) coll_all_to_all_v(con
     const uint32_t flag = static_cast<uint32_t>(epoch);
     uint64_t* rows_for = ws.counts + (epoch & 1) * MAX_PES * MAX_PES;  // [sender][receiver]
     __shared__ uint64_t matrix[MAX_PES][MAX_PES];
-    __shared__ int ok;
 
     if (blockIdx.x == 0 && threadIdx.x < n) {
         const int q = threadIdx.x;
@@ -63,8 +62,7 @@ extern "C" __global__ void __launch_bounds__(COLL_THREADS) coll_all_to_all_v(con
             }
         }
     }
-    if (threadIdx.x == 0) ok = 1;
-    __syncthreads();
+    bool came = true;  // this thread's word of the matrix arrived
     if (threadIdx.x < n * n) {
         const int sender = threadIdx.x / n, receiver = threadIdx.x % n;
         const uint64_t* word = rows_for + sender * MAX_PES + receiver;
@@ -73,32 +71,35 @@ extern "C" __global__ void __launch_bounds__(COLL_THREADS) coll_all_to_all_v(con
         while ((value >> 32) != flag) {
             if (failed(ws) || clock64() - start > ws.timeout_cycles) {
                 record_failure(ws, WAIT_COUNTS, sender, flag, value >> 32, epoch);  // no-op if already failed
-                ok = 0;
+                came = false;
                 break;
             }
             value = ld_volatile(word);
         }
         matrix[sender][receiver] = value & BAD_ROW;
     }
-    __syncthreads();
+    // The barrier publishes the matrix, and its AND tells every thread whether all of it came.
+    // No flag in shared memory: thread 0 would write it while the others still read it.
+    bool ok = __syncthreads_and(came);
     // ANCHOR_END: a2av_counts
+    bool valid = true;  // thread 0: no bad row, and no receiver gets more than out_rows
     if (threadIdx.x == 0 && ok) {
-        for (int p = 0; p < n && ok; ++p) {
+        for (int p = 0; p < n && valid; ++p) {
             uint64_t received = 0;
             for (int i = 0; i < n; ++i) {
                 if (matrix[p][i] == BAD_ROW) {
                     if (blockIdx.x == 0) record_failure(ws, BAD_SPLITS, p, in_rows, 0, epoch);
-                    ok = 0;
+                    valid = false;
                 }
                 received += matrix[i][p];
             }
-            if (ok && received > out_rows) {
+            if (valid && received > out_rows) {
                 if (blockIdx.x == 0) record_failure(ws, OUT_TOO_SMALL, p, out_rows, received, epoch);
-                ok = 0;
+                valid = false;
             }
         }
     }
-    __syncthreads();
+    ok = __syncthreads_and(ok && valid);
     // ANCHOR: a2av_rows
     if (ok) {
         for (int i = 1; i <= n; ++i) {
