@@ -80,6 +80,11 @@ echo "kernels: every module compiles for sm_80 and sm_90"
 # (here: no RDMA device, said plainly) and exits 0; --require-rdma is for cluster nodes.
 step "cluster preflight (scripts/cluster_check.sh, reporting mode)"
 bash scripts/cluster_check.sh
+
+# The sanitizer runs' noise filter (scripts/gpu_test.sh GPU_TEST_SANITIZER): its rules against
+# sample reports, on the CPU.
+step "sanitizer filter self-test (scripts/sanitizer_filter.py)"
+python3 scripts/sanitizer_filter.py --self-test
 # ------------------------------------------------------------------------------------------
 
 # ---- pytest (Python package) ------------------------------------------------------------

@@ -235,17 +235,15 @@ extern "C" __global__ void put_stores(char* dest, const char* source, uint64_t n
 extern "C" __global__ void pingpong(char* buffer, const char* source, uint64_t num_bytes, uint64_t* signal,
                                     uint64_t first_value, int peer, int initiator, uint64_t num_iters,
                                     long long timeout_cycles, uint64_t* error) {
-    __shared__ int ok;
     // One thread is enough for a few bytes; a block-wide put spreads larger messages over
     // all of the block's threads.
     const bool whole_block = num_bytes > 256;
-    if (threadIdx.x == 0) ok = 1;
-    __syncthreads();
     for (uint64_t i = first_value + 1; i <= first_value + num_iters; ++i) {
         if (!initiator) {
-            if (threadIdx.x == 0) ok = signal_wait_bounded(signal, i, timeout_cycles, peer, error);
-            __syncthreads();
-            if (!ok) return;
+            // Thread 0 waits; the barrier hands its outcome to every thread (no shared flag
+            // that thread 0 could overwrite in the next round while others still read it).
+            const int came = threadIdx.x != 0 || signal_wait_bounded(signal, i, timeout_cycles, peer, error);
+            if (!__syncthreads_and(came)) return;
         }
         if (whole_block) {
             nvshmemx_putmem_signal_nbi_block(buffer, source, num_bytes, signal, i, NVSHMEM_SIGNAL_SET, peer);
@@ -253,9 +251,8 @@ extern "C" __global__ void pingpong(char* buffer, const char* source, uint64_t n
             nvshmem_putmem_signal_nbi(buffer, source, num_bytes, signal, i, NVSHMEM_SIGNAL_SET, peer);
         }
         if (initiator) {
-            if (threadIdx.x == 0) ok = signal_wait_bounded(signal, i, timeout_cycles, peer, error);
-            __syncthreads();
-            if (!ok) return;
+            const int came = threadIdx.x != 0 || signal_wait_bounded(signal, i, timeout_cycles, peer, error);
+            if (!__syncthreads_and(came)) return;
         }
     }
     // Nothing may still be in flight when the kernel ends.
