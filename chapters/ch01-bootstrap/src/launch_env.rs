@@ -6,6 +6,8 @@
 
 use std::time::Duration;
 
+use sha2::{Digest, Sha256};
+
 /// Environment variable that fixes the rendezvous port (default: the first free one of
 /// `MASTER_PORT + 1 ..` [`RDZV_PORT_WINDOW`] ports).
 pub const RDZV_PORT_VAR: &str = "NVSHMEM_TUTORIAL_RDZV_PORT";
@@ -59,9 +61,10 @@ pub struct LaunchEnv {
     /// many ports from it rank 0 may bind (1 when NVSHMEM_TUTORIAL_RDZV_PORT fixes it).
     pub rdzv_port: u16,
     pub rdzv_ports: u16,
-    /// Tells this job's ranks from another job's whose port window overlaps ours: a hash of
-    /// TORCHELASTIC_RUN_ID (torchrun's job id), MASTER_ADDR and MASTER_PORT.
-    pub job_token: u64,
+    /// The job's shared secret: every rank of this job derives the same one from
+    /// TORCHELASTIC_RUN_ID (torchrun's job id), MASTER_ADDR and MASTER_PORT, and the
+    /// rendezvous proves it both ways without sending it ([`JobToken`]).
+    pub job_token: JobToken,
     /// Bound on every wait of the bootstrap.
     pub timeout: Duration,
 }
@@ -122,10 +125,8 @@ impl LaunchEnv {
             }
         };
         let run_id = lookup("TORCHELASTIC_RUN_ID").unwrap_or_default();
-        let job_token = fnv1a(
-            // Not WORLD_SIZE: ranks of one job that disagree on it must meet, and fail loudly.
-            format!("{run_id};{master_addr};{master_port}").as_bytes(),
-        );
+        // Not WORLD_SIZE: ranks of one job that disagree on it must meet, and fail loudly.
+        let job_token = JobToken::derive(&run_id, &master_addr, master_port);
         let timeout = match lookup(TIMEOUT_VAR) {
             Some(v) => {
                 let ms = parse_usize(TIMEOUT_VAR, &v)?;
@@ -162,12 +163,43 @@ fn parse_usize(name: &'static str, value: &str) -> Result<usize, EnvError> {
     })
 }
 
-/// 64-bit FNV-1a: a hash every rank computes alike, whatever binary or build it runs (std's
-/// hashers promise no stability across builds).
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &b| {
-        (hash ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
+/// The secret that the ranks of one job share: SHA-256 of TORCHELASTIC_RUN_ID, MASTER_ADDR and
+/// MASTER_PORT, which every rank computes alike whatever binary or build it runs.
+///
+/// It is as secret as its inputs. MASTER_ADDR and MASTER_PORT can be guessed, so what a process
+/// outside the job lacks is the run id: `torchrun --standalone` makes it a random UUID, and
+/// `--rdzv-id` sets it otherwise (give it a value no one else can guess, such as a scheduler's
+/// job id plus a random suffix). A process that has the job's environment has the token, and
+/// is trusted like any rank: torchrun's own store trusts it too.
+///
+/// `Debug` prints no bytes of it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct JobToken([u8; 32]);
+
+impl JobToken {
+    /// The token of the job that torchrun describes with these three values.
+    pub fn derive(run_id: &str, master_addr: &str, master_port: u16) -> Self {
+        let mut hash = Sha256::new();
+        hash.update(b"nvshmem-tutorial rendezvous job token\0");
+        // Each field with its length, so that no two triples hash the same bytes.
+        for field in [run_id.as_bytes(), master_addr.as_bytes()] {
+            hash.update((field.len() as u64).to_le_bytes());
+            hash.update(field);
+        }
+        hash.update(master_port.to_le_bytes());
+        Self(hash.finalize().into())
+    }
+
+    /// The key of the rendezvous's HMAC.
+    pub(crate) fn key(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for JobToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("JobToken(..)")
+    }
 }
 
 fn parse_port(name: &'static str, value: &str) -> Result<u16, EnvError> {
@@ -308,5 +340,17 @@ mod tests {
         ])
         .unwrap();
         assert_ne!(a.job_token, other_port.job_token);
+        // Fields are kept apart: moving a character from one to the next is another job.
+        assert_ne!(
+            JobToken::derive("run-a1", "27.0.0.1", 29500),
+            JobToken::derive("run-a", "127.0.0.1", 29500)
+        );
+    }
+
+    #[test]
+    fn the_job_token_is_not_printed() {
+        let env = with(&[("TORCHELASTIC_RUN_ID", Some("run-a"))]).unwrap();
+        let printed = format!("{env:?}");
+        assert!(printed.contains("job_token: JobToken(..)"), "{printed}");
     }
 }
