@@ -67,6 +67,38 @@ pub fn count_wrong<T: PartialEq + Copy>(
         .count()
 }
 
+/// Cases counted per key (say "all_reduce  two_shot  f32"), for PE 0 to print one line per
+/// key at the end: the collectives' examples check hundreds of cases, and a line each would
+/// bury the failures (which `Tally::check` prints as they happen).
+#[derive(Debug, Default)]
+pub struct CaseSummary(std::collections::BTreeMap<String, (u32, u32)>);
+
+impl CaseSummary {
+    /// Counts one case of `key`.
+    pub fn record(&mut self, key: &str, ok: bool) {
+        let entry = self.0.entry(key.to_owned()).or_default();
+        if ok {
+            entry.0 += 1;
+        } else {
+            entry.1 += 1;
+        }
+    }
+
+    /// On PE 0: one line per key, its cases that passed and those that failed.
+    pub fn print(&self, me: usize) {
+        if me != 0 {
+            return;
+        }
+        for (key, (passed, failed)) in &self.0 {
+            let failed = match failed {
+                0 => String::new(),
+                n => format!(", {n} FAILED"),
+            };
+            println!("pe 0: {key:<42} {passed:>3} ok{failed}");
+        }
+    }
+}
+
 /// Checks counted on this PE.
 #[derive(Debug, Default)]
 pub struct Tally {

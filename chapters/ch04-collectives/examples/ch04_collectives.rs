@@ -9,11 +9,10 @@
 //! of `ch04_collectives::reference`; then 1000 calls in a row with no reset, a CUDA graph
 //! replayed with new inputs, the barrier's ordering, and the mistakes, made on purpose.
 
-use std::collections::BTreeMap;
 use std::process::ExitCode;
 
 use ch01_bootstrap::World;
-use ch01_bootstrap::checks::{POISON_BYTE, Tally};
+use ch01_bootstrap::checks::{CaseSummary, POISON_BYTE, Tally};
 use ch02_symmetric_memory::SymmetricBuffer;
 use ch04_collectives::reference::{self, HostElement, pattern_byte, pattern_value};
 use ch04_collectives::{
@@ -73,7 +72,7 @@ fn run() -> Result<bool, AnyError> {
     check_mistakes(&comm, &mut check, &bytes, &f32s.0)?;
     drop(comm);
     check_device_errors(&world, &mut check)?;
-    check.print_summary(world.my_pe());
+    check.summary.print(check.me);
     Ok(check.tally.finish(&world)?)
 }
 
@@ -466,7 +465,7 @@ fn check_device_errors(world: &World, check: &mut Checker) -> Result<(), AnyErro
 struct Checker {
     tally: Tally,
     me: usize,
-    summary: BTreeMap<String, (u32, u32)>,
+    summary: CaseSummary,
 }
 
 impl Checker {
@@ -474,7 +473,7 @@ impl Checker {
         Self {
             tally: Tally::default(),
             me: comm.world().my_pe(),
-            summary: BTreeMap::new(),
+            summary: CaseSummary::default(),
         }
     }
 
@@ -521,12 +520,7 @@ impl Checker {
         let key = format!("{:<14} {:<14} {variant}", c.name(), a.name());
         let wrong = got.iter().zip(expected).position(|(g, e)| g != e);
         let ok = got.len() == expected.len() && wrong.is_none();
-        let entry = self.summary.entry(key.clone()).or_default();
-        if ok {
-            entry.0 += 1
-        } else {
-            entry.1 += 1
-        }
+        self.summary.record(&key, ok);
         self.tally.check(self.me, ok, || {
             let at = wrong.unwrap_or(0);
             format!(
@@ -536,20 +530,5 @@ impl Checker {
                 expected.get(at)
             )
         });
-    }
-
-    fn print_summary(&self, me: usize) {
-        if me == 0 {
-            for (key, (passed, failed)) in &self.summary {
-                println!(
-                    "pe 0: {key:<40} {passed:>3} ok{}",
-                    if *failed > 0 {
-                        format!(", {failed} FAILED")
-                    } else {
-                        String::new()
-                    }
-                );
-            }
-        }
     }
 }

@@ -13,10 +13,9 @@
 //! mistakes made on purpose, counts that do not add up, and last a PE of another node that
 //! never comes (a timeout that names node and local index).
 
-use std::collections::BTreeMap;
 use std::process::ExitCode;
 
-use ch01_bootstrap::checks::{POISON_BYTE, Tally};
+use ch01_bootstrap::checks::{CaseSummary, POISON_BYTE, Tally};
 use ch01_bootstrap::{LaunchEnv, World, check_placement, placement};
 use ch02_symmetric_memory::SymmetricBuffer;
 use ch04_collectives::DType;
@@ -42,7 +41,7 @@ fn run() -> Result<bool, AnyError> {
     let mut check = Checker {
         tally: Tally::default(),
         me: world.my_pe(),
-        summary: BTreeMap::new(),
+        summary: CaseSummary::default(),
     };
     check_place(&world, &mut check.tally)?;
     // ANCHOR: setup
@@ -68,7 +67,7 @@ fn run() -> Result<bool, AnyError> {
     check_mistakes(&topo, &mut check, &bufs)?;
     drop(topo);
     check_device_errors(&world, &mut check, &bufs)?;
-    check.print_summary();
+    check.summary.print(check.me);
     Ok(check.tally.finish(&world)?)
 }
 
@@ -491,7 +490,7 @@ fn check_device_errors(
 struct Checker {
     tally: Tally,
     me: usize,
-    summary: BTreeMap<String, (u32, u32)>,
+    summary: CaseSummary,
 }
 
 impl Checker {
@@ -525,12 +524,7 @@ impl Checker {
             .position(|(g, e)| g != e);
         let spilled = got[expected.len()..].iter().any(|&b| b != POISON_BYTE);
         let ok = wrong.is_none() && !spilled;
-        let entry = self.summary.entry(key.clone()).or_default();
-        if ok {
-            entry.0 += 1
-        } else {
-            entry.1 += 1
-        }
+        self.summary.record(&key, ok);
         self.tally.check(self.me, ok, || {
             format!(
                 "{key}, {} bytes: first wrong byte {wrong:?}, wrote past the end: {spilled}",
@@ -538,18 +532,5 @@ impl Checker {
             )
         });
         Ok(())
-    }
-
-    fn print_summary(&self) {
-        if self.me == 0 {
-            for (key, (passed, failed)) in &self.summary {
-                let failed = if *failed > 0 {
-                    format!(", {failed} FAILED")
-                } else {
-                    String::new()
-                };
-                println!("pe 0: {key:<42} {passed:>3} ok{failed}");
-            }
-        }
     }
 }
