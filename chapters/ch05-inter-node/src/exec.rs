@@ -625,7 +625,6 @@ impl<W: Deref<Target = World> + Clone> Topology<W> {
     /// `NvshmemTeams` sum each node first, then the nodes (`reference::hier_sum`'s order);
     /// `Flat` sums every PE in PE order. In place (out == input) is allowed.
     /// out, input: symmetric [count] dtype.
-    #[allow(clippy::too_many_arguments)]
     pub fn all_reduce_raw(
         &self,
         method: Method,
@@ -635,38 +634,7 @@ impl<W: Deref<Target = World> + Clone> Topology<W> {
         dtype: DType,
         stream: sys::CUstream,
     ) -> Result<(), InterNodeError> {
-        let num_bytes = count * dtype.size();
-        let check = ("all_reduce", method, Some(dtype));
-        self.prepare(
-            check,
-            &[(out, num_bytes), (input, num_bytes)],
-            num_bytes,
-            stream,
-        )?;
-        let call = Call {
-            input,
-            out,
-            dtype: Some(dtype),
-            ..Call::default()
-        };
-        match method {
-            Method::Flat if count == 0 => Ok(()),
-            Method::Flat => self.rma_reduce(
-                self.world_group("all_reduce")?,
-                true,
-                out,
-                input,
-                count,
-                &call,
-                stream,
-            ),
-            _ => self.run_plan(
-                &plan::all_reduce(&self.layout, count, dtype.size()),
-                call,
-                method,
-                stream,
-            ),
-        }
+        self.reduce("all_reduce", method, (out, input), count, dtype, stream)
     }
     // ANCHOR_END: all_reduce_raw
 
@@ -681,38 +649,45 @@ impl<W: Deref<Target = World> + Clone> Topology<W> {
         dtype: DType,
         stream: sys::CUstream,
     ) -> Result<(), InterNodeError> {
+        self.reduce("reduce_scatter", method, (out, input), count, dtype, stream)
+    }
+
+    /// Both reductions: checked, then the flat RMA kernel over every PE or the hierarchical
+    /// plan (on our kernels or NVSHMEM's teams).
+    fn reduce(
+        &self,
+        collective: &'static str,
+        method: Method,
+        (out, input): (u64, u64),
+        count: usize,
+        dtype: DType,
+        stream: sys::CUstream,
+    ) -> Result<(), InterNodeError> {
+        let all_reduce = collective == "all_reduce";
         let out_bytes = count * dtype.size();
-        let in_bytes = self.layout.n_pes * out_bytes;
-        let check = ("reduce_scatter", method, Some(dtype));
-        self.prepare(
-            check,
-            &[(out, out_bytes), (input, in_bytes)],
-            in_bytes,
-            stream,
-        )?;
+        let in_bytes = match all_reduce {
+            true => out_bytes,
+            false => self.layout.n_pes * out_bytes,
+        };
+        let ranges = [(out, out_bytes), (input, in_bytes)];
+        self.prepare((collective, method, Some(dtype)), &ranges, in_bytes, stream)?;
         let call = Call {
             input,
             out,
             dtype: Some(dtype),
             ..Call::default()
         };
+        let group = || self.world_group(collective);
         match method {
             Method::Flat if count == 0 => Ok(()),
-            Method::Flat => self.rma_reduce(
-                self.world_group("reduce_scatter")?,
-                false,
-                out,
-                input,
-                count,
-                &call,
-                stream,
-            ),
-            _ => self.run_plan(
-                &plan::reduce_scatter(&self.layout, count, dtype.size()),
-                call,
-                method,
-                stream,
-            ),
+            Method::Flat => self.rma_reduce(group()?, all_reduce, out, input, count, &call, stream),
+            _ => {
+                let plan = match all_reduce {
+                    true => plan::all_reduce(&self.layout, count, dtype.size()),
+                    false => plan::reduce_scatter(&self.layout, count, dtype.size()),
+                };
+                self.run_plan(&plan, call, method, stream)
+            }
         }
     }
 
