@@ -12,8 +12,9 @@
 #   chapter programs with --pairs SOAK_PAIRS (default 10000) and --create-destroy 100 at N = 1
 #   and folded N = 2; dead_rank runs scripts/dead_rank.py with DEAD_RANK_ARGS),
 #   DEVICE_GPU_TEST=0 (skip gpu_test.sh), DEVICE_LOGS (folder
-#   for logs and results, default a fresh temporary one), CARRY (default .carry: bin/ with the
-#   release binaries, wheels/ with the nvshmem_tutorial wheel, deepep/ with DeepEP's source).
+#   for logs and results, default a fresh temporary one), CARRY (default .carry, as
+#   scripts/build_carry.sh makes it: bins.tar.xz with the release binaries, unpacked here into
+#   bin/; wheels/ with the nvshmem_tutorial wheel; deepep/ with DeepEP's source).
 # When buffer is asked for and DeepEP is not built yet, its build (about 80 s on 64 cores)
 # starts at once in the background, beside gpu_test.sh, and the buffer benchmark waits for it.
 set -uo pipefail
@@ -23,7 +24,16 @@ export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAS
 carry=${CARRY:-.carry}
 logs=${DEVICE_LOGS:-$(mktemp -d "${TMPDIR:-/tmp}/device_run.XXXXXX")}
 mkdir -p "$logs"
-trap 'tar czf "$OUT/logs.tgz" -C "$logs" . ; echo "device_run: logs in $OUT/logs.tgz"' EXIT
+# The archive is rewritten after every step, so a call cut short by its time limit still
+# brings back what the finished steps logged.
+pack() { tar czf "$OUT/logs.tgz" -C "$logs" . 2>/dev/null || true; }
+trap 'pack; echo "device_run: logs in $OUT/logs.tgz"' EXIT
+
+# scripts/build_carry.sh packs the binaries (each embeds every cubin: unpacked they exceed the
+# carry limit).
+if [[ -f "$carry/bins.tar.xz" ]]; then
+  python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$carry/bins.tar.xz" "$carry"
+fi
 
 if compgen -G "$carry/wheels/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site "$carry"/wheels/*.whl
@@ -40,6 +50,7 @@ fi
 
 if [[ "${DEVICE_GPU_TEST:-1}" == 1 ]]; then
   BIN_DIR="$carry/bin" LOG_DIR="$logs" bash scripts/gpu_test.sh "$@" 2>&1 | tee "$logs/gpu_test.log" | tail -25
+  pack
 fi
 wait_deepep() {
   if [[ -n "$deepep_build" ]]; then
@@ -93,4 +104,5 @@ for bench in ${DEVICE_BENCH:-}; do
     *) echo "device_run: unknown benchmark '$bench'" ;;
   esac
   echo "device_run: $bench exit $?"
+  pack
 done
