@@ -22,8 +22,9 @@ const MODULES: [&str; 3] = ["rma_coll", "rma_a2av", "node_forward"];
 
 // ANCHOR: topology
 /// Nodes of `layout.node_pes` PEs over the whole job, and what the collectives run on.
-/// Every PE must make the same calls in the same order (the node's and the rail's calls are
-/// numbered on the device, as in chapter 4).
+/// Every PE must make the same calls in the same order, one after another on the stream order
+/// the caller keeps (the node's and the rail's calls are numbered on the device, as in chapter
+/// 4, and the staging buffers and count arrays serve one call at a time).
 pub struct Topology<W: Deref<Target = World> + Clone> {
     pub(crate) layout: Layout,
     pub(crate) config: InterNodeConfig,
