@@ -26,8 +26,7 @@ impl From<InterNodeError> for Error {
             InterNodeError::Symmetric(e) | InterNodeError::PutGet(PutGetError::Symmetric(e)) => {
                 Error::Symmetric(e)
             }
-            e @ (InterNodeError::InvalidArgument { .. }
-            | InterNodeError::TooLarge { .. }
+            e @ (InterNodeError::TooLarge { .. }
             | InterNodeError::Topology(_)
             | InterNodeError::PutGet(PutGetError::RangeNotSymmetric { .. })) => {
                 Error::Invalid(e.to_string())

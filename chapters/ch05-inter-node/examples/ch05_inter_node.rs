@@ -348,9 +348,7 @@ fn check_many_calls_and_a_graph(
         let host = f32::to_bytes(&values[me]);
         let replay = || {
             let what = "replaying the graph";
-            graph
-                .launch()
-                .map_err(|source| InterNodeError::Cuda { what, source })
+            graph.launch().map_err(InterNodeError::cuda(what))
         };
         check.case(
             topo,

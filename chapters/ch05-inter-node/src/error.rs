@@ -89,11 +89,6 @@ pub enum InterNodeError {
         function: &'static str,
         what: String,
     },
-    #[error("{collective}: {what}")]
-    InvalidArgument {
-        collective: &'static str,
-        what: String,
-    },
     #[error(
         "{collective}: needs {need} bytes of {what} but InterNodeConfig::{field} is {have}: \
          raise it (every PE must pass the same config)"
@@ -110,23 +105,16 @@ pub enum InterNodeError {
          count): drop it and make a new one on every PE"
     )]
     Remote(RemoteFailure),
-    #[error("CUDA driver error while {what}: {source}")]
-    Cuda {
-        what: &'static str,
-        #[source]
-        source: cudarc::driver::DriverError,
-    },
 }
 
+/// A failed driver call and a refused argument are chapter 4's errors, whatever the chapter.
 impl InterNodeError {
-    pub(crate) fn cuda(what: &'static str) -> impl FnOnce(cudarc::driver::DriverError) -> Self {
-        move |source| Self::Cuda { what, source }
+    pub fn cuda(what: &'static str) -> impl FnOnce(cudarc::driver::DriverError) -> Self {
+        move |source| CollError::Cuda { what, source }.into()
     }
     pub(crate) fn invalid(collective: &'static str, what: impl Into<String>) -> Self {
-        Self::InvalidArgument {
-            collective,
-            what: what.into(),
-        }
+        let what = what.into();
+        CollError::InvalidArgument { collective, what }.into()
     }
 }
 
