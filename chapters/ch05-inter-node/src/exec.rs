@@ -16,7 +16,7 @@ use cudarc::driver::{DevicePtr, sys};
 
 use crate::config::{MAX_GROUP, RMA_THREADS};
 use crate::error::InterNodeError;
-use crate::plan::{self, Buf, Plan, Step, first_part_bytes, round16};
+use crate::plan::{self, Buf, Plan, Scope, Step, first_part_bytes, round16};
 use crate::rma::{RmaGroup, rma_blocks};
 use crate::topology::Topology;
 
@@ -162,12 +162,12 @@ impl<W: Deref<Target = World> + Clone> Topology<W> {
         plan.check_fits(&self.config)?;
         for step in &plan.steps {
             match (step.scope(), method) {
-                (plan::Scope::Local, _) => self.local_step(step, &call, stream)?,
+                (Scope::Local, _) => self.local_step(step, &call, stream)?,
                 (_, Method::NvshmemTeams) => {
                     self.team_step(plan.collective, step, &call, stream)?
                 }
-                (plan::Scope::Node, _) => self.node_step(step, &call, stream)?,
-                (plan::Scope::Rail, _) => self.rail_step(step, &call, stream)?,
+                (Scope::Node, _) => self.node_step(step, &call, stream)?,
+                (Scope::Rail, _) => self.rail_step(step, &call, stream)?,
             }
         }
         Ok(())
@@ -479,61 +479,50 @@ impl<W: Deref<Target = World> + Clone> Topology<W> {
         call: &Call,
         stream: sys::CUstream,
     ) -> Result<(), InterNodeError> {
-        let (g, n) = (self.layout.node_pes, self.layout.num_nodes());
-        let (node, rail) = (self.teams.node, self.teams.rail);
-        let (team, team_pes, c, size, out, input, root) = match *step {
-            Step::NodeReduceScatter { out, input, count } => (
-                node,
-                g,
+        let (team, team_pes) = match step.scope() {
+            Scope::Node => (self.teams.node, self.layout.node_pes),
+            _ => (self.teams.rail, self.layout.num_nodes()),
+        };
+        let bf16 = DType::Bf16.size(); // check_call refuses other sums on NVSHMEM's teams
+        let (c, size, out, input, root) = match *step {
+            Step::NodeReduceScatter { out, input, count }
+            | Step::RailReduceScatter { out, input, count } => (
                 Collective::ReduceScatter,
-                g * count * 2,
+                team_pes * count * bf16,
                 out,
                 input,
                 0,
             ),
-            Step::NodeAllReduce { out, input, count } => {
-                (node, g, Collective::AllReduce, count * 2, out, input, 0)
+            Step::NodeAllReduce { out, input, count }
+            | Step::RailAllReduce { out, input, count } => {
+                (Collective::AllReduce, count * bf16, out, input, 0)
             }
             Step::NodeAllGather {
                 out,
                 input,
                 num_bytes,
-            } => (node, g, Collective::AllGather, g * num_bytes, out, input, 0),
+            }
+            | Step::RailAllGather {
+                out,
+                input,
+                num_bytes,
+            } => (Collective::AllGather, team_pes * num_bytes, out, input, 0),
             Step::NodeBroadcast {
                 out,
                 input,
                 num_bytes,
                 root,
-            } => (node, g, Collective::Broadcast, num_bytes, out, input, root),
-            Step::RailReduceScatter { out, input, count } => (
-                rail,
-                n,
-                Collective::ReduceScatter,
-                n * count * 2,
-                out,
-                input,
-                0,
-            ),
-            Step::RailAllReduce { out, input, count } => {
-                (rail, n, Collective::AllReduce, count * 2, out, input, 0)
             }
-            Step::RailAllGather {
-                out,
-                input,
-                num_bytes,
-            } => (rail, n, Collective::AllGather, n * num_bytes, out, input, 0),
-            Step::RailBroadcast {
+            | Step::RailBroadcast {
                 out,
                 input,
                 num_bytes,
                 root,
-            } => (rail, n, Collective::Broadcast, num_bytes, out, input, root),
+            } => (Collective::Broadcast, num_bytes, out, input, root),
             // check_call refuses what NVSHMEM's teams cannot do before any step runs.
             _ => {
-                return Err(InterNodeError::invalid(
-                    collective,
-                    "NVSHMEM has no team all-to-all-v",
-                ));
+                let what = "NVSHMEM has no team all-to-all-v";
+                return Err(InterNodeError::invalid(collective, what));
             }
         };
         // ANCHOR: team_enqueue
