@@ -12,14 +12,17 @@
 //!   the kernels of `kernels/cuda/rma_*.cu`, which cross nodes with put-with-signal only.
 //! - [`plan`]: the hierarchical algorithms as plans of node, rail and local steps, pure
 //!   functions that the CPU tests run on a host model (`model.rs`).
-//! - [`topology`] and [`exec`]: `Topology`, which owns all of the above, and its calls, each
-//!   three ways ([`Method`]): hierarchical, the same plan on NVSHMEM's team collectives, flat.
+//! - [`topology`]: `Topology`, which owns all of the above; [`calls`]: its collectives, each
+//!   three ways ([`method`]): hierarchical, the same plan on NVSHMEM's team collectives, flat;
+//!   [`exec`]: how a plan's steps run.
 //! - [`reference`]: the host references, with the hierarchical order of sums.
 
+pub mod calls;
 pub mod config;
 pub mod error;
 pub mod exec;
 pub mod layout;
+pub mod method;
 pub mod plan;
 pub mod reference;
 pub mod rma;
@@ -32,7 +35,7 @@ mod model;
 
 pub use config::{InterNodeConfig, NODE_PES_VAR};
 pub use error::{InterNodeError, RemoteFailure};
-pub use exec::{Method, check_call};
 pub use layout::{Layout, Route, Strided, resolve_node_pes};
+pub use method::{Method, check_call};
 pub use plan::{Buf, Plan, Scope, Step};
 pub use topology::Topology;
