@@ -48,7 +48,6 @@ HISTORY_ALLOWED = [
     r"\b(?:u|s|b|f)(?:8|16|32|64)x[0-9]+\b",  # vector type names
     r"\bv[0-9] *(?:[-+*/<>=!,;)\]]|\+=|$)",  # a variable named v0, v1 in a listing (v0 < n)
     r"uint[0-9]+_t v[0-9]\b",  # its declaration
-    r"NVSHMEM v[0-9]+\.[0-9]+(?:\.[0-9]+)?",  # a third party's release, as its issue titles name it
 ]
 
 # ---- 4. listing length -----------------------------------------------------------------------
