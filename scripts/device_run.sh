@@ -5,8 +5,13 @@
 #
 # Usage: scripts/device_run.sh [gpu_test.sh arguments...]
 # Environment: OUT (where results go; required), GPU_TEST_NPROCS, GPU_TEST_PYTHON (as for
-#   gpu_test.sh), DEVICE_BENCH (space-separated steps, run in the order given: buffer coll
-#   deepep_n1 host_path soak dead_rank; buffer runs the modes in BUFFER_MODES; deepep_n1 runs
+#   gpu_test.sh), DEVICE_BENCH (space-separated steps, run in the order given: buffer coll p2p
+#   deepep_n1 host_path soak dead_rank sanitizer deepep_v2; buffer and coll run once per
+#   process count in BENCH_NPROCS (default: GPU_TEST_NPROCS, else 2), buffer the modes in
+#   BUFFER_MODES; p2p runs benchmarks/run_p2p.sh on GPUs 0 and 1; sanitizer runs
+#   gpu_test.sh once per tool in SANITIZER_TOOLS (default "memcheck racecheck synccheck") at
+#   SANITIZER_NPROCS (default 2); deepep_v2 runs benchmarks/deepep_v2.sh at each of
+#   BENCH_NPROCS; deepep_n1 runs
 #   DeepEP's test_low_latency.py at N = 1 for DeepEP and for ours, and our test_intranode.py
 #   as far as N = 1 goes; host_path runs benchmarks/host_path.py for both; soak runs the
 #   chapter programs with --pairs SOAK_PAIRS (default 10000) and --create-destroy 100 at N = 1
@@ -70,6 +75,7 @@ fold_run() {
     torchrun --standalone --nproc_per_node="$n" --no-python "$bin" "$@"
   fi
 }
+bench_nprocs=${BENCH_NPROCS:-${GPU_TEST_NPROCS:-2}}
 for bench in ${DEVICE_BENCH:-}; do
   case "$bench" in
     deepep_n1)
@@ -97,10 +103,35 @@ for bench in ${DEVICE_BENCH:-}; do
     dead_rank)
       # shellcheck disable=SC2086 # DEAD_RANK_ARGS is a list of options
       python3 scripts/dead_rank.py --bin-dir "$carry/bin" --log-dir "$logs/dead_rank" ${DEAD_RANK_ARGS:-} >"$logs/dead_rank.log" 2>&1 ;;
-    coll) BIN_DIR="$carry/bin" COLL_OUT="$logs" bash benchmarks/run_coll.sh "${GPU_TEST_NPROCS:-2}" >"$logs/run_coll.log" 2>&1 ;;
+    coll)
+      for n in $bench_nprocs; do
+        BIN_DIR="$carry/bin" COLL_OUT="$logs" bash benchmarks/run_coll.sh "$n" >"$logs/run_coll_n$n.log" 2>&1
+        echo "device_run: coll n=$n exit $?"
+        pack
+      done ;;
+    p2p) CUDA_VISIBLE_DEVICES=0,1 BIN_DIR="$carry/bin" P2P_BENCH_OUT="$logs" bash benchmarks/run_p2p.sh >"$logs/run_p2p.log" 2>&1 ;;
     buffer)
       wait_deepep
-      BUFFER_OUT="$logs" BUFFER_LOGS="$logs" bash benchmarks/run_buffer.sh "$carry/deepep" "${GPU_TEST_NPROCS:-2}" >"$logs/run_buffer.log" 2>&1 ;;
+      for n in $bench_nprocs; do
+        mkdir -p "$logs/buffer_n$n"
+        BUFFER_OUT="$logs" BUFFER_LOGS="$logs/buffer_n$n" bash benchmarks/run_buffer.sh "$carry/deepep" "$n" >"$logs/run_buffer_n$n.log" 2>&1
+        echo "device_run: buffer n=$n exit $?"
+        pack
+      done ;;
+    sanitizer)
+      for tool in ${SANITIZER_TOOLS:-memcheck racecheck synccheck}; do
+        mkdir -p "$logs/sanitizer_$tool"
+        GPU_TEST_SANITIZER=$tool GPU_TEST_NPROCS=${SANITIZER_NPROCS:-2} BIN_DIR="$carry/bin" LOG_DIR="$logs/sanitizer_$tool" \
+          bash scripts/gpu_test.sh >"$logs/sanitizer_$tool.log" 2>&1
+        echo "device_run: sanitizer $tool exit $?"
+        pack
+      done ;;
+    deepep_v2)
+      for n in $bench_nprocs; do
+        CARRY="$carry" bash benchmarks/deepep_v2.sh "$n" "$logs/deepep_v2_n$n" >"$logs/deepep_v2_n$n.log" 2>&1
+        echo "device_run: deepep_v2 n=$n exit $?"
+        pack
+      done ;;
     *) echo "device_run: unknown benchmark '$bench'" ;;
   esac
   echo "device_run: $bench exit $?"

@@ -1,6 +1,7 @@
 //! `World`: NVSHMEM initialised on this process's GPU, finalised on drop.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaContext, CudaStream};
@@ -35,6 +36,8 @@ pub struct World {
     num_sms: u32,
     init_time: Duration,
     job_seed: u64,
+    /// Kernel modules registered with NVSHMEM so far, by name (see `load_module`).
+    modules: Mutex<HashMap<&'static str, Arc<kernels::NvshmemModule>>>,
 }
 // ANCHOR_END: world
 
@@ -148,6 +151,7 @@ impl World {
             num_sms,
             init_time,
             job_seed: spec.unique_id.fingerprint(),
+            modules: Mutex::default(),
         })
     }
 
@@ -207,12 +211,22 @@ impl World {
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
     }
-    /// Loads an embedded kernel module and registers it with NVSHMEM.
+    /// An embedded kernel module, loaded and registered with NVSHMEM on first use, then shared
+    /// by everything this world runs. Registered once per world because
+    /// `nvshmemx_cumodule_finalize` does not give back all that `nvshmemx_cumodule_init` took
+    /// (about 16 KiB of GPU memory per module in NVSHMEM 3.4.5; benchmarks/notes/reliability.md):
+    /// a loop that made and dropped buffers would otherwise lose memory with every buffer.
     pub fn load_module(
         &self,
         name: &'static str,
-    ) -> Result<kernels::NvshmemModule, BootstrapError> {
-        Ok(kernels::NvshmemModule::load(&self.ctx, self.nvshmem, name)?)
+    ) -> Result<Arc<kernels::NvshmemModule>, BootstrapError> {
+        let mut modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(module) = modules.get(name) {
+            return Ok(module.clone());
+        }
+        let module = Arc::new(kernels::NvshmemModule::load(&self.ctx, self.nvshmem, name)?);
+        modules.insert(name, module.clone());
+        Ok(module)
     }
     /// Host-blocking barrier across all PEs; also completes every outstanding put.
     pub fn barrier_all(&self) -> Result<(), BootstrapError> {
@@ -233,6 +247,8 @@ impl Drop for World {
         // must finish first, or it would touch freed memory.
         let _ = self.stream.synchronize();
         let _ = self.ctx.bind_to_thread();
+        // The modules' NVSHMEM state goes before NVSHMEM does.
+        self.modules.get_mut().unwrap_or_else(|e| e.into_inner()).clear();
         if !is_broken() {
             // SAFETY: initialised by `init`; every rank drops its World at the end of the job.
             unsafe { (self.nvshmem.hostlib_finalize)() };

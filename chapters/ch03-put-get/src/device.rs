@@ -104,7 +104,7 @@ pub fn check_hopper(kernel: &'static str, (major, minor): (i32, i32)) -> Result<
 /// the kernels' bounded waits report into.
 pub struct DeviceOps<'w> {
     pub(crate) world: &'w World,
-    _module: kernels::NvshmemModule,
+    _module: std::sync::Arc<kernels::NvshmemModule>,
     put: [CudaFunction; 3],
     get: [CudaFunction; 3],
     store_copy: CudaFunction,

@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::ffi::c_void;
+use std::sync::Arc;
 
 use ch01_bootstrap::World;
 use cudarc::driver::{CudaFunction, sys};
@@ -43,7 +44,7 @@ struct Kernel {
 pub struct Kernels {
     by_name: HashMap<&'static str, Kernel>,
     num_sms: u32,
-    _modules: Vec<kernels::NvshmemModule>,
+    _modules: Vec<Arc<kernels::NvshmemModule>>,
 }
 
 impl Kernels {
