@@ -436,7 +436,7 @@ fn check_team_call(
     let inputs: Vec<Vec<u8>> = (0..n)
         .map(|pe| team_input(collective, pe, call.in_bytes, seed))
         .collect();
-    input.copy_from_host(&inputs[me])?;
+    input.copy_from_host_at(0, &inputs[me])?; // the call reads the first in_bytes
     out.fill_bytes(0xFF)?; // bf16 NaN, and no pattern byte run
     world.barrier_all()?;
     team::enqueue_team(world, collective, out, input, size, 0, world.stream())?;

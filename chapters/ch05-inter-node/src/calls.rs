@@ -8,7 +8,7 @@ use std::ops::Deref;
 
 use ch01_bootstrap::World;
 use ch04_collectives::DType;
-use cudarc::driver::{DevicePtr, sys};
+use cudarc::driver::sys;
 
 use crate::config::MAX_GROUP;
 use crate::error::InterNodeError;
@@ -204,8 +204,7 @@ impl<W: Deref<Target = World> + Clone> Topology<W> {
                 self.rma_exchange(group, "rma_all_to_all", out, input, num_bytes, None, stream)
             }
             _ => {
-                let in_splits = self.ones.device_ptr(self.world().stream()).0;
-                let out_splits_offsets = self.received.device_ptr(self.world().stream()).0;
+                let (in_splits, out_splits_offsets) = self.splits;
                 let call = Call {
                     input,
                     out,

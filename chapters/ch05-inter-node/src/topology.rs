@@ -8,7 +8,7 @@ use std::ops::Deref;
 use ch01_bootstrap::World;
 use ch02_symmetric_memory::{SymmetricBuffer, exchange_u64};
 use ch04_collectives::{CollectivesConfig, Communicator, Kernels};
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, DevicePtr};
 
 use crate::config::{InterNodeConfig, MAX_GROUP};
 use crate::error::InterNodeError;
@@ -41,9 +41,13 @@ pub struct Topology<W: Deref<Target = World> + Clone> {
     pub(crate) stages: SymmetricBuffer<W, u8>,
     pub(crate) kernels: Kernels,
     /// n_pes ones (the equal-split all-to-all as an all-to-all-v of one row per PE) and its
-    /// out_splits_offsets [2, n_pes]: device int64.
-    pub(crate) ones: CudaSlice<i64>,
-    pub(crate) received: CudaSlice<i64>,
+    /// out_splits_offsets [2, n_pes]: device int64, owned here, their addresses in `splits`.
+    _ones: CudaSlice<i64>,
+    _received: CudaSlice<i64>,
+    /// (ones, received) as raw addresses, taken once: a call may be captured into a CUDA graph,
+    /// and cudarc's per-use event bookkeeping (a wait on an event recorded before the capture)
+    /// would invalidate that capture.
+    pub(crate) splits: (u64, u64),
 }
 // ANCHOR_END: topology
 
@@ -100,6 +104,11 @@ impl<W: Deref<Target = World> + Clone> Topology<W> {
         let received = stream
             .alloc_zeros::<i64>(2 * layout.n_pes)
             .map_err(InterNodeError::cuda("allocating"))?;
+        let splits = (ones.device_ptr(stream).0, received.device_ptr(stream).0);
+        // Calls use the addresses on any stream: the upload must be done first.
+        stream
+            .synchronize()
+            .map_err(InterNodeError::cuda("uploading the splits"))?;
         Ok(Self {
             layout,
             config,
@@ -110,8 +119,9 @@ impl<W: Deref<Target = World> + Clone> Topology<W> {
             world_group,
             stages,
             kernels,
-            ones,
-            received,
+            _ones: ones,
+            _received: received,
+            splits,
         })
     }
 
