@@ -248,7 +248,10 @@ impl Drop for World {
         let _ = self.stream.synchronize();
         let _ = self.ctx.bind_to_thread();
         // The modules' NVSHMEM state goes before NVSHMEM does.
-        self.modules.get_mut().unwrap_or_else(|e| e.into_inner()).clear();
+        self.modules
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
         if !is_broken() {
             // SAFETY: initialised by `init`; every rank drops its World at the end of the job.
             unsafe { (self.nvshmem.hostlib_finalize)() };

@@ -115,8 +115,9 @@ pub(crate) fn create_destroy<W: Deref<Target = World> + Clone>(
 /// driver.
 fn trim_default_pool(world: &World) -> Result<(), BufferError> {
     let ctx = world.context();
-    ctx.synchronize()
-        .map_err(BufferError::cuda("synchronising before reading free memory"))?;
+    ctx.synchronize().map_err(BufferError::cuda(
+        "synchronising before reading free memory",
+    ))?;
     let mut pool: cudarc::driver::sys::CUmemoryPool = std::ptr::null_mut();
     // SAFETY: an out-pointer and this context's device.
     unsafe { cudarc::driver::sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) }
