@@ -47,15 +47,16 @@ __device__ __forceinline__ void add_rows(float (&acc)[UNROLL][BF16_PER_VECTOR], 
 
 // A row the handle names but x does not have (x holds num_recv_rows rows, and the dispatch
 // that made the handle received more; check_recv_rows records it): its slot goes out as zeros,
-// row and weights, so the token's owner sums nothing for it rather than a stale slot. Not
-// inlined: a path no correct call takes stays out of the copy loop's registers.
-static __device__ __noinline__ void warp_zero_slot(uint8_t* slot, int slot_bytes, int lane) {
+// row and weights, so the token's owner sums nothing for it rather than a stale slot.
+__device__ __forceinline__ void warp_zero_slot(uint8_t* slot, int slot_bytes, int lane) {
     for (int i = lane; i < slot_bytes / VECTOR_BYTES; i += WARP_SIZE) reinterpret_cast<uint4*>(slot)[i] = make_uint4(0, 0, 0, 0);
 }
 
 // ANCHOR: gather_send
 // Combine, sender side of channel c to PE s (the tokens' owner): push, in received order, the
-// rows s delivered to us in channel c, with their top-k weights.
+// rows s delivered to us in channel c, with their top-k weights. kPastRows: the handle names
+// rows past x's (see moe_gather).
+template <bool kPastRows>
 __device__ void gather_send(const Workspace& ws, const GatherArgs& a, uint64_t epoch, int c, const PeerGroup& g) {
     const int me = ws.my_pe, n = ws.n_pes, s = g.peer, lane = threadIdx.x % WARP_SIZE;
     if (s == me) return;  // the owner reads our own rows in place
@@ -67,7 +68,7 @@ __device__ void gather_send(const Workspace& ws, const GatherArgs& a, uint64_t e
     bool alive = lane != 0 || wait_counter(ws, ws.ready + s, epoch, WAIT_READY, s, epoch);
     alive = __shfl_sync(ALL_LANES, alive, 0);
     const int full_window = min(COMBINE_WINDOW, a.ring_tokens);
-    const int stored = max(0, min(count, a.num_recv_rows - first));  // rows past x's: check_recv_rows
+    const int stored = kPastRows ? max(0, min(count, a.num_recv_rows - first)) : count;
     for (int w0 = 0; w0 < count; w0 += full_window) {
         const int window = min(full_window, count - w0);
         const uint64_t pos = base + w0;
@@ -78,7 +79,7 @@ __device__ void gather_send(const Workspace& ws, const GatherArgs& a, uint64_t e
         for (int j = g.member; alive && j < window; j += g.size) {
             const int64_t r = first + w0 + j;
             uint8_t* slot = ring + int64_t((pos + j) % a.ring_tokens) * a.slot_bytes;
-            if (w0 + j >= stored) {
+            if (kPastRows && w0 + j >= stored) {
                 warp_zero_slot(slot, a.slot_bytes, lane);
                 continue;
             }
@@ -101,6 +102,7 @@ __device__ void gather_send(const Workspace& ws, const GatherArgs& a, uint64_t e
 // it has not arrived. Returns how many; `alive` turns false once a wait gives up. `me` and `n`
 // come from the caller: a wait may record a failure through `ws`, after which its fields are
 // read from memory again, not reused from registers.
+template <bool kPastRows>
 __device__ __forceinline__ int gather_rows(const Workspace& ws, const GatherArgs& a, uint64_t epoch, int c, int t, int me,
                                            int n, int self_first, const uint8_t* (&rows)[MAX_PES],
                                            const float* (&weights)[MAX_PES], bool& alive) {
@@ -112,7 +114,7 @@ __device__ __forceinline__ int gather_rows(const Workspace& ws, const GatherArgs
         if (k < 0) continue;
         if (p == me) {
             const int64_t r = self_first + k;
-            if (r >= a.num_recv_rows) continue;  // no such row: check_recv_rows records it
+            if (kPastRows && r >= a.num_recv_rows) continue;  // no such row in x
             rows[num_rows] = a.x + r * a.hidden_bytes;
             weights[num_rows++] = a.topk_weights != nullptr ? a.topk_weights + r * a.num_topk : nullptr;
             continue;
@@ -167,6 +169,7 @@ __device__ __forceinline__ void gather_sum(const GatherArgs& a, int t, const uin
 // Combine, receiver side of channel c: every warp takes one of the channel's tokens at a
 // time, finds each PE's result for it (gather_rows) and sums them (gather_sum). After each
 // round of tokens, thread p publishes how far ring (c, p) has been consumed.
+template <bool kPastRows>
 __device__ void gather_receive(const Workspace& ws, const GatherArgs& a, uint64_t epoch, int c) {
     __shared__ int consumed[MAX_PES];
     const int me = ws.my_pe, n = ws.n_pes, warp = threadIdx.x / WARP_SIZE;
@@ -183,7 +186,7 @@ __device__ void gather_receive(const Workspace& ws, const GatherArgs& a, uint64_
         if (t < end) {
             const uint8_t* rows[MAX_PES];
             const float* weights[MAX_PES];
-            const int num_rows = gather_rows(ws, a, epoch, c, t, me, n, self_first, rows, weights, alive);
+            const int num_rows = gather_rows<kPastRows>(ws, a, epoch, c, t, me, n, self_first, rows, weights, alive);
             if (alive) gather_sum(a, t, rows, weights, num_rows);
         }
         __syncthreads();  // the round's slots are read
@@ -205,17 +208,33 @@ __device__ void gather_receive(const Workspace& ws, const GatherArgs& a, uint64_
 }
 // ANCHOR_END: gather_receive
 
+// A handle that names more rows than x holds (check_recv_rows) takes copies of both sides that
+// skip those rows, out of line: the code every correct call runs has no test for them, and its
+// registers are its own.
+static __device__ __noinline__ void gather_send_past_rows(const Workspace& ws, const GatherArgs& a, uint64_t epoch, int c,
+                                                          const PeerGroup& g) {
+    gather_send<true>(ws, a, epoch, c, g);
+}
+static __device__ __noinline__ void gather_receive_past_rows(const Workspace& ws, const GatherArgs& a, uint64_t epoch,
+                                                             int c) {
+    if (c == 0 && threadIdx.x == 0) check_recv_rows(a.bad_input, a.rank_prefix_matrix, ws.n_pes, ws.my_pe, a.num_recv_rows);
+    gather_receive<true>(ws, a, epoch, c);
+}
+
 // Combine. Grid 2 x num_channels: blocks [0, C) send, [C, 2C) receive.
 extern "C" __global__ void __launch_bounds__(CHANNEL_THREADS) moe_gather(const __grid_constant__ Workspace ws,
                                                               const __grid_constant__ GatherArgs a) {
     const uint64_t epoch = begin_call(ws);
     const int c = blockIdx.x % a.num_channels;
+    const bool past_rows = handle_past_rows(a.rank_prefix_matrix, ws.n_pes, ws.my_pe, a.num_recv_rows);
     if (blockIdx.x < a.num_channels) {
         const PeerGroup g(ws.n_pes, ws.my_pe);  // the owner reads our own rows in place
-        if (g.active()) gather_send(ws, a, epoch, c, g);
+        if (g.active() && past_rows) gather_send_past_rows(ws, a, epoch, c, g);
+        if (g.active() && !past_rows) gather_send<false>(ws, a, epoch, c, g);
+    } else if (past_rows) {
+        gather_receive_past_rows(ws, a, epoch, c);
     } else {
-        if (c == 0 && threadIdx.x == 0) check_recv_rows(a.bad_input, a.rank_prefix_matrix, ws.n_pes, ws.my_pe, a.num_recv_rows);
-        gather_receive(ws, a, epoch, c);
+        gather_receive<false>(ws, a, epoch, c);
     }
     end_call(ws, epoch);
 }

@@ -81,6 +81,9 @@ __device__ __forceinline__ void rows_from(const int* rank_prefix_matrix, const i
 // past `num_recv_rows` is skipped, but its ring slot still moves, so the peers finish the call
 // and the rings stay in step. The record names the first source rank whose rows do not all fit,
 // the rows the handle delivers, and the rows there were.
+__device__ __forceinline__ bool handle_past_rows(const int* rank_prefix_matrix, int n, int me, int num_recv_rows) {
+    return rank_prefix_matrix[(n - 1) * n + me] > num_recv_rows;
+}
 __device__ __forceinline__ void check_recv_rows(const InputError& e, const int* rank_prefix_matrix, int n, int me,
                                                 int num_recv_rows) {
     const int received = rank_prefix_matrix[(n - 1) * n + me];
