@@ -50,6 +50,7 @@ CHAPTER_BINS=(
   ch03-put-get
   ch04-collectives
   ch05-inter-node
+  ch06-overlap
   ch07-buffer
   ch08-low-latency
 )

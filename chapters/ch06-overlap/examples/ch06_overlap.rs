@@ -1,0 +1,116 @@
+//! Chapter 6's example: all-gather + GEMM, serial and overlapped, checked against a host
+//! reference on every PE, then the overlapped call many times in a row with new data each time
+//! (the signals carry call numbers and are never reset), then bad input refused.
+//!
+//!     torchrun --nproc_per_node=2 --no-python target/release/ch06-overlap
+
+use std::process::ExitCode;
+
+use ch01_bootstrap::World;
+use ch01_bootstrap::checks::Tally;
+use ch06_overlap::{AgGemm, AgGemmPlan};
+use cudarc::driver::{CudaSlice, DevicePtr};
+use half::bf16;
+
+type AnyError = Box<dyn std::error::Error>;
+
+/// Rows per PE, K, output columns per PE, chunks per shard: small enough for a host reference.
+const ROWS: usize = 64;
+const K: usize = 256;
+const COLS: usize = 128;
+const CHUNKS: usize = 4;
+/// Overlapped calls in a row, each with new input.
+const CALLS: usize = 20;
+
+fn main() -> ExitCode {
+    ch01_bootstrap::checks::exit_code("ch06-overlap", run())
+}
+
+/// Input row `row` of PE `pe` in call `call`: quarters in [-1, 1], so every product is exact.
+fn x_value(pe: usize, row: usize, k: usize, call: usize) -> f32 {
+    ((pe * 7 + row * 3 + k + call * 5) % 9) as f32 / 4.0 - 1.0
+}
+fn w_value(pe: usize, k: usize, col: usize) -> f32 {
+    ((pe * 3 + k * 5 + col) % 7) as f32 / 4.0 - 0.75
+}
+
+fn run() -> Result<bool, AnyError> {
+    let world = World::from_env()?;
+    let (me, n) = (world.my_pe(), world.n_pes());
+    let mut tally = Tally::default();
+    // ANCHOR: setup
+    let plan = AgGemmPlan::new(n, ROWS, K, COLS, CHUNKS)?;
+    let layer = AgGemm::new(&world, plan)?;
+    // ANCHOR_END: setup
+    let stream = world.stream();
+    let w_host: Vec<bf16> = (0..K * COLS)
+        .map(|i| bf16::from_f32(w_value(me, i / COLS, i % COLS)))
+        .collect();
+    let w: CudaSlice<bf16> = stream.clone_htod(&w_host)?;
+    let mut y: CudaSlice<bf16> = stream.alloc_zeros(n * ROWS * COLS)?;
+    let (w_ptr, y_ptr) = (w.device_ptr(stream).0, y.device_ptr(stream).0);
+    stream.synchronize()?;
+
+    for call in 0..CALLS {
+        write_shard(&layer, me, call)?;
+        let serial = call == 0;
+        stream.memset_zeros(&mut y)?;
+        // SAFETY: w is [K, COLS] and y [N x ROWS, COLS] bf16 on this GPU, live until the end.
+        unsafe {
+            match serial {
+                true => layer.serial(w_ptr, y_ptr)?,
+                false => layer.overlapped(w_ptr, y_ptr)?,
+            }
+        }
+        let got = stream.clone_dtoh(&y)?;
+        let wrong = count_wrong(&got, &w_host, n, call);
+        let how = if serial { "serial" } else { "overlapped" };
+        tally.check(me, wrong == 0, || {
+            format!(
+                "call {call} ({how}): {wrong} of {} outputs off the reference",
+                got.len()
+            )
+        });
+        if call < 2 || call == CALLS - 1 {
+            println!(
+                "pe {me}: call {call} ({how}): {} outputs, {wrong} wrong",
+                got.len()
+            );
+        }
+    }
+    let refused = AgGemm::new(&world, AgGemmPlan::new(n + 1, ROWS, K, COLS, CHUNKS)?);
+    let message = tally.expect_error(me, "a plan for another job", refused, "the plan is for");
+    println!("pe {me}: refused: {message}");
+    let all_passed = tally.finish(&world)?;
+    drop(layer);
+    world.barrier_all()?;
+    Ok(all_passed)
+}
+
+fn write_shard(layer: &AgGemm<&World>, me: usize, call: usize) -> Result<(), AnyError> {
+    let bytes: Vec<u8> = (0..ROWS * K)
+        .flat_map(|i| bf16::from_f32(x_value(me, i / K, i % K, call)).to_le_bytes())
+        .collect();
+    layer.shard().copy_from_host(&bytes)?;
+    Ok(())
+}
+
+/// Outputs off the fp32 host reference by more than bf16's rounding: half a unit in the last
+/// place, 2^-9 of the value, plus a hair for values near zero.
+fn count_wrong(got: &[bf16], w: &[bf16], n: usize, call: usize) -> usize {
+    let mut wrong = 0;
+    for pe in 0..n {
+        for row in 0..ROWS {
+            for col in 0..COLS {
+                let reference: f32 = (0..K)
+                    .map(|k| x_value(pe, row, k, call) * w[k * COLS + col].to_f32())
+                    .sum();
+                let value = got[(pe * ROWS + row) * COLS + col].to_f32();
+                if (value - reference).abs() > reference.abs() / 512.0 + 1e-6 {
+                    wrong += 1;
+                }
+            }
+        }
+    }
+    wrong
+}

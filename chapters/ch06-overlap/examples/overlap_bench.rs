@@ -1,0 +1,156 @@
+//! Chapter 6's benchmark: all-gather + GEMM at a 70B-class tensor-parallel shape (8192 tokens,
+//! K = 8192, 28672 / N output columns per PE, bf16), timed four ways on the same buffers: the
+//! GEMM alone, the communication alone, serial, and overlapped at several chunk counts. Each
+//! sample: a host barrier, then CALLS calls between two CUDA events on the world's stream;
+//! the median of SAMPLES, on PE 0. Writes OUT_CSV (default overlap.csv) with the bound and
+//! the overlap efficiency of each overlapped row.
+//!
+//!     torchrun --nproc_per_node=2 --no-python target/release/ch06-overlap-bench [OUT_CSV]
+//!       [--tokens T] [--k K] [--cols C]
+
+use std::process::ExitCode;
+
+use ch01_bootstrap::World;
+use ch03_put_get::bench;
+use ch06_overlap::{AgGemm, AgGemmPlan, OverlapError, overlap_bound, overlap_efficiency};
+use cudarc::driver::{CudaSlice, DevicePtr, sys};
+use half::bf16;
+
+type AnyError = Box<dyn std::error::Error>;
+
+const SAMPLES: usize = 7;
+const CALLS: usize = 5;
+const CHUNK_COUNTS: [usize; 4] = [1, 2, 4, 8];
+
+fn main() -> ExitCode {
+    ch01_bootstrap::checks::exit_code("ch06-overlap-bench", run())
+}
+
+/// `--name value` from the command line, or `default`.
+fn arg(args: &[String], name: &str, default: usize) -> Result<usize, AnyError> {
+    match args.iter().position(|a| a == name) {
+        Some(i) => Ok(args
+            .get(i + 1)
+            .ok_or(format!("{name} needs a value"))?
+            .parse()?),
+        None => Ok(default),
+    }
+}
+
+fn run() -> Result<bool, AnyError> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let out_path = args.first().filter(|a| !a.starts_with("--")).cloned();
+    let out_path = out_path.unwrap_or_else(|| "overlap.csv".into());
+    let world = World::from_env()?;
+    let n = world.n_pes();
+    let (tokens, k) = (arg(&args, "--tokens", 8192)?, arg(&args, "--k", 8192)?);
+    let cols = arg(&args, "--cols", 28672)? / n;
+    let stream = world.stream();
+    let w: CudaSlice<bf16> = stream.alloc_zeros(k * cols)?;
+    let y: CudaSlice<bf16> = stream.alloc_zeros(tokens * cols)?;
+    let (w, y) = (w.device_ptr(stream).0, y.device_ptr(stream).0);
+    let mut rows = vec![format!(
+        "variant,n_pes,tokens,k,cols,chunks,us,tflops,bound,efficiency"
+    )];
+    let (mut compute_us, mut comm_us, mut serial_us) = (0.0, 0.0, 0.0);
+    for (i, &chunks) in CHUNK_COUNTS.iter().enumerate() {
+        let plan = AgGemmPlan::new(n, tokens / n, k, cols, chunks)?;
+        let layer = AgGemm::new(&world, plan)?;
+        layer.shard().fill_bytes(0x3C)?; // bf16 1.17: finite sums
+        let flops = plan.flops();
+        let mut row = |variant: &str, us: f64, extra: String| {
+            let tflops = if variant == "communicate" {
+                0.0
+            } else {
+                flops / us / 1e6
+            };
+            rows.push(format!(
+                "{variant},{n},{tokens},{k},{cols},{chunks},{us:.1},{tflops:.1},{extra}"
+            ));
+            if world.my_pe() == 0 {
+                println!(
+                    "pe 0: {variant:<12} chunks {chunks}: {us:>9.1} us {tflops:>7.1} TFLOP/s {extra}"
+                );
+            }
+        };
+        if i == 0 {
+            // SAFETY (each closure): w [K, cols] and y [tokens, cols] bf16, live here.
+            compute_us = timed(&world, || unsafe { layer.compute(w, y) })?;
+            comm_us = timed(&world, || layer.communicate())?;
+            serial_us = timed(&world, || unsafe { layer.serial(w, y) })?;
+            row("compute", compute_us, ",".into());
+            row("communicate", comm_us, ",".into());
+            row("serial", serial_us, ",".into());
+        }
+        let us = timed(&world, || unsafe { layer.overlapped(w, y) })?;
+        let bound = overlap_bound(comm_us, compute_us);
+        let efficiency = overlap_efficiency(serial_us, us, comm_us, compute_us);
+        row("overlapped", us, format!("{bound:.3},{efficiency:.3}"));
+    }
+    if world.my_pe() == 0 {
+        let text: String = header(&world)?
+            .lines()
+            .chain(rows.iter().map(String::as_str))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        std::fs::write(&out_path, text)?;
+        println!("pe 0: wrote {out_path}");
+    }
+    world.barrier_all()?;
+    Ok(true)
+}
+
+/// Median time of one call in us: CALLS calls between events, after a host barrier.
+fn timed(
+    world: &World,
+    mut call: impl FnMut() -> Result<(), OverlapError>,
+) -> Result<f64, AnyError> {
+    let stream = world.stream();
+    let event = || {
+        stream
+            .context()
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+    };
+    let (start, end) = (event()?, event()?);
+    let mut samples = Vec::new();
+    for sample in 0..=SAMPLES {
+        world.barrier_all()?;
+        start.record(stream)?;
+        for _ in 0..CALLS {
+            call()?;
+        }
+        end.record(stream)?;
+        end.synchronize()?;
+        if sample > 0 {
+            samples.push(start.elapsed_ms(&end)? as f64 * 1e3 / CALLS as f64);
+        }
+    }
+    samples.sort_by(f64::total_cmp);
+    Ok(samples[samples.len() / 2])
+}
+
+/// The CSV's `#` lines: GPU, date, driver, what the rows mean.
+fn header(world: &World) -> Result<String, AnyError> {
+    let mut cuda = 0;
+    // SAFETY: writes one int.
+    unsafe { sys::cuDriverGetVersion(&mut cuda) }.result()?;
+    let proc_text = std::fs::read_to_string("/proc/driver/nvidia/version").ok();
+    let mut lines = vec![
+        format!("gpu: {} x {}", world.context().name()?, world.n_pes()),
+        bench::date_line(),
+        format!(
+            "driver: {}; CUDA driver API {}",
+            bench::driver_version(proc_text.as_deref()),
+            bench::cuda_version_string(cuda)
+        ),
+        format!(
+            "timing: {CALLS} eager calls between CUDA events after a host barrier, median of \
+             {SAMPLES}, PE 0; bound = (communicate + compute) / max(both), efficiency = \
+             (serial - overlapped) / min(communicate, compute)"
+        ),
+    ];
+    if world.gpu_pes() > 1 {
+        lines.push("where: several PEs per GPU (folded): correctness only, not speed".into());
+    }
+    Ok(lines.iter().map(|l| format!("# {l}\n")).collect())
+}
