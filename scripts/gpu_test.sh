@@ -332,6 +332,7 @@ if [[ "${GPU_TEST_PYTHON:-1}" == 1 ]]; then
       "ch03_put_get.py:python3 scripts/ch03_put_get.py"
       "ch04_collectives.py:python3 scripts/ch04_collectives.py"
       "ch05_inter_node.py:python3 scripts/ch05_inter_node.py"
+      "ch06_overlap.py:python3 scripts/ch06_overlap.py"
       "ch07_buffer.py:python3 scripts/ch07_buffer.py"
       "ch07_quickstart.py:python3 scripts/ch07_quickstart.py"
       "ch08_low_latency.py:python3 scripts/ch08_low_latency.py")
