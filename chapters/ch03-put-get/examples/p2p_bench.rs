@@ -416,18 +416,13 @@ fn capture(
 
 /// The CSV's `#` lines: hardware, software and method.
 fn header(world: &World, gpu_name: &str) -> Result<Vec<String>, AnyError> {
-    let mut cuda = 0;
-    // SAFETY: writes one int.
-    unsafe { sys::cuDriverGetVersion(&mut cuda) }.result()?;
-    let proc_text = std::fs::read_to_string("/proc/driver/nvidia/version").ok();
     Ok(vec![
         "p2p: PE 0 -> PE 1 (one node, NVLink), every method timed in the same run".into(),
         format!("gpu: {gpu_name} x {}", world.n_pes()),
         bench::date_line(),
         format!(
-            "driver: {}; CUDA driver API {}; kernels: nvcc 13.0 wheels, {:?}",
-            bench::driver_version(proc_text.as_deref()),
-            bench::cuda_version_string(cuda),
+            "{}; kernels: nvcc 13.0 wheels, {:?}",
+            bench::driver_line()?,
             kernels::BUILT_ARCHS
         ),
         format!("nvshmem: {}", world.nvshmem().version()),

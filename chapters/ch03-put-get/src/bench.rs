@@ -211,6 +211,20 @@ pub fn utc_minute(unix_secs: u64) -> String {
     )
 }
 
+/// The `driver:` line of a results CSV: the kernel module's version (from
+/// /proc/driver/nvidia/version) and the CUDA driver API's, "driver: 580.1; CUDA driver API 13.0".
+pub fn driver_line() -> Result<String, cudarc::driver::DriverError> {
+    let mut cuda = 0;
+    // SAFETY: writes one int.
+    unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut cuda) }.result()?;
+    let proc_text = std::fs::read_to_string("/proc/driver/nvidia/version").ok();
+    Ok(format!(
+        "driver: {}; CUDA driver API {}",
+        driver_version(proc_text.as_deref()),
+        cuda_version_string(cuda)
+    ))
+}
+
 /// The `date:` line of a results CSV: now, to the minute.
 pub fn date_line() -> String {
     let now = std::time::SystemTime::now()

@@ -506,17 +506,12 @@ fn team_reference(
 
 /// The CSV's `#` lines: GPU, driver, CUDA, NVSHMEM, how we time.
 fn header(world: &World) -> Result<String, AnyError> {
-    let mut cuda = 0;
-    // SAFETY: writes one int.
-    unsafe { sys::cuDriverGetVersion(&mut cuda) }.result()?;
-    let proc_text = std::fs::read_to_string("/proc/driver/nvidia/version").ok();
     let lines = [
         format!("gpu: {} x {}", world.context().name()?, world.n_pes()),
         bench::date_line(),
         format!(
-            "driver: {}; CUDA driver API {}; kernels: nvcc 13.0, {:?}",
-            bench::driver_version(proc_text.as_deref()),
-            bench::cuda_version_string(cuda),
+            "{}; kernels: nvcc 13.0, {:?}",
+            bench::driver_line()?,
             kernels::BUILT_ARCHS
         ),
         format!("nvshmem: {}", world.nvshmem().version()),

@@ -184,10 +184,6 @@ fn write_csv(path: &str, header: &str, rows: &[String]) -> Result<(), AnyError> 
 
 /// The CSV's `#` lines: GPU, date, driver, NVSHMEM, the layout and what its timings mean.
 fn header(world: &World, topo: &Topology<&World>) -> Result<String, AnyError> {
-    let mut cuda = 0;
-    // SAFETY: writes one int.
-    unsafe { sys::cuDriverGetVersion(&mut cuda) }.result()?;
-    let proc_text = std::fs::read_to_string("/proc/driver/nvidia/version").ok();
     let layout = topo.layout();
     let virtual_nodes = layout.num_nodes() > 1 && world.node_size() == world.n_pes();
     let nccl = std::env::var("NVSHMEM_DISABLE_NCCL").unwrap_or_default();
@@ -195,9 +191,8 @@ fn header(world: &World, topo: &Topology<&World>) -> Result<String, AnyError> {
         format!("gpu: {} x {}", world.context().name()?, world.n_pes()),
         bench::date_line(),
         format!(
-            "driver: {}; CUDA driver API {}; kernels: {:?}",
-            bench::driver_version(proc_text.as_deref()),
-            bench::cuda_version_string(cuda),
+            "{}; kernels: {:?}",
+            bench::driver_line()?,
             kernels::BUILT_ARCHS
         ),
         format!(

@@ -131,18 +131,10 @@ fn timed(
 
 /// The CSV's `#` lines: GPU, date, driver, what the rows mean.
 fn header(world: &World) -> Result<String, AnyError> {
-    let mut cuda = 0;
-    // SAFETY: writes one int.
-    unsafe { sys::cuDriverGetVersion(&mut cuda) }.result()?;
-    let proc_text = std::fs::read_to_string("/proc/driver/nvidia/version").ok();
     let mut lines = vec![
         format!("gpu: {} x {}", world.context().name()?, world.n_pes()),
         bench::date_line(),
-        format!(
-            "driver: {}; CUDA driver API {}",
-            bench::driver_version(proc_text.as_deref()),
-            bench::cuda_version_string(cuda)
-        ),
+        bench::driver_line()?,
         format!(
             "timing: {CALLS} eager calls between CUDA events after a host barrier, median of \
              {SAMPLES}, PE 0; bound = (communicate + compute) / max(both), efficiency = \
