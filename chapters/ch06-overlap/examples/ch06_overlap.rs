@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use ch01_bootstrap::World;
 use ch01_bootstrap::checks::Tally;
-use ch06_overlap::{AgGemm, AgGemmPlan};
+use ch06_overlap::{AgGemm, GemmRs, TpPlan};
 use cudarc::driver::{CudaSlice, DevicePtr};
 use half::bf16;
 
@@ -39,7 +39,7 @@ fn run() -> Result<bool, AnyError> {
     let (me, n) = (world.my_pe(), world.n_pes());
     let mut tally = Tally::default();
     // ANCHOR: setup
-    let plan = AgGemmPlan::new(n, ROWS, K, COLS, CHUNKS)?;
+    let plan = TpPlan::new(n, ROWS, K, COLS, CHUNKS)?;
     let layer = AgGemm::new(&world, plan)?;
     // ANCHOR_END: setup
     let stream = world.stream();
@@ -78,13 +78,84 @@ fn run() -> Result<bool, AnyError> {
             );
         }
     }
-    let refused = AgGemm::new(&world, AgGemmPlan::new(n + 1, ROWS, K, COLS, CHUNKS)?);
+    check_gemm_rs(&world, plan, &w_host, &mut tally)?;
+    let refused = AgGemm::new(&world, TpPlan::new(n + 1, ROWS, K, COLS, CHUNKS)?);
     let message = tally.expect_error(me, "a plan for another job", refused, "the plan is for");
     println!("pe {me}: refused: {message}");
     let all_passed = tally.finish(&world)?;
     drop(layer);
     world.barrier_all()?;
     Ok(all_passed)
+}
+
+// ANCHOR: check_gemm_rs
+/// GEMM + reduce-scatter: PE `me` holds every token's K-slice, x [N x ROWS, K], and keeps rows
+/// me x ROWS .. of the sum over PEs of x @ w. Serial once, then overlapped, new data each call.
+fn check_gemm_rs(
+    world: &World,
+    plan: TpPlan,
+    w_host: &[bf16],
+    tally: &mut Tally,
+) -> Result<(), AnyError> {
+    let (me, n) = (world.my_pe(), world.n_pes());
+    let layer = GemmRs::new(world, plan)?;
+    let stream = world.stream();
+    let w: CudaSlice<bf16> = stream.clone_htod(w_host)?;
+    let mut y: CudaSlice<bf16> = stream.alloc_zeros(ROWS * COLS)?;
+    for call in 0..CALLS {
+        let x_host: Vec<bf16> = (0..n * ROWS * K)
+            .map(|i| bf16::from_f32(x_value(me, i / K, i % K, call)))
+            .collect();
+        let x: CudaSlice<bf16> = stream.clone_htod(&x_host)?;
+        stream.memset_zeros(&mut y)?;
+        let (xp, wp, yp) = (
+            x.device_ptr(stream).0,
+            w.device_ptr(stream).0,
+            y.device_ptr(stream).0,
+        );
+        // SAFETY: x [N x ROWS, K], w [K, COLS], y [ROWS, COLS] bf16, live until the copy back.
+        unsafe {
+            match call {
+                0 => layer.serial(xp, wp, yp)?,
+                _ => layer.overlapped(xp, wp, yp)?,
+            }
+        }
+        let got = stream.clone_dtoh(&y)?;
+        let wrong = count_wrong_rs(&got, me, n, call);
+        let how = if call == 0 { "serial" } else { "overlapped" };
+        tally.check(me, wrong == 0, || {
+            format!("GEMM + reduce-scatter call {call} ({how}): {wrong} outputs off")
+        });
+        if call < 2 || call == CALLS - 1 {
+            println!("pe {me}: GEMM + reduce-scatter call {call} ({how}): {wrong} wrong");
+        }
+    }
+    Ok(())
+}
+// ANCHOR_END: check_gemm_rs
+
+/// Off the fp32 reference by more than the roundings on the way: each PE's partial is rounded
+/// to bf16 once, and the sum at most once per PE (chapter 4's reduce-scatter adds in bf16).
+fn count_wrong_rs(got: &[bf16], me: usize, n: usize, call: usize) -> usize {
+    let mut wrong = 0;
+    for row in 0..ROWS {
+        for col in 0..COLS {
+            let partials: Vec<f32> = (0..n)
+                .map(|pe| {
+                    (0..K)
+                        .map(|k| x_value(pe, me * ROWS + row, k, call) * w_value(pe, k, col))
+                        .sum()
+                })
+                .collect();
+            let reference: f32 = partials.iter().sum();
+            let scale: f32 = partials.iter().map(|v| v.abs()).sum::<f32>() + reference.abs();
+            let value = got[row * COLS + col].to_f32();
+            if (value - reference).abs() > scale * n as f32 / 256.0 + 1e-6 {
+                wrong += 1;
+            }
+        }
+    }
+    wrong
 }
 
 fn write_shard(layer: &AgGemm<&World>, me: usize, call: usize) -> Result<(), AnyError> {

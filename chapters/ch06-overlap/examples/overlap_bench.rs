@@ -1,9 +1,11 @@
-//! Chapter 6's benchmark: all-gather + GEMM at a 70B-class tensor-parallel shape (8192 tokens,
-//! K = 8192, 28672 / N output columns per PE, bf16), timed four ways on the same buffers: the
-//! GEMM alone, the communication alone, serial, and overlapped at several chunk counts. Each
-//! sample: a host barrier, then CALLS calls between two CUDA events on the world's stream;
-//! the median of SAMPLES, on PE 0. Writes OUT_CSV (default overlap.csv) with the bound and
-//! the overlap efficiency of each overlapped row.
+//! Chapter 6's benchmark at a 70B-class tensor-parallel MLP (8192 tokens, hidden 8192, 28672
+//! intermediate columns, bf16): all-gather + GEMM into the 28672 / N columns of the up
+//! projection, timed as the GEMM alone, the communication alone, serial, and overlapped at
+//! several chunk counts; then GEMM + reduce-scatter back from them (the down projection), as
+//! the GEMM alone, serial and overlapped. Each sample: a host barrier, then CALLS calls between
+//! two CUDA events on the world's stream; the median of SAMPLES, on PE 0. Writes OUT_CSV
+//! (default overlap.csv) with the bound and the overlap efficiency of each overlapped row (for
+//! GEMM + reduce-scatter the communication time is serial minus the GEMM).
 //!
 //!     torchrun --nproc_per_node=2 --no-python target/release/ch06-overlap-bench [OUT_CSV]
 //!       [--tokens T] [--k K] [--cols C]
@@ -12,7 +14,7 @@ use std::process::ExitCode;
 
 use ch01_bootstrap::World;
 use ch03_put_get::bench;
-use ch06_overlap::{AgGemm, AgGemmPlan, OverlapError, overlap_bound, overlap_efficiency};
+use ch06_overlap::{AgGemm, GemmRs, OverlapError, TpPlan, overlap_bound, overlap_efficiency};
 use cudarc::driver::{CudaSlice, DevicePtr, sys};
 use half::bf16;
 
@@ -49,44 +51,48 @@ fn run() -> Result<bool, AnyError> {
     let w: CudaSlice<bf16> = stream.alloc_zeros(k * cols)?;
     let y: CudaSlice<bf16> = stream.alloc_zeros(tokens * cols)?;
     let (w, y) = (w.device_ptr(stream).0, y.device_ptr(stream).0);
-    let mut rows = vec![format!(
-        "variant,n_pes,tokens,k,cols,chunks,us,tflops,bound,efficiency"
-    )];
+    let mut table = Table::new(world.my_pe());
     let (mut compute_us, mut comm_us, mut serial_us) = (0.0, 0.0, 0.0);
     for (i, &chunks) in CHUNK_COUNTS.iter().enumerate() {
-        let plan = AgGemmPlan::new(n, tokens / n, k, cols, chunks)?;
+        let plan = TpPlan::new(n, tokens / n, k, cols, chunks)?;
         let layer = AgGemm::new(&world, plan)?;
         layer.shard().fill_bytes(0x3C)?; // bf16 1.17: finite sums
-        let flops = plan.flops();
-        let mut row = |variant: &str, us: f64, extra: String| {
-            let tflops = if variant == "communicate" {
-                0.0
-            } else {
-                flops / us / 1e6
-            };
-            rows.push(format!(
-                "{variant},{n},{tokens},{k},{cols},{chunks},{us:.1},{tflops:.1},{extra}"
-            ));
-            if world.my_pe() == 0 {
-                println!(
-                    "pe 0: {variant:<12} chunks {chunks}: {us:>9.1} us {tflops:>7.1} TFLOP/s {extra}"
-                );
-            }
-        };
         if i == 0 {
             // SAFETY (each closure): w [K, cols] and y [tokens, cols] bf16, live here.
             compute_us = timed(&world, || unsafe { layer.compute(w, y) })?;
             comm_us = timed(&world, || layer.communicate())?;
             serial_us = timed(&world, || unsafe { layer.serial(w, y) })?;
-            row("compute", compute_us, ",".into());
-            row("communicate", comm_us, ",".into());
-            row("serial", serial_us, ",".into());
+            table.row("ag_compute", &plan, compute_us, None);
+            table.row("ag_communicate", &plan, comm_us, None);
+            table.row("ag_serial", &plan, serial_us, None);
         }
         let us = timed(&world, || unsafe { layer.overlapped(w, y) })?;
         let bound = overlap_bound(comm_us, compute_us);
         let efficiency = overlap_efficiency(serial_us, us, comm_us, compute_us);
-        row("overlapped", us, format!("{bound:.3},{efficiency:.3}"));
+        table.row("ag_overlapped", &plan, us, Some((bound, efficiency)));
     }
+    // GEMM + reduce-scatter at the next projection's shape (row-parallel): x is this PE's
+    // K-slice of every token, [tokens, cols] (y above), w [cols, k], out [tokens / N, k].
+    let rs_w: CudaSlice<bf16> = stream.alloc_zeros(cols * k)?;
+    let rs_y: CudaSlice<bf16> = stream.alloc_zeros(tokens / n * k)?;
+    let (rs_w, rs_y) = (rs_w.device_ptr(stream).0, rs_y.device_ptr(stream).0);
+    for (i, &chunks) in CHUNK_COUNTS.iter().enumerate() {
+        let plan = TpPlan::new(n, tokens / n, cols, k, chunks)?;
+        let layer = GemmRs::new(&world, plan)?;
+        if i == 0 {
+            // SAFETY (each closure): y [tokens, cols], rs_w [cols, k], rs_y [tokens / N, k].
+            compute_us = timed(&world, || unsafe { layer.compute(y, rs_w) })?;
+            serial_us = timed(&world, || unsafe { layer.serial(y, rs_w, rs_y) })?;
+            comm_us = serial_us - compute_us; // the reduce-scatter and its copy
+            table.row("rs_compute", &plan, compute_us, None);
+            table.row("rs_serial", &plan, serial_us, None);
+        }
+        let us = timed(&world, || unsafe { layer.overlapped(y, rs_w, rs_y) })?;
+        let bound = overlap_bound(comm_us, compute_us);
+        let efficiency = overlap_efficiency(serial_us, us, comm_us, compute_us);
+        table.row("rs_overlapped", &plan, us, Some((bound, efficiency)));
+    }
+    let rows = table.rows;
     if world.my_pe() == 0 {
         let text: String = header(&world)?
             .lines()
@@ -98,6 +104,38 @@ fn run() -> Result<bool, AnyError> {
     }
     world.barrier_all()?;
     Ok(true)
+}
+
+/// The CSV's rows, printed on PE 0 as they come.
+struct Table {
+    me: usize,
+    rows: Vec<String>,
+}
+
+impl Table {
+    fn new(me: usize) -> Self {
+        let head = "variant,n_pes,rows,k,cols,chunks,us,tflops,bound,efficiency".to_string();
+        Self {
+            me,
+            rows: vec![head],
+        }
+    }
+    fn row(&mut self, variant: &str, p: &TpPlan, us: f64, overlap: Option<(f64, f64)>) {
+        let tflops = match variant.ends_with("communicate") {
+            true => 0.0,
+            false => p.flops() / us / 1e6,
+        };
+        let extra = overlap.map_or(",".into(), |(b, e)| format!("{b:.3},{e:.3}"));
+        let (n, rows, k, cols, chunks) = (p.n_pes, p.rows, p.k, p.cols, p.chunks);
+        self.rows.push(format!(
+            "{variant},{n},{rows},{k},{cols},{chunks},{us:.1},{tflops:.1},{extra}"
+        ));
+        if self.me == 0 {
+            println!(
+                "pe 0: {variant:<15} chunks {chunks}: {us:>9.1} us {tflops:>7.1} TFLOP/s {extra}"
+            );
+        }
+    }
 }
 
 /// Median time of one call in us: CALLS calls between events, after a host barrier.

@@ -12,12 +12,12 @@ use ch04_collectives::{CollectivesConfig, Communicator};
 use cudarc::driver::{CudaEvent, CudaStream};
 use nvshmem_sys::{CMP_GE, SIGNAL_SET};
 
-use crate::{AgGemmPlan, Gemm, OverlapError};
+use crate::{Gemm, OverlapError, TpPlan};
 
 /// One all-gather + GEMM layer's buffers and streams (collective: every PE makes it with the
 /// same plan, and calls it in the same order).
 pub struct AgGemm<W: Deref<Target = World>> {
-    plan: AgGemmPlan,
+    plan: TpPlan,
     comm: Communicator<W>,
     /// This PE's input rows, [rows, K] bf16: write them here before a call.
     shard: SymmetricBuffer<W, u8>,
@@ -36,7 +36,7 @@ pub struct AgGemm<W: Deref<Target = World>> {
 
 impl<W: Deref<Target = World> + Clone> AgGemm<W> {
     /// Collective.
-    pub fn new(world: W, plan: AgGemmPlan) -> Result<Self, OverlapError> {
+    pub fn new(world: W, plan: TpPlan) -> Result<Self, OverlapError> {
         if plan.n_pes != world.n_pes() {
             return Err(OverlapError::invalid(
                 "AgGemm",
@@ -77,7 +77,7 @@ impl<W: Deref<Target = World> + Clone> AgGemm<W> {
         })
     }
 
-    pub fn plan(&self) -> &AgGemmPlan {
+    pub fn plan(&self) -> &TpPlan {
         &self.plan
     }
     pub fn world(&self) -> &World {

@@ -1,11 +1,15 @@
-//! The shapes of an all-gather + GEMM over N PEs (sequence-parallel input, column-parallel
-//! weight), checked before anything runs, and the arithmetic of what overlap can win.
+//! The shapes of a tensor-parallel layer over N PEs, checked before anything runs, and the
+//! arithmetic of what overlap can win. One plan serves both layers of the chapter:
 //!
-//! Each PE holds `rows` rows of the input, `x_shard` [rows, K] bf16, and its slice of the
-//! weight, `w` [K, cols] bf16. The layer's input is every PE's shard in PE order, [N x rows, K],
-//! and each PE computes `y = all_gather(x) @ w`, [N x rows, cols]. A shard travels in `chunks`
-//! pieces of `rows / chunks` rows, each with its own signal, so that the GEMM of a piece can
-//! start as soon as that piece has landed.
+//! - all-gather + GEMM (sequence-parallel input, column-parallel weight): each PE holds `rows`
+//!   rows of the input, [rows, K] bf16, and its weight slice [K, cols]; it computes
+//!   `all_gather(x) @ w`, [N x rows, cols].
+//! - GEMM + reduce-scatter (row-parallel weight): each PE holds every token's slice of the
+//!   input, [N x rows, K], and its weight slice [K, cols]; the layer's output is the sum over
+//!   PEs of `x @ w`, and PE q keeps rows q x rows .. (q + 1) x rows of it, [rows, cols].
+//!
+//! Either way a PE's rows travel in `chunks` pieces of `rows / chunks` rows, each with its own
+//! signal, so that the work waiting on a piece can start as soon as that piece has landed.
 
 use crate::OverlapError;
 
@@ -14,13 +18,13 @@ use crate::OverlapError;
 pub const ROW_GRAIN: usize = 8;
 
 // ANCHOR: plan
-/// An all-gather + GEMM's shapes, checked.
+/// A tensor-parallel layer's shapes, checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AgGemmPlan {
+pub struct TpPlan {
     pub n_pes: usize,
-    /// Rows of the input each PE holds.
+    /// Rows each PE contributes (all-gather) or keeps (reduce-scatter).
     pub rows: usize,
-    /// The inner dimension K.
+    /// The inner dimension K of this PE's GEMM.
     pub k: usize,
     /// Columns of this PE's weight slice (the layer's output width / N).
     pub cols: usize,
@@ -29,7 +33,7 @@ pub struct AgGemmPlan {
 }
 // ANCHOR_END: plan
 
-impl AgGemmPlan {
+impl TpPlan {
     pub fn new(
         n_pes: usize,
         rows: usize,
@@ -37,7 +41,7 @@ impl AgGemmPlan {
         cols: usize,
         chunks: usize,
     ) -> Result<Self, OverlapError> {
-        let bad = |why: String| Err(OverlapError::invalid("AgGemmPlan", why));
+        let bad = |why: String| Err(OverlapError::invalid("TpPlan", why));
         if n_pes == 0 || rows == 0 || k == 0 || cols == 0 || chunks == 0 {
             return bad(format!(
                 "every size must be positive (n_pes {n_pes}, rows {rows}, k {k}, cols {cols}, \
@@ -87,9 +91,14 @@ impl AgGemmPlan {
     pub fn flops(&self) -> f64 {
         2.0 * (self.n_pes * self.rows) as f64 * self.k as f64 * self.cols as f64
     }
-    /// Bytes this PE receives from its peers.
+    /// Bytes this PE receives from its peers in an all-gather + GEMM.
     pub fn received_bytes(&self) -> usize {
         (self.n_pes - 1) * self.rows * self.k * 2
+    }
+    /// Bytes of a GEMM + reduce-scatter's landing area, one [rows, cols] bf16 partial result
+    /// per PE.
+    pub fn landing_bytes(&self) -> usize {
+        self.n_pes * self.rows * self.cols * 2
     }
 }
 
@@ -119,26 +128,27 @@ mod tests {
     #[test]
     fn a_70b_projection_splits_into_chunks() {
         // 8192 tokens over 2 PEs, K = 8192, N = 28672 / 2.
-        let p = AgGemmPlan::new(2, 4096, 8192, 14336, 4).unwrap();
+        let p = TpPlan::new(2, 4096, 8192, 14336, 4).unwrap();
         assert_eq!(p.chunk_rows(), 1024);
         assert_eq!(p.gathered_bytes(), 2 * 4096 * 8192 * 2);
         assert_eq!(p.num_signals(), 8);
         assert_eq!(p.received_bytes(), 4096 * 8192 * 2);
+        assert_eq!(p.landing_bytes(), 2 * 4096 * 14336 * 2);
         assert_eq!(p.flops(), 2.0 * 8192.0 * 8192.0 * 14336.0);
     }
 
     #[test]
     fn bad_shapes_say_what_to_change() {
-        let e = AgGemmPlan::new(2, 100, 64, 64, 3).unwrap_err().to_string();
+        let e = TpPlan::new(2, 100, 64, 64, 3).unwrap_err().to_string();
         assert!(e.contains("rows (100) must split into 3 chunks"), "{e}");
-        let e = AgGemmPlan::new(2, 64, 60, 64, 1).unwrap_err().to_string();
+        let e = TpPlan::new(2, 64, 60, 64, 1).unwrap_err().to_string();
         assert!(
             e.contains("k (60) and cols (64) must be multiples of 8"),
             "{e}"
         );
-        let e = AgGemmPlan::new(0, 64, 64, 64, 1).unwrap_err().to_string();
+        let e = TpPlan::new(0, 64, 64, 64, 1).unwrap_err().to_string();
         assert!(e.contains("every size must be positive"), "{e}");
-        let e = AgGemmPlan::new(2, 64, 64, 64, 16).unwrap_err().to_string();
+        let e = TpPlan::new(2, 64, 64, 64, 16).unwrap_err().to_string();
         assert!(e.contains("multiple of 8 rows"), "{e}");
     }
 
