@@ -38,7 +38,8 @@ Where things are: ``_bootstrap`` (init, finalize, where this PE stands), ``_tens
 reduce_scatter, all_gather, all_to_all, all_to_all_v, broadcast, sync_all), ``_inter_node``
 (chapter 5: the same collectives across nodes, ``inter_node_*``, each ``method="hierarchical"``,
 ``"nvshmem_teams"`` or ``"flat"``, and ``inter_node_layout``); ``_checks`` and ``_runtime`` hold
-what they share. The Rust side (python/src) is split the same way.
+what they share, ``_collective_args`` the tensor checks of both chapters' collectives. The Rust
+side (python/src) is split the same way.
 
 Freeing rule: ``nvshmem_free`` is collective, so a symmetric tensor whose last reference dies
 is only *released*; its memory is returned at the next collective point (``empty()``,

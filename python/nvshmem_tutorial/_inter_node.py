@@ -26,17 +26,24 @@ can be captured.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from . import _native
-from ._bootstrap import n_pes
-from ._checks import num_bytes
-from ._collectives import _all_to_all_v_args, _numel_must_be, _prepare, _reduce_dtype, _same_dtype
+from ._collective_args import (
+    all_gather_args,
+    all_reduce_args,
+    all_to_all_args,
+    all_to_all_v_args,
+    broadcast_args,
+    reduce_scatter_args,
+    run,
+)
 from ._native import InvalidArgumentError
 from ._runtime import require_init
 
 if TYPE_CHECKING:  # only for annotations; never imported at run time here
     from ._checks import StreamLike, Tensor
+    from ._collective_args import Args
 
 INTER_NODE_METHODS = _native.INTER_NODE_METHODS
 """The names ``method`` takes: ``("hierarchical", "nvshmem_teams", "flat")``."""
@@ -61,6 +68,11 @@ def _method(what: str, method: Any) -> str:
             f"{what}: method={method!r} is not one of " + ", ".join(repr(m) for m in INTER_NODE_METHODS)
         )
     return method
+
+
+def _run(function: Callable[..., None], method: Any, args_of: Callable[..., Args], stream: StreamLike, *tensors: Any) -> None:
+    """``run`` with ``method``, checked before anything else."""
+    run(function, _method(function.__name__, method), args_of, stream, *tensors)
 
 
 def inter_node_layout() -> InterNodeLayout:
@@ -88,13 +100,7 @@ def inter_node_all_reduce(
     overlap, a call larger than the topology's staging), ``NotSymmetricError``,
     ``OutOfBoundsError``.
     """
-    what = "inter_node_all_reduce"
-    method = _method(what, method)
-    _, _, handle = _prepare(what, stream, output=output, input=input)
-    _same_dtype(what, output, input)
-    _numel_must_be(what, "output", output, input.numel(), "one sum per input element")
-    dtype = _reduce_dtype(what, input)
-    _native.inter_node_all_reduce(output.data_ptr(), input.data_ptr(), input.numel(), dtype, method, handle)
+    _run(_native.inter_node_all_reduce, method, all_reduce_args, stream, output, input)
 
 
 def inter_node_reduce_scatter(
@@ -107,14 +113,7 @@ def inter_node_reduce_scatter(
     p. Both symmetric, contiguous, distinct, same dtype (bf16 or fp32). Errors as
     ``inter_node_all_reduce``.
     """
-    what = "inter_node_reduce_scatter"
-    method = _method(what, method)
-    _, _, handle = _prepare(what, stream, output=output, input=input)
-    _same_dtype(what, output, input)
-    n = n_pes()
-    _numel_must_be(what, "input", input, n * output.numel(), f"n_pes() = {n} chunks of output's size")
-    dtype = _reduce_dtype(what, input)
-    _native.inter_node_reduce_scatter(output.data_ptr(), input.data_ptr(), output.numel(), dtype, method, handle)
+    _run(_native.inter_node_reduce_scatter, method, reduce_scatter_args, stream, output, input)
 
 
 def inter_node_all_gather(
@@ -124,13 +123,7 @@ def inter_node_all_gather(
     ``p * input.numel() ..``. Hierarchical: across the rail first, then inside the node, then
     into PE order. Symmetric, contiguous, distinct, same dtype (any). Errors as
     ``inter_node_all_reduce``."""
-    what = "inter_node_all_gather"
-    method = _method(what, method)
-    _, _, handle = _prepare(what, stream, output=output, input=input)
-    _same_dtype(what, output, input)
-    n = n_pes()
-    _numel_must_be(what, "output", output, n * input.numel(), f"n_pes() = {n} copies of input")
-    _native.inter_node_all_gather(output.data_ptr(), input.data_ptr(), num_bytes(input), method, handle)
+    _run(_native.inter_node_all_gather, method, all_gather_args, stream, output, input)
 
 
 def inter_node_broadcast(
@@ -140,14 +133,7 @@ def inter_node_broadcast(
     (one put per node), then inside every node. Symmetric, contiguous, distinct, same dtype and
     numel. Raises ``PeOutOfRangeError`` for a root outside 0..n_pes(); otherwise as
     ``inter_node_all_reduce``."""
-    what = "inter_node_broadcast"
-    method = _method(what, method)
-    _, _, handle = _prepare(what, stream, output=output, input=input)
-    _same_dtype(what, output, input)
-    _numel_must_be(what, "output", output, input.numel(), "as many elements as input")
-    if isinstance(root, bool) or not isinstance(root, int):
-        raise InvalidArgumentError(f"root must be an int, got {type(root).__name__}")
-    _native.inter_node_broadcast(output.data_ptr(), input.data_ptr(), num_bytes(input), root, method, handle)
+    _run(_native.inter_node_broadcast, method, broadcast_args, stream, output, input, root)
 
 
 def inter_node_all_to_all(
@@ -157,18 +143,7 @@ def inter_node_all_to_all(
     landing at block p of its ``output`` for sender p. Hierarchical: the all-to-all-v of one
     block per PE (each node's blocks cross once). ``"hierarchical"`` or ``"flat"``.
     Symmetric, contiguous, distinct, same dtype and numel, divisible by n_pes()."""
-    what = "inter_node_all_to_all"
-    method = _method(what, method)
-    _, _, handle = _prepare(what, stream, output=output, input=input)
-    _same_dtype(what, output, input)
-    n = n_pes()
-    _numel_must_be(what, "output", output, input.numel(), "as many elements as input")
-    if input.numel() % n:
-        raise InvalidArgumentError(
-            f"{what}: input has {input.numel()} elements, not a multiple of n_pes() = {n}; "
-            "equal splits need equal blocks (use inter_node_all_to_all_v for uneven ones)"
-        )
-    _native.inter_node_all_to_all(output.data_ptr(), input.data_ptr(), num_bytes(input) // n, method, handle)
+    _run(_native.inter_node_all_to_all, method, all_to_all_args, stream, output, input)
 
 
 def inter_node_all_to_all_v(
@@ -198,18 +173,8 @@ def inter_node_all_to_all_v(
     """
     what = "inter_node_all_to_all_v"
     method = _method(what, method)
-    handle, row_bytes = _all_to_all_v_args(what, stream, output, input, in_splits, out_splits_offsets)
-    _native.inter_node_all_to_all_v(
-        output.data_ptr(),
-        output.shape[0],
-        input.data_ptr(),
-        input.shape[0],
-        row_bytes,
-        in_splits.data_ptr(),
-        out_splits_offsets.data_ptr(),
-        method,
-        handle,
-    )
+    args, handle = all_to_all_v_args(what, stream, output, input, in_splits, out_splits_offsets)
+    _native.inter_node_all_to_all_v(*args, method, handle)
 
 
 def check_inter_node() -> None:

@@ -49,9 +49,8 @@ use std::sync::{Arc, Mutex, Weak};
 use cudarc::driver::sys;
 use nvshmem_tutorial::config::{combine_config, dispatch_config};
 use nvshmem_tutorial::{
-    BufferError, BufferOptions, CombineInputs, Config, DispatchInputs, ElemType, LlCombineInputs,
-    LlDispatchInputs, LlDispatchOptions, NvshmemBuffer, plan_combine, plan_dispatch, plan_layout,
-    plan_ll_combine, plan_ll_dispatch, plan_notify,
+    BufferError, BufferOptions, CombineInputs, Config, ElemType, LlDispatchOptions, NvshmemBuffer,
+    plan_combine, plan_dispatch, plan_layout, plan_ll_combine, plan_ll_dispatch, plan_notify,
 };
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
@@ -60,7 +59,7 @@ use crate::config::{self, PyConfig, buffer_timeout_ms};
 use crate::dlpack;
 use crate::errors::Error;
 use crate::events::{StreamArgs, Streams};
-use crate::low_latency::{self, PyLlHandle, Receive, ReceiveHook};
+use crate::low_latency::{self, PyLlHandle, Receive};
 use crate::normal::{self, Layout, PyHandle};
 use crate::shared::{Call, Shared};
 use crate::state::{self, Token};
@@ -74,9 +73,16 @@ fn cu(stream: u64) -> sys::CUstream {
     stream as usize as sys::CUstream
 }
 
-/// A tensor argument that may be None, as the object a call marks and keeps.
-fn object_of<'a, 'py>(tensor: &'a Option<Tensor<'py>>) -> Option<&'a Bound<'py, PyAny>> {
-    tensor.as_ref().map(|t| &t.obj)
+/// What a call marks as used by its streams (and its event or hook keeps alive): the tensors
+/// it was given, `required` and the `optional` ones that were, then those it `made`.
+fn tensors_used<'a, 'py>(
+    required: &[&'a Tensor<'py>],
+    optional: &[&'a Option<Tensor<'py>>],
+    made: impl IntoIterator<Item = &'a Bound<'py, PyAny>>,
+) -> Vec<&'a Bound<'py, PyAny>> {
+    let optional = optional.iter().filter_map(|t| t.as_ref());
+    let given = required.iter().copied().chain(optional);
+    given.map(|t| &t.obj).chain(made).collect()
 }
 
 /// The Rust buffer behind one Python `Buffer`.
@@ -126,8 +132,13 @@ impl BufferCore {
         call: &Call,
         args: StreamArgs<'py>,
     ) -> Result<(Streams<'py>, Outputs<'_>), Error> {
-        let streams = Streams::normal(call, self.comm_stream.bind(py).clone(), args)?;
+        let streams = Streams::normal(call, self.comm(py), args)?;
         Ok((streams, Outputs::Allocated(&self.alloc)))
+    }
+
+    /// The communication stream (a torch Stream).
+    fn comm<'py>(&self, py: Python<'py>) -> Bound<'py, PyAny> {
+        self.comm_stream.bind(py).clone()
     }
 
     /// A DLPack capsule of `num_bytes` at `ptr` in the buffer's memory, holding its token.
@@ -142,7 +153,10 @@ impl BufferCore {
     }
 }
 
+/// Every call takes DeepEP's arguments in DeepEP's order (a few grouped in tuples: `streams`,
+/// `topk`, ...), which is more than clippy's limit.
 #[pymethods]
+#[allow(clippy::too_many_arguments)]
 impl BufferCore {
     /// Collective: every rank makes its buffer with the same sizes, after NVSHMEM is up.
     /// `comm_stream` is the torch Stream the buffer's kernels run on; `timeout_ms` bounds
@@ -288,7 +302,6 @@ impl BufferCore {
     /// recv_x_scales, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert_list,
     /// handle, event). `layout`: (num_tokens_per_rank, is_token_in_rank,
     /// num_tokens_per_expert) from get_dispatch_layout.
-    #[allow(clippy::too_many_arguments)]
     fn dispatch<'py>(
         &self,
         py: Python<'py>,
@@ -310,13 +323,9 @@ impl BufferCore {
             ));
         }
         let notify_inputs = layout.views(dev, expert_alignment)?;
-        let inputs = DispatchInputs {
-            x: x.view("x", dev)?,
-            x_scales: optional_view(&x_scales, "x_scales", dev)?,
-            topk_idx: optional_view(&topk.0, "topk_idx", dev)?,
-            topk_weights: optional_view(&topk.1, "topk_weights", dev)?,
-            num_experts: notify_inputs.num_tokens_per_expert.rows(),
-        };
+        let num_experts = notify_inputs.num_tokens_per_expert.rows();
+        let inputs =
+            normal::dispatch_inputs(dev, (&x, &x_scales), (&topk.0, &topk.1), num_experts)?;
         let routing = notify_inputs.is_token_in_rank;
         let (c, tokens) = (config.num_channels(), routing.rows());
         // The whole call is checked before the notify step, which the peers wait for.
@@ -360,15 +369,9 @@ impl BufferCore {
             send_head,
         ];
         let handle = PyTuple::new(py, handle)?;
-        let kept = [
-            Some(&x.obj),
-            object_of(&x_scales),
-            object_of(&topk.0),
-            object_of(&topk.1),
-        ];
         let layout_objects = layout.0.iter().map(|t| &t.obj);
         let made = layout_objects.chain(&prefix).chain(&rest).chain(&received);
-        let used: Vec<_> = kept.into_iter().flatten().chain(made).collect();
+        let used = tensors_used(&[&x], &[&x_scales, &topk.0, &topk.1], made);
         let event = streams.finish(&call, &used)?;
         let per_expert = counts.map(|c| c.per_local_expert).unwrap_or_default();
         let [recv_x, recv_scales, recv_idx, recv_weights] = received;
@@ -386,7 +389,6 @@ impl BufferCore {
 
     /// DeepEP's intranode dispatch with a cached `handle` (no notify step, no top-k).
     /// Returns (recv_x, recv_x_scales, event).
-    #[allow(clippy::too_many_arguments)]
     fn dispatch_cached<'py>(
         &self,
         py: Python<'py>,
@@ -406,13 +408,7 @@ impl BufferCore {
             ));
         }
         let handle_views = handle.views(dev)?;
-        let inputs = DispatchInputs {
-            x: x.view("x", dev)?,
-            x_scales: optional_view(&x_scales, "x_scales", dev)?,
-            topk_idx: None,
-            topk_weights: None,
-            num_experts: 0,
-        };
+        let inputs = normal::dispatch_inputs(dev, (&x, &x_scales), (&None, &None), 0)?;
         let rows = handle_views.num_recv_tokens();
         let (_, planned) = normal::dispatch_outputs(py, &Outputs::Planned, &inputs, rows)?;
         plan_dispatch(
@@ -435,18 +431,14 @@ impl BufferCore {
                 cu(streams.launch),
             )
         }?;
-        let kept = [Some(&x.obj), object_of(&x_scales)].into_iter().flatten();
-        let used: Vec<_> = kept
-            .chain([&recv_x, &recv_scales])
-            .chain(handle.tensors())
-            .collect();
+        let made = [&recv_x, &recv_scales].into_iter().chain(handle.tensors());
+        let used = tensors_used(&[&x], &[&x_scales], made);
         let event = streams.finish(&call, &used)?;
         Ok((recv_x, recv_scales, event).into_pyobject(py)?)
     }
 
     /// DeepEP's intranode combine with the handle of the dispatch that delivered `x`'s rows:
     /// (combined_x, combined_topk_weights, event). `bias`: (bias_0, bias_1).
-    #[allow(clippy::too_many_arguments)]
     fn combine<'py>(
         &self,
         py: Python<'py>,
@@ -491,14 +483,8 @@ impl BufferCore {
                 cu(streams.launch),
             )
         }?;
-        let kept = [
-            Some(&x.obj),
-            object_of(&topk_weights),
-            object_of(&bias.0),
-            object_of(&bias.1),
-        ];
         let made = combined.iter().chain(handle.tensors());
-        let used: Vec<_> = kept.into_iter().flatten().chain(made).collect();
+        let used = tensors_used(&[&x], &[&topk_weights, &bias.0, &bias.1], made);
         let event = streams.finish(&call, &used)?;
         let [combined_x, combined_weights] = combined;
         Ok((combined_x, combined_weights, event).into_pyobject(py)?)
@@ -528,7 +514,6 @@ impl BufferCore {
     /// transpose); see low_latency.rs for the shapes. `stats`:
     /// (cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats); `fp8`: (use_fp8,
     /// round_scale, use_ue8m0).
-    #[allow(clippy::too_many_arguments)]
     fn low_latency_dispatch<'py>(
         &self,
         py: Python<'py>,
@@ -543,20 +528,7 @@ impl BufferCore {
     ) -> Result<Bound<'py, PyTuple>, Error> {
         let call = Call::enter(&self.shared)?;
         let (n, dev) = (call.buffer.world().n_pes(), self.device);
-        let inputs = LlDispatchInputs {
-            x: x.view("x", dev)?,
-            topk_idx: topk_idx.view("topk_idx", dev)?,
-            cumulative_local_expert_recv_stats: optional_view(
-                &stats.0,
-                "cumulative_local_expert_recv_stats",
-                dev,
-            )?,
-            dispatch_wait_recv_cost_stats: optional_view(
-                &stats.1,
-                "dispatch_wait_recv_cost_stats",
-                dev,
-            )?,
-        };
+        let inputs = low_latency::dispatch_inputs(dev, (&x, &topk_idx), (&stats.0, &stats.1))?;
         let options = LlDispatchOptions {
             num_max_dispatch_tokens_per_rank,
             num_experts,
@@ -575,28 +547,21 @@ impl BufferCore {
             phases,
             None,
         )?;
-        let comm = self.comm_stream.bind(py).clone();
-        let streams = Streams::low_latency(&call, comm, async_finish, return_recv_hook)?;
+        let streams = Streams::low_latency(&call, self.comm(py), async_finish, return_recv_hook)?;
         let alloc = Outputs::Allocated(&self.alloc);
         let (received, outputs) = low_latency::dispatch_outputs(py, &alloc, &options, shape)?;
-        let launch = streams.launch;
+        let launch = cu(streams.launch);
         // SAFETY: as in `dispatch`.
         unsafe {
             call.buffer
-                .low_latency_dispatch_raw(&inputs, &outputs, &options, phases, cu(launch))
+                .low_latency_dispatch_raw(&inputs, &outputs, &options, phases, launch)
         }?;
-        let kept = [
-            Some(&x.obj),
-            Some(&topk_idx.obj),
-            object_of(&stats.0),
-            object_of(&stats.1),
-        ];
-        let used: Vec<_> = kept.into_iter().flatten().chain(&received).collect();
-        let receive = Receive::Dispatch(inputs, outputs, options);
-        let hook = return_recv_hook
-            .then(|| ReceiveHook::new(py, &call, launch, receive, &used))
-            .transpose()?;
-        let event = streams.finish(&call, &used)?;
+        let used = tensors_used(&[&x, &topk_idx], &[&stats.0, &stats.1], &received);
+        let receive = (
+            Receive::Dispatch(inputs, outputs, options),
+            return_recv_hook,
+        );
+        let (hook, event) = low_latency::finish(py, &call, streams, receive, &used)?;
         let [recv_x, scales, count, src_info, layout_range] = received;
         let hidden = inputs.x.cols();
         let t = num_max_dispatch_tokens_per_rank;
@@ -606,7 +571,6 @@ impl BufferCore {
 
     /// DeepEP's low-latency combine (`x` is not read with `zero_copy`, which combines the
     /// staging rows of `next_low_latency_combine_buffer`): (combined_x, event, hook).
-    #[allow(clippy::too_many_arguments)]
     fn low_latency_combine<'py>(
         &self,
         py: Python<'py>,
@@ -623,26 +587,9 @@ impl BufferCore {
         let call = Call::enter(&self.shared)?;
         let dev = self.device;
         let (ll_handle, handle_tensors) = handle.read(dev)?;
-        let x: Option<Tensor<'py>> = match (zero_copy, x) {
-            (true, _) => None,
-            (false, Some(x)) => Some(x.extract()?),
-            (false, None) => {
-                return Err(Error::Invalid(
-                    "low_latency_combine: x is needed unless zero_copy=True".into(),
-                ));
-            }
-        };
         let wait_cost = &combine_wait_recv_cost_stats;
-        let inputs = LlCombineInputs {
-            x: x.as_ref().map(|x| x.rows("x", dev)).transpose()?,
-            topk_idx: topk_idx.view("topk_idx", dev)?,
-            topk_weights: topk_weights.view("topk_weights", dev)?,
-            combine_wait_recv_cost_stats: optional_view(
-                wait_cost,
-                "combine_wait_recv_cost_stats",
-                dev,
-            )?,
-        };
+        let topk = (&topk_idx, &topk_weights);
+        let (x, inputs) = low_latency::combine_inputs(dev, (x, zero_copy), topk, wait_cost)?;
         let phases = low_latency::phases(return_recv_hook);
         let out_shape = [inputs.topk_idx.rows(), ll_handle.hidden];
         let given = optional_view(&out, "out", dev)?;
@@ -659,28 +606,21 @@ impl BufferCore {
             phases,
             None,
         )?;
-        let comm = self.comm_stream.bind(py).clone();
-        let streams = Streams::low_latency(&call, comm, async_finish, return_recv_hook)?;
+        let streams = Streams::low_latency(&call, self.comm(py), async_finish, return_recv_hook)?;
         let (combined, out_view) = make(&Outputs::Allocated(&self.alloc))?;
-        let launch = streams.launch;
+        let launch = cu(streams.launch);
         // SAFETY: as in `dispatch`.
         unsafe {
             call.buffer
-                .low_latency_combine_raw(&inputs, &ll_handle, &out_view, phases, cu(launch))
+                .low_latency_combine_raw(&inputs, &ll_handle, &out_view, phases, launch)
         }?;
-        let kept = [
-            object_of(&x),
-            Some(&topk_idx.obj),
-            Some(&topk_weights.obj),
-            object_of(wait_cost),
-        ];
         let made = handle_tensors.iter().chain([&combined]);
-        let used: Vec<_> = kept.into_iter().flatten().chain(made).collect();
-        let receive = Receive::Combine(inputs, ll_handle, out_view);
-        let hook = return_recv_hook
-            .then(|| ReceiveHook::new(py, &call, launch, receive, &used))
-            .transpose()?;
-        let event = streams.finish(&call, &used)?;
+        let used = tensors_used(&[&topk_idx, &topk_weights], &[&x, wait_cost], made);
+        let receive = (
+            Receive::Combine(inputs, ll_handle, out_view),
+            return_recv_hook,
+        );
+        let (hook, event) = low_latency::finish(py, &call, streams, receive, &used)?;
         Ok((combined, event, hook).into_pyobject(py)?)
     }
 }

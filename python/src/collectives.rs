@@ -79,146 +79,98 @@ pub fn sync_all(py: Python<'_>, stream: u64) -> PyResult<()> {
     })
 }
 
-/// out[i] = sum over PEs of input[i] (fp32 sums, PE order), `count` elements of `dtype`.
-/// out_ptr, in_ptr: symmetric device pointers [count]; may be equal (in place).
-#[pyfunction]
-#[pyo3(signature = (out_ptr, in_ptr, count, dtype, algorithm, stream))]
-pub fn all_reduce(
-    py: Python<'_>,
-    out_ptr: u64,
-    in_ptr: u64,
-    count: usize,
-    dtype: &str,
-    algorithm: Option<&str>,
-    stream: u64,
-) -> PyResult<()> {
-    let (dtype, algorithm) = (
-        parse_dtype("all_reduce", dtype)?,
-        parse_algorithm(algorithm)?,
-    );
-    let bytes = count * dtype.size();
-    with_communicator(
-        py,
-        "all_reduce",
-        &[(out_ptr, bytes), (in_ptr, bytes)],
-        move |c| {
-            c.all_reduce_raw(
-                out_ptr,
-                in_ptr,
-                count,
-                dtype,
-                algorithm,
-                stream_handle(stream) as _,
-            )
-        },
-    )
+/// Defines a reduction's Python function, `(out_ptr, in_ptr, count, dtype, algorithm,
+/// stream)`: `count` elements of `dtype` per PE. The ranges `located(out_ptr, in_ptr, bytes)`
+/// returns (`bytes`: one PE's `count` elements) are found in the live allocations, then
+/// `Communicator::$raw` runs.
+macro_rules! reduction {
+    ($(#[$doc:meta])* $name:ident => $raw:ident, located: $located:expr) => {
+        $(#[$doc])*
+        #[pyfunction]
+        #[pyo3(signature = (out_ptr, in_ptr, count, dtype, algorithm, stream))]
+        pub fn $name(
+            py: Python<'_>,
+            out_ptr: u64,
+            in_ptr: u64,
+            count: usize,
+            dtype: &str,
+            algorithm: Option<&str>,
+            stream: u64,
+        ) -> PyResult<()> {
+            let what = stringify!($name);
+            let (dtype, algorithm) = (parse_dtype(what, dtype)?, parse_algorithm(algorithm)?);
+            let ranges = ($located)(out_ptr, in_ptr, count * dtype.size());
+            with_communicator(py, what, &ranges, move |c| {
+                let stream = stream_handle(stream) as _;
+                c.$raw(out_ptr, in_ptr, count, dtype, algorithm, stream)
+            })
+        }
+    };
 }
 
-/// out[i] = sum over PEs of input[my_pe * count + i]. out_ptr: symmetric [count];
-/// in_ptr: symmetric [n_pes * count].
-#[pyfunction]
-#[pyo3(signature = (out_ptr, in_ptr, count, dtype, algorithm, stream))]
-pub fn reduce_scatter(
-    py: Python<'_>,
-    out_ptr: u64,
-    in_ptr: u64,
-    count: usize,
-    dtype: &str,
-    algorithm: Option<&str>,
-    stream: u64,
-) -> PyResult<()> {
-    let (dtype, algorithm) = (
-        parse_dtype("reduce_scatter", dtype)?,
-        parse_algorithm(algorithm)?,
-    );
-    let bytes = count * dtype.size();
-    with_communicator(py, "reduce_scatter", &[(out_ptr, bytes)], move |c| {
-        c.reduce_scatter_raw(
-            out_ptr,
-            in_ptr,
-            count,
-            dtype,
-            algorithm,
-            stream_handle(stream) as _,
-        )
-    })
+/// Defines an exchange's Python function, `(out_ptr, in_ptr, num_bytes, algorithm, stream)`:
+/// blocks of `num_bytes`, and for a rooted one (`broadcast(root)`) the PE `root` after
+/// `num_bytes`. The ranges `located(out_ptr, in_ptr, num_bytes)` returns are found in the
+/// live allocations, then `Communicator::$raw` runs.
+macro_rules! exchange {
+    (
+        $(#[$doc:meta])* $name:ident $(($root:ident))? => $raw:ident, located: $located:expr
+    ) => {
+        $(#[$doc])*
+        #[pyfunction]
+        pub fn $name(
+            py: Python<'_>,
+            out_ptr: u64,
+            in_ptr: u64,
+            num_bytes: usize,
+            $($root: i64,)?
+            algorithm: Option<&str>,
+            stream: u64,
+        ) -> PyResult<()> {
+            let algorithm = parse_algorithm(algorithm)?;
+            let ranges = ($located)(out_ptr, in_ptr, num_bytes);
+            with_communicator(py, stringify!($name), &ranges, move |c| {
+                $(let $root = usize::try_from($root).unwrap_or(usize::MAX);)?
+                let stream = stream_handle(stream) as _;
+                c.$raw(out_ptr, in_ptr, num_bytes, $($root,)? algorithm, stream)
+            })
+        }
+    };
 }
 
-/// Every PE's `num_bytes` at in_ptr into out_ptr + p * num_bytes on every PE.
-/// out_ptr: symmetric [n_pes * num_bytes]; in_ptr: symmetric [num_bytes].
-#[pyfunction]
-pub fn all_gather(
-    py: Python<'_>,
-    out_ptr: u64,
-    in_ptr: u64,
-    num_bytes: usize,
-    algorithm: Option<&str>,
-    stream: u64,
-) -> PyResult<()> {
-    let algorithm = parse_algorithm(algorithm)?;
-    with_communicator(py, "all_gather", &[(in_ptr, num_bytes)], move |c| {
-        c.all_gather_raw(
-            out_ptr,
-            in_ptr,
-            num_bytes,
-            algorithm,
-            stream_handle(stream) as _,
-        )
-    })
+reduction! {
+    /// out[i] = sum over PEs of input[i] (fp32 sums, PE order), `count` elements of `dtype`.
+    /// out_ptr, in_ptr: symmetric device pointers [count]; may be equal (in place).
+    all_reduce => all_reduce_raw,
+    located: |out, input, bytes| [(out, bytes), (input, bytes)]
 }
 
-/// Block q of in_ptr (num_bytes each) to PE q, landing at out_ptr + p * num_bytes for
-/// sender p. out_ptr, in_ptr: symmetric [n_pes * num_bytes].
-#[pyfunction]
-pub fn all_to_all(
-    py: Python<'_>,
-    out_ptr: u64,
-    in_ptr: u64,
-    num_bytes: usize,
-    algorithm: Option<&str>,
-    stream: u64,
-) -> PyResult<()> {
-    let algorithm = parse_algorithm(algorithm)?;
-    with_communicator(py, "all_to_all", &[], move |c| {
-        c.all_to_all_raw(
-            out_ptr,
-            in_ptr,
-            num_bytes,
-            algorithm,
-            stream_handle(stream) as _,
-        )
-    })
+reduction! {
+    /// out[i] = sum over PEs of input[my_pe * count + i]. out_ptr: symmetric [count];
+    /// in_ptr: symmetric [n_pes * count].
+    reduce_scatter => reduce_scatter_raw,
+    located: |out, _, bytes| [(out, bytes)]
 }
 
-/// `root`'s num_bytes at in_ptr into out_ptr on every PE. out_ptr, in_ptr: symmetric
-/// [num_bytes]; may be equal (in place).
-#[pyfunction]
-pub fn broadcast(
-    py: Python<'_>,
-    out_ptr: u64,
-    in_ptr: u64,
-    num_bytes: usize,
-    root: i64,
-    algorithm: Option<&str>,
-    stream: u64,
-) -> PyResult<()> {
-    let algorithm = parse_algorithm(algorithm)?;
-    with_communicator(
-        py,
-        "broadcast",
-        &[(out_ptr, num_bytes), (in_ptr, num_bytes)],
-        move |c| {
-            let root = usize::try_from(root).unwrap_or(usize::MAX);
-            c.broadcast_raw(
-                out_ptr,
-                in_ptr,
-                num_bytes,
-                root,
-                algorithm,
-                stream_handle(stream) as _,
-            )
-        },
-    )
+exchange! {
+    /// Every PE's `num_bytes` at in_ptr into out_ptr + p * num_bytes on every PE.
+    /// out_ptr: symmetric [n_pes * num_bytes]; in_ptr: symmetric [num_bytes].
+    all_gather => all_gather_raw,
+    located: |_, input, num_bytes| [(input, num_bytes)]
+}
+
+exchange! {
+    /// Block q of in_ptr (num_bytes each) to PE q, landing at out_ptr + p * num_bytes for
+    /// sender p. out_ptr, in_ptr: symmetric [n_pes * num_bytes].
+    all_to_all => all_to_all_raw,
+    located: |_, _, _| []
+}
+
+exchange! {
+    /// `root`'s num_bytes at in_ptr into out_ptr on every PE. out_ptr, in_ptr: symmetric
+    /// [num_bytes]; may be equal (in place).
+    broadcast(root) => broadcast_raw,
+    located: |out, input, num_bytes| [(out, num_bytes), (input, num_bytes)]
 }
 
 /// all-to-all-v over rows of row_bytes with counts only the device knows.

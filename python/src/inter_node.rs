@@ -49,18 +49,6 @@ fn parse_method(name: &str) -> Result<Method, Error> {
     })
 }
 
-/// Chapter 5's own checks of a call (what the method can run, output and input disjoint),
-/// made before the topology exists or anything is enqueued.
-fn check_call(
-    what: &'static str,
-    method: Method,
-    dtype: Option<DType>,
-    ranges: [(u64, usize); 2],
-) -> Result<[(u64, usize); 2], Error> {
-    ch05_inter_node::check_call(what, method, dtype, ranges[0], ranges[1])?;
-    Ok(ranges)
-}
-
 /// The layout the topology has, or (none made yet) the one it would be made with now: G from
 /// the environment, as `Topology::from_env` reads it.
 fn current_layout(s: &State) -> Result<Layout, Error> {
@@ -70,17 +58,28 @@ fn current_layout(s: &State) -> Result<Layout, Error> {
     }
 }
 
-/// Runs `call` with the process's topology, making it first if this is the first call. `ranges`
-/// gets the job's PE count and returns the (output, input) byte ranges, each checked against
-/// the live allocations before anything is made or enqueued.
-fn with_topology(
+/// Runs `what` (`inter_node_` and the collective's name) with the process's topology, making
+/// it first if this is the first call. `ranges` gives the call's (output, input) byte ranges
+/// for a job of `n_pes` PEs. Chapter 5's own checks of the call (what `method` can run, output
+/// and input disjoint) see them twice: for no PEs before anything else, where a range that
+/// grows with the job is empty, so what the method can run and every overlap known without
+/// the job's size are refused before the state is even asked; then for the job's PEs, before
+/// the ranges are checked against the live allocations and anything is made or enqueued.
+fn run(
     py: Python<'_>,
     what: &'static str,
-    ranges: impl FnOnce(usize) -> Result<[(u64, usize); 2], Error> + Send,
+    (method, dtype): (Method, Option<DType>),
+    ranges: impl Fn(usize) -> [(u64, usize); 2] + Send,
     call: impl FnOnce(&Topology<Arc<World>>, &State) -> Result<(), Error> + Send,
 ) -> PyResult<()> {
-    let ranges = move |n_pes| ranges(n_pes).map(Vec::from);
-    state::with_located(py, what, ranges, move |s: &mut State| {
+    let collective = collective(what);
+    let checked = move |n_pes| -> Result<_, Error> {
+        let [out, input] = ranges(n_pes);
+        ch05_inter_node::check_call(collective, method, dtype, out, input)?;
+        Ok(vec![out, input])
+    };
+    checked(0)?;
+    state::with_located(py, what, checked, move |s: &mut State| {
         if s.inter_node.is_none() {
             s.inter_node = Some(Topology::from_env(
                 s.world.clone(),
@@ -90,6 +89,11 @@ fn with_topology(
         let topology = s.inter_node.as_ref().expect("made above");
         call(topology, s)
     })
+}
+
+/// The chapter's name of the collective a Python function (`inter_node_...`) runs.
+fn collective(what: &'static str) -> &'static str {
+    what.trim_start_matches("inter_node_")
 }
 
 /// (n_pes, node_pes, num_nodes, node, local): the job as nodes of node_pes PEs, and this PE's
@@ -126,139 +130,100 @@ pub fn resolve_node_pes(
         .map_err(|e| Error::from(e).into())
 }
 
-/// out[i] = the sum over PEs of input[i], `count` elements of `dtype`. Hierarchical and
-/// nvshmem_teams sum each node (local order), then the nodes (node order); flat sums in PE
-/// order. out_ptr, in_ptr: symmetric [count]; may be equal (in place).
-#[pyfunction]
-#[pyo3(signature = (out_ptr, in_ptr, count, dtype, method, stream))]
-pub fn inter_node_all_reduce(
-    py: Python<'_>,
-    out_ptr: u64,
-    in_ptr: u64,
-    count: usize,
-    dtype: &str,
-    method: &str,
-    stream: u64,
-) -> PyResult<()> {
-    let what = "all_reduce";
-    let (method, dtype) = (parse_method(method)?, parse_dtype(what, dtype)?);
-    let bytes = count * dtype.size();
-    let ranges = check_call(
-        what,
-        method,
-        Some(dtype),
-        [(out_ptr, bytes), (in_ptr, bytes)],
-    )?;
-    with_topology(
-        py,
-        "inter_node_all_reduce",
-        move |_| Ok(ranges),
-        move |t, _| {
-            let stream = stream_handle(stream) as _;
-            Ok(t.all_reduce_raw(method, out_ptr, in_ptr, count, dtype, stream)?)
-        },
-    )
-}
-
-/// out[i] = the sum over PEs of input[my_pe * count + i] (orders as all_reduce).
-/// out_ptr: symmetric [count]; in_ptr: symmetric [n_pes * count]; distinct.
-#[pyfunction]
-#[pyo3(signature = (out_ptr, in_ptr, count, dtype, method, stream))]
-pub fn inter_node_reduce_scatter(
-    py: Python<'_>,
-    out_ptr: u64,
-    in_ptr: u64,
-    count: usize,
-    dtype: &str,
-    method: &str,
-    stream: u64,
-) -> PyResult<()> {
-    let what = "reduce_scatter";
-    let (method, dtype) = (parse_method(method)?, parse_dtype(what, dtype)?);
-    // Refused for any size (the ranges need the PE count, known once the state is).
-    check_call(what, method, Some(dtype), [(out_ptr, 0), (in_ptr, 0)])?;
-    let bytes = count * dtype.size();
-    let ranges = move |n_pes| {
-        let ranges = [(out_ptr, bytes), (in_ptr, n_pes * bytes)];
-        check_call(what, method, Some(dtype), ranges)
+/// Defines a reduction's Python function, `(out_ptr, in_ptr, count, dtype, method, stream)`:
+/// `count` elements of `dtype` per PE, the (output, input) ranges `ranges(n_pes, out_ptr,
+/// in_ptr, bytes)` (`bytes`: one PE's `count` elements), checked as `run` does, then
+/// `Topology::$raw`.
+macro_rules! reduction {
+    ($(#[$doc:meta])* $name:ident => $raw:ident, ranges: $ranges:expr) => {
+        $(#[$doc])*
+        #[pyfunction]
+        #[pyo3(signature = (out_ptr, in_ptr, count, dtype, method, stream))]
+        pub fn $name(
+            py: Python<'_>,
+            out_ptr: u64,
+            in_ptr: u64,
+            count: usize,
+            dtype: &str,
+            method: &str,
+            stream: u64,
+        ) -> PyResult<()> {
+            let what = stringify!($name);
+            let (method, dtype) = (parse_method(method)?, parse_dtype(collective(what), dtype)?);
+            let bytes = count * dtype.size();
+            let ranges = move |n_pes| ($ranges)(n_pes, out_ptr, in_ptr, bytes);
+            run(py, what, (method, Some(dtype)), ranges, move |t, _| {
+                let stream = stream_handle(stream) as _;
+                Ok(t.$raw(method, out_ptr, in_ptr, count, dtype, stream)?)
+            })
+        }
     };
-    with_topology(py, "inter_node_reduce_scatter", ranges, move |t, _| {
-        let stream = stream_handle(stream) as _;
-        Ok(t.reduce_scatter_raw(method, out_ptr, in_ptr, count, dtype, stream)?)
-    })
 }
 
-/// Every PE's `num_bytes` at in_ptr into out_ptr + p * num_bytes on every PE.
-/// out_ptr: symmetric [n_pes * num_bytes]; in_ptr: symmetric [num_bytes]; distinct.
-#[pyfunction]
-pub fn inter_node_all_gather(
-    py: Python<'_>,
-    out_ptr: u64,
-    in_ptr: u64,
-    num_bytes: usize,
-    method: &str,
-    stream: u64,
-) -> PyResult<()> {
-    let method = parse_method(method)?;
-    let ranges = move |n_pes| {
-        let ranges = [(out_ptr, n_pes * num_bytes), (in_ptr, num_bytes)];
-        check_call("all_gather", method, None, ranges)
+/// Defines an exchange's Python function, `(out_ptr, in_ptr, num_bytes, method, stream)`:
+/// blocks of `num_bytes`, and for a rooted one (`inter_node_broadcast(root)`) the PE `root`
+/// after `num_bytes`, checked against the job. The (output, input) ranges are
+/// `ranges(n_pes, out_ptr, in_ptr, num_bytes)`, checked as `run` does, then `Topology::$raw`.
+macro_rules! exchange {
+    (
+        $(#[$doc:meta])* $name:ident $(($root:ident))? => $raw:ident, ranges: $ranges:expr
+    ) => {
+        $(#[$doc])*
+        #[pyfunction]
+        pub fn $name(
+            py: Python<'_>,
+            out_ptr: u64,
+            in_ptr: u64,
+            num_bytes: usize,
+            $($root: i64,)?
+            method: &str,
+            stream: u64,
+        ) -> PyResult<()> {
+            let method = parse_method(method)?;
+            let ranges = move |n_pes| ($ranges)(n_pes, out_ptr, in_ptr, num_bytes);
+            run(py, stringify!($name), (method, None), ranges, move |t, _state| {
+                $(let $root = _state.check_pe($root)?;)?
+                let stream = stream_handle(stream) as _;
+                Ok(t.$raw(method, out_ptr, in_ptr, num_bytes, $($root,)? stream)?)
+            })
+        }
     };
-    with_topology(py, "inter_node_all_gather", ranges, move |t, _| {
-        let stream = stream_handle(stream) as _;
-        Ok(t.all_gather_raw(method, out_ptr, in_ptr, num_bytes, stream)?)
-    })
 }
 
-/// `root`'s num_bytes at in_ptr into out_ptr on every PE. out_ptr, in_ptr: symmetric
-/// [num_bytes]; distinct.
-#[pyfunction]
-pub fn inter_node_broadcast(
-    py: Python<'_>,
-    out_ptr: u64,
-    in_ptr: u64,
-    num_bytes: usize,
-    root: i64,
-    method: &str,
-    stream: u64,
-) -> PyResult<()> {
-    let method = parse_method(method)?;
-    let ranges = [(out_ptr, num_bytes), (in_ptr, num_bytes)];
-    let ranges = check_call("broadcast", method, None, ranges)?;
-    with_topology(
-        py,
-        "inter_node_broadcast",
-        move |_| Ok(ranges),
-        move |t, s| {
-            let root = s.check_pe(root)?;
-            let stream = stream_handle(stream) as _;
-            Ok(t.broadcast_raw(method, out_ptr, in_ptr, num_bytes, root, stream)?)
-        },
-    )
+reduction! {
+    /// out[i] = the sum over PEs of input[i], `count` elements of `dtype`. Hierarchical and
+    /// nvshmem_teams sum each node (local order), then the nodes (node order); flat sums in PE
+    /// order. out_ptr, in_ptr: symmetric [count]; may be equal (in place).
+    inter_node_all_reduce => all_reduce_raw,
+    ranges: |_, out, input, bytes| [(out, bytes), (input, bytes)]
 }
 
-/// Block q of in_ptr (num_bytes each) to PE q, landing at out_ptr + p * num_bytes for
-/// sender p. out_ptr, in_ptr: symmetric [n_pes * num_bytes]; distinct.
-#[pyfunction]
-pub fn inter_node_all_to_all(
-    py: Python<'_>,
-    out_ptr: u64,
-    in_ptr: u64,
-    num_bytes: usize,
-    method: &str,
-    stream: u64,
-) -> PyResult<()> {
-    let what = "all_to_all";
-    let method = parse_method(method)?;
-    check_call(what, method, None, [(out_ptr, 0), (in_ptr, 0)])?;
-    let ranges = move |n_pes| {
-        let ranges = [(out_ptr, n_pes * num_bytes), (in_ptr, n_pes * num_bytes)];
-        check_call(what, method, None, ranges)
-    };
-    with_topology(py, "inter_node_all_to_all", ranges, move |t, _| {
-        let stream = stream_handle(stream) as _;
-        Ok(t.all_to_all_raw(method, out_ptr, in_ptr, num_bytes, stream)?)
-    })
+reduction! {
+    /// out[i] = the sum over PEs of input[my_pe * count + i] (orders as all_reduce).
+    /// out_ptr: symmetric [count]; in_ptr: symmetric [n_pes * count]; distinct.
+    inter_node_reduce_scatter => reduce_scatter_raw,
+    ranges: |n_pes, out, input, bytes| [(out, bytes), (input, n_pes * bytes)]
+}
+
+exchange! {
+    /// Every PE's `num_bytes` at in_ptr into out_ptr + p * num_bytes on every PE.
+    /// out_ptr: symmetric [n_pes * num_bytes]; in_ptr: symmetric [num_bytes]; distinct.
+    inter_node_all_gather => all_gather_raw,
+    ranges: |n_pes, out, input, num_bytes| [(out, n_pes * num_bytes), (input, num_bytes)]
+}
+
+exchange! {
+    /// `root`'s num_bytes at in_ptr into out_ptr on every PE. out_ptr, in_ptr: symmetric
+    /// [num_bytes]; distinct.
+    inter_node_broadcast(root) => broadcast_raw,
+    ranges: |_, out, input, num_bytes| [(out, num_bytes), (input, num_bytes)]
+}
+
+exchange! {
+    /// Block q of in_ptr (num_bytes each) to PE q, landing at out_ptr + p * num_bytes for
+    /// sender p. out_ptr, in_ptr: symmetric [n_pes * num_bytes]; distinct.
+    inter_node_all_to_all => all_to_all_raw,
+    ranges: |n_pes, out, input, num_bytes| [(out, n_pes * num_bytes), (input, n_pes * num_bytes)]
 }
 
 /// All-to-all-v over rows of row_bytes with counts only the device knows; hierarchical: each
@@ -281,17 +246,18 @@ pub fn inter_node_all_to_all_v(
     method: &str,
     stream: u64,
 ) -> PyResult<()> {
-    let what = "all_to_all_v";
     let method = parse_method(method)?;
-    let ranges = [
-        (out_ptr, out_rows * row_bytes),
-        (in_ptr, in_rows * row_bytes),
-    ];
-    let ranges = check_call(what, method, None, ranges)?;
-    with_topology(
+    let ranges = move |_| {
+        [
+            (out_ptr, out_rows * row_bytes),
+            (in_ptr, in_rows * row_bytes),
+        ]
+    };
+    run(
         py,
         "inter_node_all_to_all_v",
-        move |_| Ok(ranges),
+        (method, None),
+        ranges,
         move |t, _| {
             // SAFETY: the Python layer checked both count tensors (device, int64, shapes).
             Ok(unsafe {

@@ -1,7 +1,7 @@
 //! Low-latency mode's arguments, outputs and receive hook as the binding builds them
-//! (buffer.rs makes the calls): DeepEP's low-latency handle from Python, the outputs of a
-//! dispatch (planned or allocated, torch.rs `Outputs`), and [`ReceiveHook`], the callable a
-//! call with `return_recv_hook` returns.
+//! (buffer.rs makes the calls): DeepEP's low-latency handle from Python, each call's inputs,
+//! the outputs of a dispatch (planned or allocated, torch.rs `Outputs`), and [`ReceiveHook`],
+//! the callable a call with `return_recv_hook` returns, which a call's end ([`finish`]) makes.
 
 use std::sync::Weak;
 
@@ -15,9 +15,10 @@ use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
 use crate::errors::Error;
+use crate::events::{Event, Streams};
 use crate::normal::handle_items;
 use crate::shared::{Call, Shared};
-use crate::torch::{Outputs, Tensor};
+use crate::torch::{Outputs, Tensor, optional_view};
 
 /// UE8M0 scales are packed four to an int32.
 const UE8M0_PER_INT: usize = 4;
@@ -64,6 +65,59 @@ impl<'py> PyLlHandle<'py> {
         };
         Ok((handle, [src_info.obj, layout_range.obj]))
     }
+}
+
+/// A low-latency dispatch's inputs: `x` and `topk_idx`, and the `stats` tensors that were
+/// given (cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats).
+pub(crate) fn dispatch_inputs(
+    device: i32,
+    (x, topk_idx): (&Tensor<'_>, &Tensor<'_>),
+    stats: (&Option<Tensor<'_>>, &Option<Tensor<'_>>),
+) -> Result<LlDispatchInputs, Error> {
+    Ok(LlDispatchInputs {
+        x: x.view("x", device)?,
+        topk_idx: topk_idx.view("topk_idx", device)?,
+        cumulative_local_expert_recv_stats: optional_view(
+            stats.0,
+            "cumulative_local_expert_recv_stats",
+            device,
+        )?,
+        dispatch_wait_recv_cost_stats: optional_view(
+            stats.1,
+            "dispatch_wait_recv_cost_stats",
+            device,
+        )?,
+    })
+}
+
+/// A low-latency combine's inputs, and `x` as the tensor it reads: none with `zero_copy`
+/// (the staging rows are combined), else the one given, as rows.
+pub(crate) fn combine_inputs<'py>(
+    device: i32,
+    (x, zero_copy): (Option<Bound<'py, PyAny>>, bool),
+    (topk_idx, topk_weights): (&Tensor<'_>, &Tensor<'_>),
+    wait_cost: &Option<Tensor<'_>>,
+) -> Result<(Option<Tensor<'py>>, LlCombineInputs), Error> {
+    let x: Option<Tensor<'py>> = match (zero_copy, x) {
+        (true, _) => None,
+        (false, Some(x)) => Some(x.extract()?),
+        (false, None) => {
+            return Err(Error::Invalid(
+                "low_latency_combine: x is needed unless zero_copy=True".into(),
+            ));
+        }
+    };
+    let inputs = LlCombineInputs {
+        x: x.as_ref().map(|x| x.rows("x", device)).transpose()?,
+        topk_idx: topk_idx.view("topk_idx", device)?,
+        topk_weights: topk_weights.view("topk_weights", device)?,
+        combine_wait_recv_cost_stats: optional_view(
+            wait_cost,
+            "combine_wait_recv_cost_stats",
+            device,
+        )?,
+    };
+    Ok((x, inputs))
 }
 
 /// A low-latency dispatch's outputs, DeepEP's shapes: recv_x [L, R x T, H] (fp8 e4m3 with
@@ -114,6 +168,23 @@ pub(crate) fn phases(return_recv_hook: bool) -> Phases {
     } else {
         Phases::SendAndReceive
     }
+}
+
+/// Ends a low-latency call whose send `streams` launched: with `return_recv_hook` the hook
+/// that runs its `receive` half (keeping `used` alive), and the call's event
+/// (`Streams::finish`).
+pub(crate) fn finish<'py>(
+    py: Python<'py>,
+    call: &Call,
+    streams: Streams<'py>,
+    (receive, return_recv_hook): (Receive, bool),
+    used: &[&Bound<'py, PyAny>],
+) -> Result<(Option<ReceiveHook>, Option<Event>), Error> {
+    let hook = return_recv_hook
+        .then(|| ReceiveHook::new(py, call, streams.launch, receive, used))
+        .transpose()?;
+    let event = streams.finish(call, used)?;
+    Ok((hook, event))
 }
 
 /// The receive half of a low-latency call, as its send left it.

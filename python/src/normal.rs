@@ -1,6 +1,6 @@
 //! Normal mode's arguments and outputs as the binding builds them (buffer.rs makes the calls):
-//! DeepEP's intranode handle from Python, and each call's outputs, planned or allocated
-//! (torch.rs, `Outputs`), with the shapes and dtypes DeepEP returns.
+//! DeepEP's intranode handle from Python, a dispatch's inputs, and each call's outputs,
+//! planned or allocated (torch.rs, `Outputs`), with the shapes and dtypes DeepEP returns.
 
 use nvshmem_tutorial::{
     CombineOutputs, DispatchInputs, DispatchOutputs, ElemType, Handle, LayoutOutputs, NotifyInputs,
@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
 use crate::errors::Error;
-use crate::torch::{Outputs, Tensor};
+use crate::torch::{Outputs, Tensor, optional_view};
 
 /// DeepEP's intranode handle as a dispatch returns it: (rank_prefix_matrix,
 /// channel_prefix_matrix, recv_channel_prefix_matrix, recv_src_idx, is_token_in_rank,
@@ -181,6 +181,23 @@ pub(crate) fn notify_outputs<'py>(
         recv_channel_prefix_matrix: received,
     };
     Ok((tensors, views))
+}
+
+/// A dispatch's inputs: `x` and its scales, with a fresh dispatch's `topk` (topk_idx,
+/// topk_weights) over `num_experts` experts (a cached one has neither, and 0).
+pub(crate) fn dispatch_inputs(
+    device: i32,
+    (x, x_scales): (&Tensor<'_>, &Option<Tensor<'_>>),
+    topk: (&Option<Tensor<'_>>, &Option<Tensor<'_>>),
+    num_experts: usize,
+) -> Result<DispatchInputs, Error> {
+    Ok(DispatchInputs {
+        x: x.view("x", device)?,
+        x_scales: optional_view(x_scales, "x_scales", device)?,
+        topk_idx: optional_view(topk.0, "topk_idx", device)?,
+        topk_weights: optional_view(topk.1, "topk_weights", device)?,
+        num_experts,
+    })
 }
 
 /// A dispatch's outputs for `rows` received rows: recv_x [rows, H] of x's dtype,

@@ -16,6 +16,8 @@ import pytest
 import nvshmem_tutorial as nv
 from nvshmem_tutorial import _native
 
+from cpu_expect import NEEDS_INIT, NEEDS_NVSHMEM, fails_before_init
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -92,9 +94,7 @@ def test_library_is_found_and_is_the_pinned_release():
     ],
 )
 def test_use_before_init_is_a_clear_error(call):
-    assert not nv.is_initialized()
-    with pytest.raises(nv.NotInitializedError, match=r"nvshmem_tutorial\.init\(\) first"):
-        call()
+    fails_before_init(call, nv.NotInitializedError, NEEDS_INIT)
 
 
 @pytest.mark.parametrize(
@@ -116,8 +116,7 @@ def test_use_before_init_is_a_clear_error(call):
     ],
 )
 def test_native_calls_before_init_raise_instead_of_crashing(call):
-    with pytest.raises(nv.NotInitializedError, match="not initialised"):
-        call()
+    fails_before_init(call, nv.NotInitializedError, NEEDS_NVSHMEM)
 
 
 def test_signal_names_are_nvshmems_constants():
@@ -152,9 +151,7 @@ def test_signal_names_are_nvshmems_constants():
     ],
 )
 def test_bad_signal_arguments_are_rejected_before_anything_else(call, text):
-    assert not nv.is_initialized()
-    with pytest.raises(nv.InvalidArgumentError, match=text):
-        call()
+    fails_before_init(call, nv.InvalidArgumentError, text)
 
 
 @pytest.mark.parametrize(
@@ -170,8 +167,7 @@ def test_bad_signal_arguments_are_rejected_before_anything_else(call, text):
 def test_native_signal_names_are_checked_before_nvshmem(call, text):
     # The native layer does not trust the Python one: a direct call with a bad name is an
     # argument error too, raised before it asks whether NVSHMEM is up.
-    with pytest.raises(nv.InvalidArgumentError, match=text):
-        call()
+    fails_before_init(call, nv.InvalidArgumentError, text)
 
 
 def test_native_signal_value_must_fit_u64():
@@ -257,8 +253,7 @@ def test_a_broken_library_is_a_library_error_with_the_fix(tmp_path):
     ],
 )
 def test_collectives_before_init_raise_not_initialized(call):
-    with pytest.raises(nv.NotInitializedError):
-        call()
+    fails_before_init(call, nv.NotInitializedError)
 
 
 def test_collective_arguments_are_named_in_the_error():

@@ -8,6 +8,8 @@ import pytest
 import nvshmem_tutorial as nv
 from nvshmem_tutorial import _native
 
+from cpu_expect import NEEDS_INIT, NEEDS_NVSHMEM, fails_before_init
+
 
 @pytest.mark.parametrize(
     "call",
@@ -23,9 +25,7 @@ from nvshmem_tutorial import _native
     ],
 )
 def test_inter_node_calls_before_init_are_a_clear_error(call):
-    assert not nv.is_initialized()
-    with pytest.raises(nv.NotInitializedError, match=r"nvshmem_tutorial\.init\(\) first"):
-        call()
+    fails_before_init(call, nv.NotInitializedError, NEEDS_INIT)
 
 
 @pytest.mark.parametrize(
@@ -42,8 +42,7 @@ def test_inter_node_calls_before_init_are_a_clear_error(call):
     ],
 )
 def test_native_inter_node_calls_with_good_arguments_need_nvshmem(call):
-    with pytest.raises(nv.NotInitializedError, match="not initialised"):
-        call()
+    fails_before_init(call, nv.NotInitializedError, NEEDS_NVSHMEM)
 
 
 def test_inter_node_methods_are_the_rust_chapters():
@@ -66,9 +65,7 @@ def test_inter_node_methods_are_the_rust_chapters():
     ],
 )
 def test_bad_inter_node_methods_and_dtypes_are_named(call, text):
-    assert not nv.is_initialized()
-    with pytest.raises(nv.InvalidArgumentError, match=text):
-        call()
+    fails_before_init(call, nv.InvalidArgumentError, text)
 
 
 # What a method cannot do and overlapping tensors are refused before NVSHMEM is even asked.
@@ -85,9 +82,7 @@ def test_bad_inter_node_methods_and_dtypes_are_named(call, text):
     ],
 )
 def test_inter_node_calls_refuse_what_cannot_run_before_anything_else(call, text):
-    assert not nv.is_initialized()
-    with pytest.raises(nv.InvalidArgumentError, match=text):
-        call()
+    fails_before_init(call, nv.InvalidArgumentError, text)
 
 
 def test_node_size_comes_from_torchrun_or_nvshmem_cut_by_the_variable():
