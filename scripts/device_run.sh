@@ -6,12 +6,12 @@
 # Usage: scripts/device_run.sh [gpu_test.sh arguments...]
 # Environment: OUT (where results go; required), GPU_TEST_NPROCS, GPU_TEST_PYTHON (as for
 #   gpu_test.sh), DEVICE_BENCH (space-separated steps, run in the order given: buffer coll p2p
-#   deepep_n1 host_path soak dead_rank sanitizer deepep_v2; buffer and coll run once per
+#   deepep_n1 host_path soak dead_rank sanitizer deepep_v2 overlap; buffer, coll, overlap
+#   (chapter 6's two benchmarks, Rust and Python) and deepep_v2 run once per
 #   process count in BENCH_NPROCS (default: GPU_TEST_NPROCS, else 2), buffer the modes in
 #   BUFFER_MODES; p2p runs benchmarks/run_p2p.sh on GPUs 0 and 1; sanitizer runs
 #   gpu_test.sh once per tool in SANITIZER_TOOLS (default "memcheck racecheck synccheck") at
-#   SANITIZER_NPROCS (default 2); deepep_v2 runs benchmarks/deepep_v2.sh at each of
-#   BENCH_NPROCS; deepep_n1 runs
+#   SANITIZER_NPROCS (default 2); deepep_v2 runs benchmarks/deepep_v2.sh; deepep_n1 runs
 #   DeepEP's test_low_latency.py at N = 1 for DeepEP and for ours, and our test_intranode.py
 #   as far as N = 1 goes; host_path runs benchmarks/host_path.py for both; soak runs the
 #   chapter programs with --pairs SOAK_PAIRS (default 10000) and --create-destroy 100 at N = 1
@@ -118,6 +118,18 @@ for bench in ${DEVICE_BENCH:-}; do
         echo "device_run: buffer n=$n exit $?"
         pack
       done ;;
+    overlap)
+      for n in $bench_nprocs; do
+        gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print tolower($2)}')
+        { torchrun --standalone --nproc_per_node="$n" --no-python "$carry/bin/ch06-overlap-bench" \
+            "$logs/overlap_${gpu}_${n}gpu.csv"
+          echo "device_run: ch06-overlap-bench n=$n exit $?"
+          torchrun --standalone --nproc_per_node="$n" scripts/ch06_overlap.py --bench \
+            "$logs/overlap_py_${gpu}_${n}gpu.csv"
+          echo "device_run: ch06_overlap.py --bench n=$n exit $?"
+        } >"$logs/overlap_n$n.log" 2>&1
+        pack
+      done ;;
     sanitizer)
       for tool in ${SANITIZER_TOOLS:-memcheck racecheck synccheck}; do
         mkdir -p "$logs/sanitizer_$tool"
@@ -128,7 +140,7 @@ for bench in ${DEVICE_BENCH:-}; do
       done ;;
     deepep_v2)
       for n in $bench_nprocs; do
-        CARRY="$carry" bash benchmarks/deepep_v2.sh "$n" "$logs/deepep_v2_n$n" >"$logs/deepep_v2_n$n.log" 2>&1
+        bash benchmarks/deepep_v2.sh "$carry" "$n" "$logs/deepep_v2_n$n" >"$logs/deepep_v2_n$n.log" 2>&1
         echo "device_run: deepep_v2 n=$n exit $?"
         pack
       done ;;
