@@ -335,7 +335,8 @@ if [[ "${GPU_TEST_PYTHON:-1}" == 1 ]]; then
       "ch06_overlap.py:python3 scripts/ch06_overlap.py"
       "ch07_buffer.py:python3 scripts/ch07_buffer.py"
       "ch07_quickstart.py:python3 scripts/ch07_quickstart.py"
-      "ch08_low_latency.py:python3 scripts/ch08_low_latency.py")
+      "ch08_low_latency.py:python3 scripts/ch08_low_latency.py"
+      "moe_layer.py:python3 scripts/moe_layer.py")
     # The suite and most scripts exchange data between PEs: they start at 2. Chapter 5's
     # script also runs alone (one node of one PE: every method's path through one PE).
     runs_alone=" ch05_inter_node.py "
@@ -361,7 +362,7 @@ if [[ "${GPU_TEST_PYTHON:-1}" == 1 ]]; then
         # Folded PEs may use NVSHMEM's on-stream synchronisation and teams only under MPS
         # ("not supported with limited MPG"); the buffer's scripts run folded without it (see
         # above).
-        if ((${#py_fold[@]} > 0)) && [[ "$name" != ch07_* && "$name" != ch08_* ]]; then
+        if ((${#py_fold[@]} > 0)) && [[ "$name" != ch07_* && "$name" != ch08_* && "$name" != moe_* ]]; then
           mps_start
         else
           mps_stop

@@ -1,0 +1,300 @@
+"""A complete MoE layer over the buffer, forward and backward, checked against the same layer
+computed without communication.
+
+    torchrun --standalone --nproc_per_node=N scripts/moe_layer.py            # small, checked
+    torchrun --standalone --nproc_per_node=N scripts/moe_layer.py --bench    # DeepSeek-V3 shapes
+
+The layer: a router (softmax over the experts, top-k, the k weights renormalised), the tokens
+sent to the ranks of their experts (`get_dispatch_layout`, `dispatch`, in bf16 or fp8), each
+rank's experts (gate / up / down with SiLU) on the rows it received, weighted by the router, and
+the results sent back and summed (`combine`). Dispatch and combine are `torch.autograd.Function`s
+whose backward passes are each other, as DeepEP documents: the gradient of dispatch is a combine
+of the received rows' gradients (with the top-k weights' gradients summed back the same way),
+and the gradient of combine is a dispatch of the output's gradient with the forward's handle.
+
+The experts run as a loop over this rank's experts, each on the rows routed to it
+(`index_select`, three GEMMs, `index_add_`): exact, simple to read, and each GEMM is large at
+real shapes; a grouped GEMM would save launches when experts get few rows.
+
+The check: every rank also computes its own tokens' outputs with every expert's weights on its
+own GPU (the weights come from a seed, so every rank can make every expert), then the
+gradients of the input, of the router and of the experts (the reference's expert gradients are
+summed over the ranks first). Tolerances, relative to the reference's norm: outputs 1e-2,
+gradients 2e-2 (bf16 rows, summed in a different order; fp8 dispatch quantises the
+reference's input the same way). Then, with --bench, the time per layer (forward + backward)
+and the share spent in dispatch and combine, each timed with CUDA events on rank 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+from typing import Any, List, Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from ch00_common import Tally, main, print_by_pe, start
+from nvshmem_tutorial.buffer import Buffer, Config
+
+
+@dataclass
+class Shape:
+    tokens: int  # per rank
+    hidden: int
+    experts: int  # in all
+    top_k: int
+    ffn: int  # expert intermediate size
+
+
+SMALL = Shape(tokens=256, hidden=1024, experts=16, top_k=4, ffn=256)
+DEEPSEEK_V3 = Shape(tokens=4096, hidden=7168, experts=256, top_k=8, ffn=2048)
+CONFIG = Config(24, 8, 256)  # SMs, NVL chunk, NVL ring tokens (DeepEP's defaults at EP2-8)
+FP8_GROUP = 128  # channels per fp8 scale
+
+
+# ANCHOR: fp8
+def to_fp8(x: torch.Tensor) -> tuple:
+    """Per token and 128 channels: (e4m3 values, float32 scales [N, H / 128])."""
+    n, h = x.shape
+    groups = x.float().view(n, h // FP8_GROUP, FP8_GROUP)
+    scales = groups.abs().amax(dim=2).clamp(min=1e-4) / 448.0
+    values = (groups / scales.unsqueeze(2)).to(torch.float8_e4m3fn).view(n, h)
+    return values, scales
+
+
+def from_fp8(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    n, h = values.shape
+    groups = values.float().view(n, h // FP8_GROUP, FP8_GROUP) * scales.unsqueeze(2)
+    return groups.view(n, h).to(torch.bfloat16)
+# ANCHOR_END: fp8
+
+
+class Route:
+    """What the backward passes need from the forward's dispatch: the buffer and the handle."""
+
+    def __init__(self, buffer: Buffer) -> None:
+        self.buffer = buffer
+        self.handle: Optional[tuple] = None
+
+
+# ANCHOR: autograd
+class Dispatch(torch.autograd.Function):
+    """Forward: this rank's tokens to the ranks of their experts. Backward: a combine."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
+                route: Route, num_experts: int, fp8: bool) -> tuple:
+        buffer = route.buffer
+        per_rank, _, per_expert, in_rank, _ = buffer.get_dispatch_layout(topk_idx, num_experts)
+        sent = to_fp8(x) if fp8 else x
+        recv_x, recv_idx, recv_w, _, handle, _ = buffer.dispatch(
+            sent, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
+            num_tokens_per_expert=per_expert, topk_idx=topk_idx, topk_weights=topk_weights,
+            config=CONFIG)
+        route.handle = handle
+        ctx.route = route
+        ctx.mark_non_differentiable(recv_idx)
+        # fp8 travels; the experts compute in bf16 (the backward is straight-through).
+        return (from_fp8(*recv_x) if fp8 else recv_x), recv_idx, recv_w
+
+    @staticmethod
+    def backward(ctx: Any, grad_x: torch.Tensor, _grad_idx: Any, grad_w: torch.Tensor) -> tuple:
+        route = ctx.route
+        grad_w = grad_w.contiguous() if grad_w is not None else None
+        grad_x_sent, grad_w_sent, _ = route.buffer.combine(
+            grad_x.contiguous(), route.handle, topk_weights=grad_w, config=CONFIG)
+        return grad_x_sent, None, grad_w_sent, None, None, None
+
+
+class Combine(torch.autograd.Function):
+    """Forward: every expert result back to its token's rank, summed. Backward: a dispatch
+    with the forward's handle (the same rows to the same ranks)."""
+
+    @staticmethod
+    def forward(ctx: Any, y: torch.Tensor, route: Route) -> torch.Tensor:
+        ctx.route = route
+        combined, _, _ = route.buffer.combine(y, route.handle, config=CONFIG)
+        return combined
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        route = ctx.route
+        grad_y, _, _, _, _, _ = route.buffer.dispatch(grad.contiguous(), handle=route.handle,
+                                                      config=CONFIG)
+        return grad_y, None
+# ANCHOR_END: autograd
+
+
+class Experts(torch.nn.Module):
+    """Every expert's weights made from a seed (so that any rank can make any expert);
+    `first`..`first + count` are this rank's."""
+
+    def __init__(self, shape: Shape, first: int, count: int, seed: int) -> None:
+        super().__init__()
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        def weights(*size: int) -> torch.Tensor:
+            w = torch.randn(shape.experts, *size, generator=g, device="cuda") / size[0] ** 0.5
+            return w[first : first + count].to(torch.bfloat16).contiguous()
+        self.first = first
+        self.gate = torch.nn.Parameter(weights(shape.hidden, shape.ffn))
+        self.up = torch.nn.Parameter(weights(shape.hidden, shape.ffn))
+        self.down = torch.nn.Parameter(weights(shape.ffn, shape.hidden))
+
+    # ANCHOR: experts
+    def forward(self, x: torch.Tensor, topk_idx: torch.Tensor,
+                topk_w: torch.Tensor) -> torch.Tensor:
+        """Each row's sum over its experts here of weight x expert(row); topk_idx holds
+        local expert ids (-1: another rank's, or none)."""
+        out = torch.zeros_like(x)
+        for e in range(self.gate.shape[0]):
+            hits = topk_idx == e
+            rows = hits.any(dim=1).nonzero().squeeze(1)
+            if rows.numel() == 0:
+                continue
+            weight = (topk_w * hits).sum(dim=1).index_select(0, rows).unsqueeze(1)
+            h = x.index_select(0, rows)
+            h = F.silu(h @ self.gate[e]) * (h @ self.up[e])
+            out = out.index_add(0, rows, (h @ self.down[e]) * weight.to(h.dtype))
+        return out
+    # ANCHOR_END: experts
+
+
+class MoeLayer(torch.nn.Module):
+    def __init__(self, shape: Shape, buffer: Optional[Buffer], rank: int, ranks: int,
+                 seed: int) -> None:
+        super().__init__()
+        per_rank = shape.experts // ranks
+        self.shape, self.buffer = shape, buffer
+        g = torch.Generator(device="cuda").manual_seed(seed + 1)
+        router = torch.randn(shape.hidden, shape.experts, generator=g, device="cuda")
+        self.router = torch.nn.Parameter((router / shape.hidden ** 0.5).to(torch.bfloat16))
+        self.experts = Experts(shape, rank * per_rank, per_rank, seed)
+
+    def route(self, x: torch.Tensor) -> tuple:
+        scores = torch.softmax((x @ self.router).float(), dim=1)
+        topk_w, topk_idx = scores.topk(self.shape.top_k, dim=1)
+        return topk_idx, topk_w / topk_w.sum(dim=1, keepdim=True)
+
+    # ANCHOR: layer
+    def forward(self, x: torch.Tensor, fp8: bool = False) -> torch.Tensor:
+        topk_idx, topk_w = self.route(x)
+        route = Route(self.buffer)
+        recv_x, recv_idx, recv_w = Dispatch.apply(x, topk_idx, topk_w, route,
+                                                  self.shape.experts, fp8)
+        y = self.experts(recv_x, recv_idx, recv_w)
+        return Combine.apply(y, route)
+    # ANCHOR_END: layer
+
+    def reference(self, x: torch.Tensor, every_expert: Experts, fp8: bool) -> torch.Tensor:
+        """The same layer on this GPU alone: every expert here, no communication."""
+        topk_idx, topk_w = self.route(x)
+        seen = from_fp8(*to_fp8(x)) if fp8 else x
+        seen = x + (seen - x).detach()  # the straight-through fp8 of the dispatch
+        return every_expert(seen, topk_idx, topk_w)
+
+
+def relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm().clamp(min=1e-12))
+
+
+def check(tally: Tally, buffer: Buffer, fp8: bool) -> List[str]:
+    rank, ranks = dist.get_rank(), dist.get_world_size()
+    shape, seed = SMALL, 1234
+    layer = MoeLayer(shape, buffer, rank, ranks, seed)
+    every = Experts(shape, 0, shape.experts, seed)
+    g = torch.Generator(device="cuda").manual_seed(seed + 10 + rank)
+    x = torch.randn(shape.tokens, shape.hidden, generator=g, device="cuda").to(torch.bfloat16)
+    grad_out = torch.randn(shape.tokens, shape.hidden, generator=g, device="cuda")
+    grad_out = grad_out.to(torch.bfloat16)
+    x1 = x.clone().requires_grad_(True)
+    y = layer(x1, fp8)
+    y.backward(grad_out)
+    x2 = x.clone().requires_grad_(True)
+    layer_ref = MoeLayer(shape, None, rank, ranks, seed)  # the same router, from the seed
+    y_ref = layer_ref.reference(x2, every, fp8)
+    y_ref.backward(grad_out)
+    what = "fp8" if fp8 else "bf16"
+    results = {"output": relative(y, y_ref), "grad of x": relative(x1.grad, x2.grad),
+               "grad of the router": relative(layer.router.grad, layer_ref.router.grad)}
+    first, count = layer.experts.first, layer.experts.gate.shape[0]
+    for name in ("gate", "up", "down"):
+        summed = getattr(every, name).grad.float()
+        summed = summed.cpu() if dist.get_backend() == "gloo" else summed
+        dist.all_reduce(summed)  # every rank's tokens reach these experts
+        mine = summed[first : first + count].to(getattr(layer.experts, name).grad.device)
+        results[f"grad of {name}"] = relative(getattr(layer.experts, name).grad, mine)
+    lines = []
+    for name, error in results.items():
+        limit = 1e-2 if name == "output" else 2e-2
+        tally.check(error <= limit, f"{what}: {name}: relative error {error:.2e} > {limit}")
+        lines.append(f"{what}: {name}: relative error {error:.2e} (limit {limit})")
+    return lines
+
+
+def bench(buffer: Buffer, fp8: bool) -> List[str]:
+    rank, ranks = dist.get_rank(), dist.get_world_size()
+    shape = DEEPSEEK_V3
+    layer = MoeLayer(shape, buffer, rank, ranks, 99)
+    x = torch.randn(shape.tokens, shape.hidden, device="cuda").to(torch.bfloat16)
+    x.requires_grad_(True)
+    grad = torch.randn_like(x)
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+
+    def step() -> None:
+        layer(x, fp8).backward(grad)
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    dist.barrier()
+    events[0].record()
+    for _ in range(10):
+        step()
+    events[1].record()
+    torch.cuda.synchronize()
+    layer_ms = events[0].elapsed_time(events[1]) / 10
+    # Communication alone: dispatch and combine of the same routing, forward and backward.
+    topk_idx, topk_w = layer.route(x.detach())
+    comm = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+    route = Route(buffer)
+    comm[0].record()
+    for _ in range(10):
+        recv, _, recv_w = Dispatch.apply(x.detach(), topk_idx, topk_w, route, shape.experts, fp8)
+        Combine.apply(recv, route)
+        buffer.dispatch(x.detach(), handle=route.handle, config=CONFIG)
+        buffer.combine(recv, route.handle, topk_weights=recv_w, config=CONFIG)
+    comm[1].record()
+    torch.cuda.synchronize()
+    comm_ms = comm[0].elapsed_time(comm[1]) / 10
+    what = "fp8" if fp8 else "bf16"
+    return [f"{what} dispatch, DeepSeek-V3 shapes ({shape.tokens} tokens x {shape.hidden}, "
+            f"{shape.experts} experts, top-{shape.top_k}, FFN {shape.ffn}): forward + backward "
+            f"{layer_ms:.2f} ms per layer, of which dispatch + combine (both directions) "
+            f"{comm_ms:.2f} ms ({100 * comm_ms / layer_ms:.0f}%)"]
+
+
+def run() -> bool:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bench", action="store_true")
+    args = parser.parse_args()
+    start()
+    tally = Tally()
+    group = dist.group.WORLD
+    hidden = DEEPSEEK_V3.hidden if args.bench else SMALL.hidden
+    buffer = Buffer(group, num_nvl_bytes=CONFIG.get_nvl_buffer_size_hint(hidden * 2, group.size()))
+    started = time.perf_counter()
+    for fp8 in (False, True):
+        print_by_pe(check(tally, buffer, fp8))
+    print_by_pe(f"checks took {time.perf_counter() - started:.1f} s")
+    if args.bench:
+        for fp8 in (False, True):
+            print_by_pe(bench(buffer, fp8))
+    del buffer
+    return tally.finish()
+
+
+if __name__ == "__main__":
+    main("moe_layer.py", run)
