@@ -44,6 +44,7 @@ HISTORY = re.compile(
 # HISTORY is searched.
 HISTORY_ALLOWED = [
     r"DeepEP (?:v1|V2)\b",  # the release of DeepEP this project follows, and its successor
+    r"DeepSeek-V[0-9]\b",  # a model whose shapes the benchmarks use
     r"\.v[248]\.",  # PTX vector suffixes: st.volatile.global.v4.u32
     r"\b(?:u|s|b|f)(?:8|16|32|64)x[0-9]+\b",  # vector type names
     r"\bv[0-9] *(?:[-+*/<>=!,;)\]]|\+=|$)",  # a variable named v0, v1 in a listing (v0 < n)
@@ -294,7 +295,7 @@ def self_test() -> int:
     expect("history: first version", history_problems("p", "A first version sent it twice"), 1)
     expect("history: went from", history_problems("p", "combine went from 286 to 421"), 1)
     expect("history: allowed names", history_problems(
-        "p", "DeepEP v1 and DeepEP V2; st.volatile.global.v4.u32; for (v0 = x; v0 < n;"), 0)
+        "p", "DeepEP v1 and DeepEP V2; DeepSeek-V3; st.volatile.global.v4.u32; for (v0 = x; v0 < n;"), 0)
     expect("tables: broken", table_problems("p", ["| a | b |\n| c | d |"]), 1)
     expect("tables: prose with one pipe", table_problems("p", ["a | b"]), 0)
     with tempfile.TemporaryDirectory() as tmp:
