@@ -30,6 +30,9 @@ pub struct AgGemm<W: Deref<Target = World>> {
     /// Calls so far: a signal that reached this call's number is this call's. Signals are
     /// never reset, so a stale one can never pass for a new one.
     calls: Cell<u64>,
+    /// A serial call or `compute` ran since the last barrier: a peer may still be reading its
+    /// `gathered`, which our next puts overwrite, so the next overlapped call starts with one.
+    fence: Cell<bool>,
     shard_ready: CudaEvent,
     puts_done: CudaEvent,
 }
@@ -72,6 +75,7 @@ impl<W: Deref<Target = World> + Clone> AgGemm<W> {
             comm_stream,
             gemm,
             calls: Cell::new(0),
+            fence: Cell::new(false),
             shard_ready,
             puts_done,
         })
@@ -104,6 +108,7 @@ impl<W: Deref<Target = World> + Clone> AgGemm<W> {
         let stream = self.world().stream().cu_stream();
         let shard_bytes = p.rows * p.k * 2;
         let (gathered, shard) = (self.gathered.device_ptr(), self.shard.device_ptr());
+        self.fence.set(true);
         self.comm
             .all_gather_raw(gathered, shard, shard_bytes, None, stream)?;
         // SAFETY: the caller's; gathered holds [N x rows, K].
@@ -127,6 +132,7 @@ impl<W: Deref<Target = World> + Clone> AgGemm<W> {
         let call = self.calls.get() + 1;
         self.calls.set(call);
         let compute = self.world().stream();
+        self.fence_if_needed();
         self.shard_ready
             .record(compute)
             .map_err(OverlapError::cuda("recording an event"))?;
@@ -201,6 +207,16 @@ impl<W: Deref<Target = World> + Clone> AgGemm<W> {
     }
     // ANCHOR_END: put_chunks
 
+    /// After a serial call or `compute`, which end without a barrier: the world's stream waits
+    /// for every PE, so that no peer still reads the `gathered` our puts are about to land in.
+    fn fence_if_needed(&self) {
+        if self.fence.replace(false) {
+            let stream = self.world().stream().cu_stream() as _;
+            // SAFETY: NVSHMEM is initialised; this only enqueues work on a live stream.
+            unsafe { (self.world().nvshmem().barrier_all_on_stream)(stream) };
+        }
+    }
+
     /// Stalls the world's stream until signal `index` reaches call number `call`.
     fn wait_signal(&self, index: usize, call: u64) -> Result<(), OverlapError> {
         let signal = self.signals.device_ptr() + (index * 8) as u64;
@@ -240,6 +256,7 @@ impl<W: Deref<Target = World> + Clone> AgGemm<W> {
         let (me, n) = (self.world().my_pe(), p.n_pes);
         let call = self.calls.get() + 1;
         self.calls.set(call);
+        self.fence_if_needed();
         self.shard_ready
             .record(self.world().stream())
             .map_err(OverlapError::cuda("recording an event"))?;
@@ -263,6 +280,7 @@ impl<W: Deref<Target = World> + Clone> AgGemm<W> {
     pub unsafe fn compute(&self, w: u64, y: u64) -> Result<(), OverlapError> {
         let p = &self.plan;
         let gathered = self.gathered.device_ptr();
+        self.fence.set(true);
         // SAFETY: the caller's.
         unsafe {
             self.gemm

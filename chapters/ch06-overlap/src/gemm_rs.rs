@@ -33,6 +33,10 @@ pub struct GemmRs<W: Deref<Target = World>> {
     comm_stream: Arc<CudaStream>,
     gemm: Gemm,
     calls: Cell<u64>,
+    /// A serial call ran since the last barrier: a peer may still be copying its result out of
+    /// its landing slot 0, where PE 0's next puts land, so the next overlapped call starts
+    /// with one.
+    fence: Cell<bool>,
     /// One per piece: recorded after its GEMM, waited for by the communication stream.
     computed: Vec<CudaEvent>,
     puts_done: CudaEvent,
@@ -91,6 +95,7 @@ impl<W: Deref<Target = World> + Clone> GemmRs<W> {
             comm_stream,
             gemm,
             calls: Cell::new(0),
+            fence: Cell::new(false),
             computed,
             puts_done: event()?,
         })
@@ -120,6 +125,7 @@ impl<W: Deref<Target = World> + Clone> GemmRs<W> {
                 .bf16((p.n_pes * p.rows, p.cols, p.k), x, w, partial, p.cols)?
         };
         let count = p.rows * p.cols;
+        self.fence.set(true);
         self.comm
             .reduce_scatter_raw(out, partial, count, DType::Bf16, None, stream)?;
         // SAFETY: both ranges hold count bf16 on this GPU; ordered on the stream.
@@ -142,6 +148,10 @@ impl<W: Deref<Target = World> + Clone> GemmRs<W> {
         self.calls.set(call);
         let compute = self.world().stream();
         let (partial, landing) = (self.partial.device_ptr(), self.landing.device_ptr());
+        if self.fence.replace(false) {
+            // SAFETY: NVSHMEM is initialised; this only enqueues work on a live stream.
+            unsafe { (self.world().nvshmem().barrier_all_on_stream)(compute.cu_stream() as _) };
+        }
         for step in 1..n {
             let dst_pe = (me + step) % n; // PE me + 1 first: it waits on us first
             for c in 0..p.chunks {
