@@ -182,7 +182,9 @@ def bench(out_csv: str) -> List[str]:
     w = torch.randn((BENCH_K, cols), device="cuda").to(torch.bfloat16)
     x = torch.randn((rows, BENCH_K), device="cuda").to(torch.bfloat16)
     out = torch.empty((n * rows, cols), dtype=torch.bfloat16, device="cuda")
-    gathered = torch.empty((n * rows, BENCH_K), dtype=torch.bfloat16, device="cuda")
+    # Random, not torch.empty's leftovers: the GEMM alone is timed on it before NCCL fills it,
+    # and a GEMM's speed depends on its data (zeros draw less power).
+    gathered = torch.randn((n * rows, BENCH_K), device="cuda").to(torch.bfloat16)
     flops = 2.0 * n * rows * BENCH_K * cols
     table = {}
     table["compute"] = timed(lambda: torch.matmul(gathered, w, out=out))
