@@ -167,7 +167,7 @@ fn write_shard(layer: &AgGemm<&World>, me: usize, call: usize) -> Result<(), Any
 }
 
 /// Outputs off the fp32 host reference by more than bf16's rounding: half a unit in the last
-/// place, 2^-9 of the value, plus a hair for values near zero.
+/// place, at most 2^-8 of the value, plus a hair for values near zero.
 fn count_wrong(got: &[bf16], w: &[bf16], n: usize, call: usize) -> usize {
     let mut wrong = 0;
     for pe in 0..n {
@@ -177,7 +177,7 @@ fn count_wrong(got: &[bf16], w: &[bf16], n: usize, call: usize) -> usize {
                     .map(|k| x_value(pe, row, k, call) * w[k * COLS + col].to_f32())
                     .sum();
                 let value = got[(pe * ROWS + row) * COLS + col].to_f32();
-                if (value - reference).abs() > reference.abs() / 512.0 + 1e-6 {
+                if (value - reference).abs() > reference.abs() / 256.0 + 1e-6 {
                     wrong += 1;
                 }
             }
