@@ -12,9 +12,11 @@ whose backward passes are each other, as DeepEP documents: the gradient of dispa
 of the received rows' gradients (with the top-k weights' gradients summed back the same way),
 and the gradient of combine is a dispatch of the output's gradient with the forward's handle.
 
-The experts run as a loop over this rank's experts, each on the rows routed to it
-(`index_select`, three GEMMs, `index_add_`): exact, simple to read, and each GEMM is large at
-real shapes; a grouped GEMM would save launches when experts get few rows.
+The experts run as a loop over this rank's experts, each on the rows routed to it (the
+(row, expert) pairs sorted by expert once, with the per-expert counts the dispatch already
+returned to the host, so the loop never waits for the GPU; then `index_select`, three GEMMs,
+`index_add`): exact, simple to read, and each GEMM is large at real shapes; a grouped GEMM
+would save launches when experts get few rows.
 
 The check: every rank also computes its own tokens' outputs with every expert's weights on its
 own GPU (the weights come from a seed, so every rank can make every expert), then the
@@ -78,6 +80,7 @@ class Route:
     def __init__(self, buffer: Buffer) -> None:
         self.buffer = buffer
         self.handle: Optional[tuple] = None
+        self.counts: List[int] = []  # rows per local expert, from the dispatch
 
 
 # ANCHOR: autograd
@@ -90,11 +93,11 @@ class Dispatch(torch.autograd.Function):
         buffer = route.buffer
         per_rank, _, per_expert, in_rank, _ = buffer.get_dispatch_layout(topk_idx, num_experts)
         sent = to_fp8(x) if fp8 else x
-        recv_x, recv_idx, recv_w, _, handle, _ = buffer.dispatch(
+        recv_x, recv_idx, recv_w, counts, handle, _ = buffer.dispatch(
             sent, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
             num_tokens_per_expert=per_expert, topk_idx=topk_idx, topk_weights=topk_weights,
             config=CONFIG)
-        route.handle = handle
+        route.handle, route.counts = handle, counts
         ctx.route = route
         ctx.mark_non_differentiable(recv_idx)
         # fp8 travels; the experts compute in bf16 (the backward is straight-through).
@@ -134,27 +137,36 @@ class Experts(torch.nn.Module):
 
     def __init__(self, shape: Shape, first: int, count: int, seed: int) -> None:
         super().__init__()
-        g = torch.Generator(device="cuda").manual_seed(seed)
-        def weights(*size: int) -> torch.Tensor:
-            w = torch.randn(shape.experts, *size, generator=g, device="cuda") / size[0] ** 0.5
-            return w[first : first + count].to(torch.bfloat16).contiguous()
+
+        def weights(which: int, *size: int) -> torch.Tensor:
+            out = torch.empty(count, *size, dtype=torch.bfloat16, device="cuda")
+            for i in range(count):  # expert first + i's matrix `which`, from its own seed
+                expert_seed = seed * 1_000_003 + (first + i) * 3 + which
+                g = torch.Generator(device="cuda").manual_seed(expert_seed)
+                out[i] = torch.randn(*size, generator=g, device="cuda") / size[0] ** 0.5
+            return out
+
         self.first = first
-        self.gate = torch.nn.Parameter(weights(shape.hidden, shape.ffn))
-        self.up = torch.nn.Parameter(weights(shape.hidden, shape.ffn))
-        self.down = torch.nn.Parameter(weights(shape.ffn, shape.hidden))
+        self.gate = torch.nn.Parameter(weights(0, shape.hidden, shape.ffn))
+        self.up = torch.nn.Parameter(weights(1, shape.hidden, shape.ffn))
+        self.down = torch.nn.Parameter(weights(2, shape.ffn, shape.hidden))
 
     # ANCHOR: experts
-    def forward(self, x: torch.Tensor, topk_idx: torch.Tensor,
-                topk_w: torch.Tensor) -> torch.Tensor:
-        """Each row's sum over its experts here of weight x expert(row); topk_idx holds
-        local expert ids (-1: another rank's, or none)."""
+    def forward(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor,
+                counts: List[int]) -> torch.Tensor:
+        """Each row's sum over its experts here of weight x expert(row). topk_idx holds local
+        expert ids (-1: another rank's, or none); counts[e], the (row, expert e) pairs, comes
+        from the dispatch (on the host already), so the loop never waits for the GPU."""
+        k = topk_idx.shape[1]
+        pairs = torch.argsort(topk_idx.view(-1), stable=True)  # the -1s first, then by expert
+        at = topk_idx.numel() - sum(counts)
         out = torch.zeros_like(x)
-        for e in range(self.gate.shape[0]):
-            hits = topk_idx == e
-            rows = hits.any(dim=1).nonzero().squeeze(1)
-            if rows.numel() == 0:
+        for e, count in enumerate(counts):
+            mine, at = pairs[at : at + count], at + count
+            if count == 0:
                 continue
-            weight = (topk_w * hits).sum(dim=1).index_select(0, rows).unsqueeze(1)
+            rows = mine // k
+            weight = topk_w.view(-1).index_select(0, mine).unsqueeze(1)
             h = x.index_select(0, rows)
             h = F.silu(h @ self.gate[e]) * (h @ self.up[e])
             out = out.index_add(0, rows, (h @ self.down[e]) * weight.to(h.dtype))
@@ -184,7 +196,7 @@ class MoeLayer(torch.nn.Module):
         route = Route(self.buffer)
         recv_x, recv_idx, recv_w = Dispatch.apply(x, topk_idx, topk_w, route,
                                                   self.shape.experts, fp8)
-        y = self.experts(recv_x, recv_idx, recv_w)
+        y = self.experts(recv_x, recv_idx, recv_w, route.counts)
         return Combine.apply(y, route)
     # ANCHOR_END: layer
 
@@ -193,7 +205,8 @@ class MoeLayer(torch.nn.Module):
         topk_idx, topk_w = self.route(x)
         seen = from_fp8(*to_fp8(x)) if fp8 else x
         seen = x + (seen - x).detach()  # the straight-through fp8 of the dispatch
-        return every_expert(seen, topk_idx, topk_w)
+        counts = torch.bincount(topk_idx.view(-1), minlength=self.shape.experts).tolist()
+        return every_expert(seen, topk_idx, topk_w, counts)
 
 
 def relative(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -260,12 +273,20 @@ def bench(buffer: Buffer, fp8: bool) -> List[str]:
     topk_idx, topk_w = layer.route(x.detach())
     comm = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
     route = Route(buffer)
-    comm[0].record()
-    for _ in range(10):
+
+    def exchange() -> None:  # the layer's four exchanges, forward and backward
         recv, _, recv_w = Dispatch.apply(x.detach(), topk_idx, topk_w, route, shape.experts, fp8)
         Combine.apply(recv, route)
         buffer.dispatch(x.detach(), handle=route.handle, config=CONFIG)
         buffer.combine(recv, route.handle, topk_weights=recv_w, config=CONFIG)
+
+    for _ in range(3):
+        exchange()
+    torch.cuda.synchronize()
+    dist.barrier()
+    comm[0].record()
+    for _ in range(10):
+        exchange()
     comm[1].record()
     torch.cuda.synchronize()
     comm_ms = comm[0].elapsed_time(comm[1]) / 10
