@@ -2,18 +2,15 @@
 //! overlapped (the GEMM of one peer's rows at a time, each piece put to that peer with a signal
 //! as soon as it is computed; each PE sums the partials once they have all landed).
 
-use std::cell::Cell;
 use std::ops::Deref;
-use std::sync::Arc;
 
 use ch01_bootstrap::World;
 use ch02_symmetric_memory::SymmetricBuffer;
 use ch04_collectives::{CollectivesConfig, Communicator, DType};
-use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{CudaEvent, CudaSlice, DevicePtr};
 use half::bf16;
-use nvshmem_sys::{CMP_GE, SIGNAL_SET};
 
-use crate::{Gemm, OverlapError, TpPlan};
+use crate::{Gemm, OverlapError, Signals, TpPlan};
 
 /// One GEMM + reduce-scatter layer's buffers and streams (collective, as `AgGemm`).
 pub struct GemmRs<W: Deref<Target = World>> {
@@ -22,68 +19,44 @@ pub struct GemmRs<W: Deref<Target = World>> {
     /// Our partial products for every PE's rows, [N x rows, cols] bf16: what the puts read
     /// (symmetric: the serial path's reduce-scatter reads it too).
     partial: SymmetricBuffer<W, u8>,
-    /// landing[p]: PE p's partial product for our rows, [N, rows, cols] bf16.
+    /// landing[p]: PE p's partial product for our rows, [N, rows, cols] bf16. The serial path's
+    /// reduce-scatter writes its result in slot 0.
     landing: SymmetricBuffer<W, u8>,
-    /// signals[p * chunks + c]: the call number whose chunk c of PE p's partial landed here.
-    signals: SymmetricBuffer<W, u64>,
+    /// Word p * chunks + c: chunk c of PE p's partial has landed here.
+    signals: Signals<W>,
     /// N ones (at `ones_ptr`): the sum of the partials is the GEMM ones[1, N] @ landing[N,
     /// rows x cols].
     _ones: CudaSlice<bf16>,
     ones_ptr: u64,
-    comm_stream: Arc<CudaStream>,
     gemm: Gemm,
-    calls: Cell<u64>,
-    /// A serial call ran since the last barrier: a peer may still be copying its result out of
-    /// its landing slot 0, where PE 0's next puts land, so the next overlapped call starts
-    /// with one.
-    fence: Cell<bool>,
     /// One per piece: recorded after its GEMM, waited for by the communication stream.
     computed: Vec<CudaEvent>,
-    puts_done: CudaEvent,
 }
 
 impl<W: Deref<Target = World> + Clone> GemmRs<W> {
     /// Collective.
     pub fn new(world: W, plan: TpPlan) -> Result<Self, OverlapError> {
-        if plan.n_pes != world.n_pes() {
-            return Err(OverlapError::invalid(
-                "GemmRs",
-                format!(
-                    "the plan is for {} PEs, the job has {}",
-                    plan.n_pes,
-                    world.n_pes()
-                ),
-            ));
-        }
+        plan.check_job("GemmRs", world.n_pes())?;
         if plan.rows * plan.cols > i32::MAX as usize {
             return Err(OverlapError::invalid(
                 "GemmRs",
                 "rows x cols must fit cuBLAS's 32-bit sizes (the sum of the partials is one GEMM)",
             ));
         }
-        let ctx = world.context().clone();
         let stream = world.stream().clone();
         let gemm = Gemm::new(stream.clone())?;
-        let comm_stream = ctx
-            .new_stream()
-            .map_err(OverlapError::cuda("creating the communication stream"))?;
-        let event = || {
-            ctx.new_event(None)
-                .map_err(OverlapError::cuda("creating an event"))
-        };
         let computed = (0..plan.num_signals())
-            .map(|_| event())
-            .collect::<Result<Vec<_>, _>>()?;
+            .map(|_| world.context().new_event(None))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(OverlapError::cuda("creating an event"))?;
         let ones = stream
             .clone_htod(&vec![bf16::ONE; plan.n_pes])
             .map_err(OverlapError::cuda("uploading the ones"))?;
         let ones_ptr = ones.device_ptr(&stream).0;
         let partial = SymmetricBuffer::new(world.clone(), plan.n_pes * plan.rows * plan.cols * 2)?;
         let landing = SymmetricBuffer::new(world.clone(), plan.landing_bytes())?;
-        let signals = SymmetricBuffer::<W, u64>::new(world.clone(), plan.num_signals())?;
-        signals.fill_bytes(0)?;
         let comm = Communicator::new(world.clone(), CollectivesConfig::default())?;
-        world.barrier_all()?; // every PE's signals are zero before anyone puts
+        let signals = Signals::new(world, plan.num_signals())?;
         Ok(Self {
             plan,
             comm,
@@ -92,12 +65,8 @@ impl<W: Deref<Target = World> + Clone> GemmRs<W> {
             signals,
             _ones: ones,
             ones_ptr,
-            comm_stream,
             gemm,
-            calls: Cell::new(0),
-            fence: Cell::new(false),
             computed,
-            puts_done: event()?,
         })
     }
 
@@ -125,7 +94,7 @@ impl<W: Deref<Target = World> + Clone> GemmRs<W> {
                 .bf16((p.n_pes * p.rows, p.cols, p.k), x, w, partial, p.cols)?
         };
         let count = p.rows * p.cols;
-        self.fence.set(true);
+        self.signals.after_serial();
         self.comm
             .reduce_scatter_raw(out, partial, count, DType::Bf16, None, stream)?;
         // SAFETY: both ranges hold count bf16 on this GPU; ordered on the stream.
@@ -144,14 +113,8 @@ impl<W: Deref<Target = World> + Clone> GemmRs<W> {
     pub unsafe fn overlapped(&self, x: u64, w: u64, y: u64) -> Result<(), OverlapError> {
         let p = self.plan;
         let (me, n, cr) = (self.world().my_pe(), p.n_pes, p.chunk_rows());
-        let call = self.calls.get() + 1;
-        self.calls.set(call);
-        let compute = self.world().stream();
+        let call = self.signals.begin();
         let (partial, landing) = (self.partial.device_ptr(), self.landing.device_ptr());
-        if self.fence.replace(false) {
-            // SAFETY: NVSHMEM is initialised; this only enqueues work on a live stream.
-            unsafe { (self.world().nvshmem().barrier_all_on_stream)(compute.cu_stream() as _) };
-        }
         for step in 1..n {
             let dst_pe = (me + step) % n; // PE me + 1 first: it waits on us first
             for c in 0..p.chunks {
@@ -163,15 +126,12 @@ impl<W: Deref<Target = World> + Clone> GemmRs<W> {
                     self.gemm
                         .bf16((cr, p.cols, p.k), x_rows, w, piece, p.cols)?;
                 }
-                let event = &self.computed[dst_pe * p.chunks + c];
-                event
-                    .record(compute)
-                    .map_err(OverlapError::cuda("recording an event"))?;
-                self.comm_stream
-                    .wait(event)
-                    .map_err(OverlapError::cuda("waiting for a piece"))?;
+                self.signals
+                    .hand_over(&self.computed[dst_pe * p.chunks + c])?;
                 let dst = Self::bytes_at(landing, me * p.rows + c * cr, p.cols);
-                self.put(dst, piece, cr * p.cols * 2, me * p.chunks + c, call, dst_pe);
+                let index = me * p.chunks + c;
+                self.signals
+                    .put(dst, piece, cr * p.cols * 2, index, call, dst_pe);
             }
         }
         // SAFETY: the caller's; our own rows go straight into our landing slot.
@@ -184,7 +144,7 @@ impl<W: Deref<Target = World> + Clone> GemmRs<W> {
         for step in 1..n {
             let src = (me + n - step) % n;
             for c in 0..p.chunks {
-                self.wait_signal(src * p.chunks + c, call);
+                self.signals.wait(src * p.chunks + c, call);
             }
         }
         let len = p.rows * p.cols;
@@ -193,7 +153,7 @@ impl<W: Deref<Target = World> + Clone> GemmRs<W> {
             self.gemm
                 .bf16((1, len, n), self.ones_ptr, landing, y, len)?
         };
-        self.finish()
+        self.signals.finish()
     }
     // ANCHOR_END: rs_overlapped
 
@@ -210,52 +170,5 @@ impl<W: Deref<Target = World> + Clone> GemmRs<W> {
             self.gemm
                 .bf16((p.n_pes * p.rows, p.cols, p.k), x, w, partial, p.cols)
         }
-    }
-
-    /// On the communication stream: `bytes` at `src` to `dst` on `pe`, then signal `index` there
-    /// set to `call`.
-    fn put(&self, dst: u64, src: u64, bytes: usize, index: usize, call: u64, pe: usize) {
-        let signal = self.signals.device_ptr() + (index * 8) as u64;
-        let nvshmem = self.world().nvshmem();
-        // SAFETY: NVSHMEM is initialised; dst and signal are symmetric addresses inside their
-        // allocations (the plan's sizes), src is our partial buffer.
-        unsafe {
-            (nvshmem.putmem_signal_nbi_on_stream)(
-                dst as _,
-                src as _,
-                bytes,
-                signal as _,
-                call,
-                SIGNAL_SET,
-                pe as i32,
-                self.comm_stream.cu_stream() as _,
-            )
-        };
-    }
-
-    fn wait_signal(&self, index: usize, call: u64) {
-        let signal = self.signals.device_ptr() + (index * 8) as u64;
-        let stream = self.world().stream().cu_stream() as _;
-        // SAFETY: a u64 signal word of this PE's symmetric allocation.
-        unsafe {
-            (self.world().nvshmem().signal_wait_until_on_stream)(signal as _, CMP_GE, call, stream)
-        };
-    }
-
-    /// As `AgGemm`'s: our puts complete, the streams joined, every PE past the call.
-    fn finish(&self) -> Result<(), OverlapError> {
-        let nvshmem = self.world().nvshmem();
-        // SAFETY: NVSHMEM is initialised; both calls only enqueue work on live streams.
-        unsafe { (nvshmem.quiet_on_stream)(self.comm_stream.cu_stream() as _) };
-        self.puts_done
-            .record(&self.comm_stream)
-            .map_err(OverlapError::cuda("recording an event"))?;
-        let compute = self.world().stream();
-        compute
-            .wait(&self.puts_done)
-            .map_err(OverlapError::cuda("joining the streams"))?;
-        // SAFETY: as above.
-        unsafe { (nvshmem.barrier_all_on_stream)(compute.cu_stream() as _) };
-        Ok(())
     }
 }

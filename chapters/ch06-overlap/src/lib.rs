@@ -15,9 +15,11 @@ mod error;
 mod gemm;
 mod gemm_rs;
 mod plan;
+mod signals;
 
 pub use ag_gemm::AgGemm;
 pub use error::OverlapError;
 pub use gemm::{Gemm, probe_cublas};
 pub use gemm_rs::GemmRs;
 pub use plan::{ROW_GRAIN, TpPlan, overlap_bound, overlap_efficiency};
+pub use signals::Signals;

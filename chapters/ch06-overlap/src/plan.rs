@@ -75,6 +75,17 @@ impl TpPlan {
         })
     }
 
+    /// `Err` unless the plan is for a job of `n_pes` PEs.
+    pub fn check_job(&self, call: &'static str, n_pes: usize) -> Result<(), OverlapError> {
+        match self.n_pes == n_pes {
+            true => Ok(()),
+            false => Err(OverlapError::invalid(
+                call,
+                format!("the plan is for {} PEs, the job has {n_pes}", self.n_pes),
+            )),
+        }
+    }
+
     /// Rows of one chunk.
     pub fn chunk_rows(&self) -> usize {
         self.rows / self.chunks
