@@ -209,6 +209,53 @@ class MoeLayer(torch.nn.Module):
         return every_expert(seen, topk_idx, topk_w, counts)
 
 
+# ANCHOR: micro_batches
+def two_micro_batches(layer: MoeLayer, xs: List[torch.Tensor], overlap: bool) -> List[torch.Tensor]:
+    """The layer's forward on two micro-batches. Overlapped, every dispatch and combine runs on
+    the buffer's communication stream (`async_finish`, `allocate_on_comm_stream`), each after an
+    event of the compute stream, and the compute stream waits only where it reads the result:
+    micro-batch 1's dispatch travels while the experts compute micro-batch 0, and micro-batch
+    0's combine while they compute micro-batch 1. Serial, the same calls on the compute stream.
+    """
+    buffer, experts = layer.buffer, layer.shape.experts
+    streams = dict(async_finish=overlap, allocate_on_comm_stream=overlap)
+
+    def dispatch(x: torch.Tensor) -> tuple:
+        topk_idx, topk_w = layer.route(x)
+        before = Buffer.capture() if overlap else None
+        per_rank, _, per_expert, in_rank, event = buffer.get_dispatch_layout(
+            topk_idx, experts, previous_event=before, **streams)
+        recv_x, recv_idx, recv_w, counts, handle, event = buffer.dispatch(
+            x, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
+            num_tokens_per_expert=per_expert, topk_idx=topk_idx, topk_weights=topk_w,
+            config=CONFIG, previous_event=event if overlap else None, **streams)
+        return recv_x, recv_idx, recv_w, counts, handle, event
+
+    def combine(y: torch.Tensor, handle: tuple) -> tuple:
+        before = Buffer.capture() if overlap else None
+        combined, _, event = buffer.combine(y, handle, config=CONFIG, previous_event=before,
+                                            **streams)
+        return combined, event
+
+    with torch.no_grad():
+        sent = [dispatch(xs[0])]
+        outs, alive = [], []  # what the communication stream may still read
+        for i in range(2):
+            recv_x, recv_idx, recv_w, counts, handle, event = sent[i]
+            if overlap:
+                event.current_stream_wait()  # micro-batch i's rows are here
+            if i == 0:
+                sent.append(dispatch(xs[1]))  # travels while the experts below compute
+            y = layer.experts(recv_x, recv_idx, recv_w, counts)
+            alive.append(y)
+            outs.append(combine(y, handle))
+        for combined, event in outs:
+            if overlap:
+                event.current_stream_wait()
+        return [combined for combined, _ in outs]
+# ANCHOR_END: micro_batches
+
+
 def relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm().clamp(min=1e-12))
 
@@ -245,6 +292,66 @@ def check(tally: Tally, buffer: Buffer, fp8: bool) -> List[str]:
         tally.check(error <= limit, f"{what}: {name}: relative error {error:.2e} > {limit}")
         lines.append(f"{what}: {name}: relative error {error:.2e} (limit {limit})")
     return lines
+
+
+def check_micro_batches(tally: Tally, buffer: Buffer) -> List[str]:
+    """Overlapped and serial two-micro-batch forwards give the same bits (the same kernels on
+    the same data; only the streams differ)."""
+    rank, ranks = dist.get_rank(), dist.get_world_size()
+    layer = MoeLayer(SMALL, buffer, rank, ranks, 77)
+    g = torch.Generator(device="cuda").manual_seed(77 + rank)
+    xs = [torch.randn(SMALL.tokens, SMALL.hidden, generator=g, device="cuda").to(torch.bfloat16)
+          for _ in range(2)]
+    serial = two_micro_batches(layer, xs, overlap=False)
+    overlapped = two_micro_batches(layer, xs, overlap=True)
+    same = all(torch.equal(a, b) for a, b in zip(serial, overlapped))
+    tally.check(same, "two micro-batches: overlapped and serial differ")
+    return [f"two micro-batches, overlapped against serial: {'the same' if same else 'DIFFERENT'}"]
+
+
+def timed_ms(fn: Any, repeats: int = 10) -> float:
+    """Milliseconds per call on the current stream, after 3 warm-ups and a barrier."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    dist.barrier()
+    start_event = torch.cuda.Event(enable_timing=True)
+    end_event = torch.cuda.Event(enable_timing=True)
+    start_event.record()
+    for _ in range(repeats):
+        fn()
+    end_event.record()
+    torch.cuda.synchronize()
+    return start_event.elapsed_time(end_event) / repeats
+
+
+def bench_micro_batches(buffer: Buffer) -> List[str]:
+    rank, ranks = dist.get_rank(), dist.get_world_size()
+    shape = DEEPSEEK_V3
+    layer = MoeLayer(shape, buffer, rank, ranks, 98)
+    half = shape.tokens // 2
+    xs = [torch.randn(half, shape.hidden, device="cuda").to(torch.bfloat16) for _ in range(2)]
+    serial = timed_ms(lambda: two_micro_batches(layer, xs, overlap=False))
+    overlapped = timed_ms(lambda: two_micro_batches(layer, xs, overlap=True))
+    # The parts alone: the experts on what arrived, and the exchanges with identity experts.
+    recv = [layer.buffer.dispatch(x, handle=None, **_layout(layer, x)) for x in xs]
+    compute = timed_ms(lambda: [layer.experts(r[0], r[1], r[2], r[3]) for r in recv])
+    comm = max(serial - compute, 1e-6)
+    bound = (comm + compute) / max(comm, compute)
+    efficiency = (serial - overlapped) / min(comm, compute)
+    return [f"two micro-batches of {half} tokens, forward, DeepSeek-V3 shapes: serial "
+            f"{serial:.2f} ms, overlapped {overlapped:.2f} ms ({serial / overlapped:.2f}x; "
+            f"bound {bound:.2f}x, efficiency {efficiency:.0%}; experts alone {compute:.2f} ms)"]
+
+
+def _layout(layer: MoeLayer, x: torch.Tensor) -> dict:
+    """Keyword arguments of a plain dispatch of `x` as the layer routes it."""
+    topk_idx, topk_w = layer.route(x)
+    per_rank, _, per_expert, in_rank, _ = layer.buffer.get_dispatch_layout(topk_idx,
+                                                                           layer.shape.experts)
+    return dict(num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
+                num_tokens_per_expert=per_expert, topk_idx=topk_idx, topk_weights=topk_w,
+                config=CONFIG)
 
 
 def bench(buffer: Buffer, fp8: bool) -> List[str]:
@@ -309,10 +416,12 @@ def run() -> bool:
     started = time.perf_counter()
     for fp8 in (False, True):
         print_by_pe(check(tally, buffer, fp8))
+    print_by_pe(check_micro_batches(tally, buffer))
     print_by_pe(f"checks took {time.perf_counter() - started:.1f} s")
     if args.bench:
         for fp8 in (False, True):
             print_by_pe(bench(buffer, fp8))
+        print_by_pe(bench_micro_batches(buffer))
     del buffer
     return tally.finish()
 
