@@ -256,6 +256,84 @@ def two_micro_batches(layer: MoeLayer, xs: List[torch.Tensor], overlap: bool) ->
 # ANCHOR_END: micro_batches
 
 
+LL_TOKENS = 128  # T: tokens per rank and micro-batch in low-latency mode (DeepEP's decode shape)
+
+
+def ll_experts(layer: MoeLayer, recv_x: torch.Tensor) -> torch.Tensor:
+    """Low-latency layout: expert e's rows are recv_x[e], [num_ranks x T, hidden], the valid
+    ones first; every row is computed (no host sync for the counts), combine reads the valid."""
+    ex = layer.experts
+    out = torch.empty_like(recv_x)
+    for e in range(recv_x.shape[0]):
+        h = recv_x[e]
+        out[e] = (F.silu(h @ ex.gate[e]) * (h @ ex.up[e])) @ ex.down[e]
+    return out
+
+
+# ANCHOR: decode
+def decode_two_micro_batches(layer: MoeLayer, xs: List[torch.Tensor],
+                             overlap: bool) -> List[torch.Tensor]:
+    """Low-latency mode, as decoding uses it. With `overlap`, each call only sends, and its
+    receive hook is called when the result is needed: micro-batch 1's tokens travel while the
+    experts compute micro-batch 0, and micro-batch 0's results while they compute micro-batch
+    1. One low-latency call may be in flight per buffer, and this order keeps to it: every
+    hook is called before the next call is sent."""
+    buffer, experts = layer.buffer, layer.shape.experts
+
+    def send(x: torch.Tensor) -> tuple:
+        topk_idx, topk_w = layer.route(x)
+        recv, _, handle, _, hook = buffer.low_latency_dispatch(
+            x, topk_idx, LL_TOKENS, experts, use_fp8=False, return_recv_hook=overlap)
+        return recv, handle, hook, topk_idx, topk_w
+
+    def combine(y: torch.Tensor, sent: tuple) -> tuple:
+        out, _, hook = buffer.low_latency_combine(y, sent[3], sent[4], sent[1],
+                                                  return_recv_hook=overlap)
+        return out, hook
+
+    with torch.no_grad():
+        if not overlap:
+            outs = []
+            for x in xs:
+                sent = send(x)
+                outs.append(combine(ll_experts(layer, sent[0]), sent)[0])
+            return outs
+        d0 = send(xs[0])
+        d0[2]()  # micro-batch 0's tokens are here
+        d1 = send(xs[1])  # micro-batch 1's travel ...
+        y0 = ll_experts(layer, d0[0])  # ... while the experts compute micro-batch 0
+        d1[2]()
+        c0 = combine(y0, d0)  # micro-batch 0's results travel ...
+        y1 = ll_experts(layer, d1[0])  # ... while the experts compute micro-batch 1
+        c0[1]()
+        c1 = combine(y1, d1)
+        c1[1]()
+        return [c0[0], c1[0]]
+# ANCHOR_END: decode
+
+
+def check_decode(tally: Tally, buffer: Buffer) -> List[str]:
+    """Low-latency mode's two micro-batches, serial and overlapped, against the one-GPU layer
+    (outputs within 1e-2 of the reference's norm)."""
+    rank, ranks = dist.get_rank(), dist.get_world_size()
+    layer = MoeLayer(SMALL, buffer, rank, ranks, 55)
+    every = Experts(SMALL, 0, SMALL.experts, 55)
+    g = torch.Generator(device="cuda").manual_seed(55 + rank)
+    xs = [torch.randn(LL_TOKENS // 2, SMALL.hidden, generator=g, device="cuda")
+          .to(torch.bfloat16) for _ in range(2)]
+    with torch.no_grad():
+        reference = [layer.reference(x, every, fp8=False) for x in xs]
+    lines = []
+    for overlap in (False, True):
+        outs = decode_two_micro_batches(layer, xs, overlap)
+        error = max(relative(o, r) for o, r in zip(outs, reference))
+        how = "overlapped (receive hooks)" if overlap else "serial"
+        tally.check(error <= 1e-2, f"low-latency, {how}: relative error {error:.2e} > 1e-2")
+        lines.append(f"low-latency two micro-batches, {how}: relative error {error:.2e} "
+                     "(limit 1e-2)")
+    return lines
+
+
 def relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm().clamp(min=1e-12))
 
@@ -344,6 +422,25 @@ def bench_micro_batches(buffer: Buffer) -> List[str]:
             f"bound {bound:.2f}x, efficiency {efficiency:.0%}; experts alone {compute:.2f} ms)"]
 
 
+def bench_decode(buffer: Buffer) -> List[str]:
+    rank, ranks = dist.get_rank(), dist.get_world_size()
+    shape = DEEPSEEK_V3
+    layer = MoeLayer(shape, buffer, rank, ranks, 97)
+    xs = [torch.randn(LL_TOKENS, shape.hidden, device="cuda").to(torch.bfloat16)
+          for _ in range(2)]
+    serial = timed_ms(lambda: decode_two_micro_batches(layer, xs, overlap=False))
+    overlapped = timed_ms(lambda: decode_two_micro_batches(layer, xs, overlap=True))
+    rows = torch.randn(shape.experts // ranks, ranks * LL_TOKENS, shape.hidden, device="cuda")
+    rows = rows.to(torch.bfloat16)
+    compute = timed_ms(lambda: [ll_experts(layer, rows) for _ in xs])
+    comm = max(serial - compute, 1e-6)
+    bound = (comm + compute) / max(comm, compute)
+    efficiency = (serial - overlapped) / min(comm, compute)
+    return [f"low-latency, two micro-batches of {LL_TOKENS} tokens, DeepSeek-V3 shapes: serial "
+            f"{serial:.2f} ms, overlapped {overlapped:.2f} ms ({serial / overlapped:.2f}x; "
+            f"bound {bound:.2f}x, efficiency {efficiency:.0%}; experts alone {compute:.2f} ms)"]
+
+
 def _layout(layer: MoeLayer, x: torch.Tensor) -> dict:
     """Keyword arguments of a plain dispatch of `x` as the layer routes it."""
     topk_idx, topk_w = layer.route(x)
@@ -411,17 +508,24 @@ def run() -> bool:
     start()
     tally = Tally()
     group = dist.group.WORLD
-    hidden = DEEPSEEK_V3.hidden if args.bench else SMALL.hidden
-    buffer = Buffer(group, num_nvl_bytes=CONFIG.get_nvl_buffer_size_hint(hidden * 2, group.size()))
+    shape = DEEPSEEK_V3 if args.bench else SMALL
+    # Both modes in one buffer: the normal mode's rings and the low-latency region.
+    buffer = Buffer(group,
+                    num_nvl_bytes=CONFIG.get_nvl_buffer_size_hint(shape.hidden * 2, group.size()),
+                    num_rdma_bytes=Buffer.get_low_latency_rdma_size_hint(
+                        LL_TOKENS, shape.hidden, group.size(), shape.experts),
+                    low_latency_mode=True, num_qps_per_rank=shape.experts // group.size())
     started = time.perf_counter()
     for fp8 in (False, True):
         print_by_pe(check(tally, buffer, fp8))
     print_by_pe(check_micro_batches(tally, buffer))
+    print_by_pe(check_decode(tally, buffer))
     print_by_pe(f"checks took {time.perf_counter() - started:.1f} s")
     if args.bench:
         for fp8 in (False, True):
             print_by_pe(bench(buffer, fp8))
         print_by_pe(bench_micro_batches(buffer))
+        print_by_pe(bench_decode(buffer))
     del buffer
     return tally.finish()
 
