@@ -403,6 +403,17 @@ def timed_ms(fn: Any, repeats: int = 10) -> float:
     return start_event.elapsed_time(end_event) / repeats
 
 
+def overlap_line(what: str, serial: float, overlapped: float, compute: float) -> str:
+    """Serial against overlapped beside the bound (comm + compute) / max(comm, compute) and the
+    efficiency (serial - overlapped) / min(comm, compute); comm is serial minus the experts."""
+    comm = max(serial - compute, 1e-6)
+    bound = (comm + compute) / max(comm, compute)
+    efficiency = (serial - overlapped) / min(comm, compute)
+    return (f"{what}, DeepSeek-V3 shapes: serial {serial:.2f} ms, overlapped {overlapped:.2f} ms "
+            f"({serial / overlapped:.2f}x; bound {bound:.2f}x, efficiency {efficiency:.0%}; "
+            f"experts alone {compute:.2f} ms)")
+
+
 def bench_micro_batches(buffer: Buffer) -> List[str]:
     rank, ranks = dist.get_rank(), dist.get_world_size()
     shape = DEEPSEEK_V3
@@ -414,12 +425,8 @@ def bench_micro_batches(buffer: Buffer) -> List[str]:
     # The parts alone: the experts on what arrived, and the exchanges with identity experts.
     recv = [layer.buffer.dispatch(x, handle=None, **_layout(layer, x)) for x in xs]
     compute = timed_ms(lambda: [layer.experts(r[0], r[1], r[2], r[3]) for r in recv])
-    comm = max(serial - compute, 1e-6)
-    bound = (comm + compute) / max(comm, compute)
-    efficiency = (serial - overlapped) / min(comm, compute)
-    return [f"two micro-batches of {half} tokens, forward, DeepSeek-V3 shapes: serial "
-            f"{serial:.2f} ms, overlapped {overlapped:.2f} ms ({serial / overlapped:.2f}x; "
-            f"bound {bound:.2f}x, efficiency {efficiency:.0%}; experts alone {compute:.2f} ms)"]
+    return [overlap_line(f"two micro-batches of {half} tokens, forward", serial, overlapped,
+                         compute)]
 
 
 def bench_decode(buffer: Buffer) -> List[str]:
@@ -433,12 +440,8 @@ def bench_decode(buffer: Buffer) -> List[str]:
     rows = torch.randn(shape.experts // ranks, ranks * LL_TOKENS, shape.hidden, device="cuda")
     rows = rows.to(torch.bfloat16)
     compute = timed_ms(lambda: [ll_experts(layer, rows) for _ in xs])
-    comm = max(serial - compute, 1e-6)
-    bound = (comm + compute) / max(comm, compute)
-    efficiency = (serial - overlapped) / min(comm, compute)
-    return [f"low-latency, two micro-batches of {LL_TOKENS} tokens, DeepSeek-V3 shapes: serial "
-            f"{serial:.2f} ms, overlapped {overlapped:.2f} ms ({serial / overlapped:.2f}x; "
-            f"bound {bound:.2f}x, efficiency {efficiency:.0%}; experts alone {compute:.2f} ms)"]
+    return [overlap_line(f"low-latency, two micro-batches of {LL_TOKENS} tokens", serial,
+                         overlapped, compute)]
 
 
 def _layout(layer: MoeLayer, x: torch.Tensor) -> dict:
@@ -458,24 +461,9 @@ def bench(buffer: Buffer, fp8: bool) -> List[str]:
     x = torch.randn(shape.tokens, shape.hidden, device="cuda").to(torch.bfloat16)
     x.requires_grad_(True)
     grad = torch.randn_like(x)
-    events = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
-
-    def step() -> None:
-        layer(x, fp8).backward(grad)
-
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    dist.barrier()
-    events[0].record()
-    for _ in range(10):
-        step()
-    events[1].record()
-    torch.cuda.synchronize()
-    layer_ms = events[0].elapsed_time(events[1]) / 10
+    layer_ms = timed_ms(lambda: layer(x, fp8).backward(grad))
     # Communication alone: dispatch and combine of the same routing, forward and backward.
     topk_idx, topk_w = layer.route(x.detach())
-    comm = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
     route = Route(buffer)
 
     def exchange() -> None:  # the layer's four exchanges, forward and backward
@@ -484,16 +472,7 @@ def bench(buffer: Buffer, fp8: bool) -> List[str]:
         buffer.dispatch(x.detach(), handle=route.handle, config=CONFIG)
         buffer.combine(recv, route.handle, topk_weights=recv_w, config=CONFIG)
 
-    for _ in range(3):
-        exchange()
-    torch.cuda.synchronize()
-    dist.barrier()
-    comm[0].record()
-    for _ in range(10):
-        exchange()
-    comm[1].record()
-    torch.cuda.synchronize()
-    comm_ms = comm[0].elapsed_time(comm[1]) / 10
+    comm_ms = timed_ms(exchange)
     what = "fp8" if fp8 else "bf16"
     return [f"{what} dispatch, DeepSeek-V3 shapes ({shape.tokens} tokens x {shape.hidden}, "
             f"{shape.experts} experts, top-{shape.top_k}, FFN {shape.ffn}): forward + backward "
