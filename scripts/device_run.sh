@@ -6,8 +6,9 @@
 # Usage: scripts/device_run.sh [gpu_test.sh arguments...]
 # Environment: OUT (where results go; required), GPU_TEST_NPROCS, GPU_TEST_PYTHON (as for
 #   gpu_test.sh), DEVICE_BENCH (space-separated steps, run in the order given: buffer coll p2p
-#   deepep_n1 host_path soak dead_rank sanitizer deepep_v2 overlap; buffer, coll, overlap
-#   (chapter 6's two benchmarks, Rust and Python) and deepep_v2 run once per
+#   deepep_n1 host_path soak dead_rank sanitizer deepep_v2 overlap moe; buffer, coll, overlap
+#   (chapter 6's two benchmarks, Rust and Python), moe (scripts/moe_layer.py --bench) and
+#   deepep_v2 run once per
 #   process count in BENCH_NPROCS (default: GPU_TEST_NPROCS, else 2), buffer the modes in
 #   BUFFER_MODES; p2p runs benchmarks/run_p2p.sh on GPUs 0 and 1; sanitizer runs
 #   gpu_test.sh once per tool in SANITIZER_TOOLS (default "memcheck racecheck synccheck") at
@@ -128,6 +129,14 @@ for bench in ${DEVICE_BENCH:-}; do
             "$logs/overlap_py_${gpu}_${n}gpu.csv"
           echo "device_run: ch06_overlap.py --bench n=$n exit $?"
         } >"$logs/overlap_n$n.log" 2>&1
+        pack
+      done ;;
+    moe)
+      for n in $bench_nprocs; do
+        gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print tolower($2)}')
+        torchrun --standalone --nproc_per_node="$n" scripts/moe_layer.py --bench \
+          "$logs/moe_layer_${gpu}_${n}gpu.csv" >"$logs/moe_n$n.log" 2>&1
+        echo "device_run: moe_layer.py --bench n=$n exit $?"
         pack
       done ;;
     sanitizer)

@@ -54,6 +54,13 @@ fn run() -> Result<bool, AnyError> {
     let y: CudaSlice<bf16> = stream.alloc_zeros(tokens * cols)?;
     let (w, y) = (w.device_ptr(stream).0, y.device_ptr(stream).0);
     let mut table = Table::new(world.my_pe());
+    // The GEMMs' SM targets: every SM (0), then a few left to the puts' kernels.
+    let sms = world.num_sms() as usize;
+    let gemm_sms: Vec<usize> = [0, 8, 16, 32]
+        .iter()
+        .filter(|&&free| free < sms / 2)
+        .map(|&free| if free == 0 { 0 } else { sms - free })
+        .collect();
     let (mut compute_us, mut comm_us, mut serial_us) = (0.0, 0.0, 0.0);
     for (i, &chunks) in CHUNK_COUNTS.iter().enumerate() {
         let plan = TpPlan::new(n, tokens / n, k, cols, chunks)?;
@@ -62,18 +69,31 @@ fn run() -> Result<bool, AnyError> {
         let shard: Vec<u8> = shard.iter().flat_map(|v| v.to_le_bytes()).collect();
         layer.shard().copy_from_host(&shard)?;
         if i == 0 {
+            // Serial first: its all-gather fills the gathered rows with every PE's random data,
+            // which the compute rows then multiply (a GEMM of zeros runs faster).
             // SAFETY (each closure): w [K, cols] and y [tokens, cols] bf16, live here.
+            serial_us = timed(&world, || unsafe { layer.serial(w, y) })?;
             compute_us = timed(&world, || unsafe { layer.compute(w, y) })?;
             comm_us = timed(&world, || layer.communicate())?;
-            serial_us = timed(&world, || unsafe { layer.serial(w, y) })?;
-            table.row("ag_compute", &plan, compute_us, None);
-            table.row("ag_communicate", &plan, comm_us, None);
-            table.row("ag_serial", &plan, serial_us, None);
+            table.row("ag_compute", &plan, 0, compute_us, None);
+            table.row("ag_communicate", &plan, 0, comm_us, None);
+            table.row("ag_serial", &plan, 0, serial_us, None);
         }
-        let us = timed(&world, || unsafe { layer.overlapped(w, y) })?;
-        let bound = overlap_bound(comm_us, compute_us);
-        let efficiency = overlap_efficiency(serial_us, us, comm_us, compute_us);
-        table.row("ag_overlapped", &plan, us, Some((bound, efficiency)));
+        let split_us = timed(&world, || unsafe { layer.compute_split(w, y) })?;
+        table.row("ag_compute_split", &plan, 0, split_us, None);
+        for &target in &gemm_sms {
+            layer.set_gemm_sms(target)?;
+            let us = timed(&world, || unsafe { layer.overlapped(w, y) })?;
+            let bound = overlap_bound(comm_us, compute_us);
+            let efficiency = overlap_efficiency(serial_us, us, comm_us, compute_us);
+            table.row(
+                "ag_overlapped",
+                &plan,
+                target,
+                us,
+                Some((bound, efficiency)),
+            );
+        }
     }
     // GEMM + reduce-scatter at the next projection's shape (row-parallel): x is this PE's
     // K-slice of every token, [tokens, cols] (y above), w [cols, k], out [tokens / N, k].
@@ -89,13 +109,22 @@ fn run() -> Result<bool, AnyError> {
             compute_us = timed(&world, || unsafe { layer.compute(y, rs_w) })?;
             serial_us = timed(&world, || unsafe { layer.serial(y, rs_w, rs_y) })?;
             comm_us = serial_us - compute_us; // the reduce-scatter and its copy
-            table.row("rs_compute", &plan, compute_us, None);
-            table.row("rs_serial", &plan, serial_us, None);
+            table.row("rs_compute", &plan, 0, compute_us, None);
+            table.row("rs_serial", &plan, 0, serial_us, None);
         }
-        let us = timed(&world, || unsafe { layer.overlapped(y, rs_w, rs_y) })?;
-        let bound = overlap_bound(comm_us, compute_us);
-        let efficiency = overlap_efficiency(serial_us, us, comm_us, compute_us);
-        table.row("rs_overlapped", &plan, us, Some((bound, efficiency)));
+        for &target in &gemm_sms {
+            layer.set_gemm_sms(target)?;
+            let us = timed(&world, || unsafe { layer.overlapped(y, rs_w, rs_y) })?;
+            let bound = overlap_bound(comm_us, compute_us);
+            let efficiency = overlap_efficiency(serial_us, us, comm_us, compute_us);
+            table.row(
+                "rs_overlapped",
+                &plan,
+                target,
+                us,
+                Some((bound, efficiency)),
+            );
+        }
     }
     let rows = table.rows;
     if world.my_pe() == 0 {
@@ -133,13 +162,22 @@ struct Table {
 
 impl Table {
     fn new(me: usize) -> Self {
-        let head = "variant,n_pes,rows,k,cols,chunks,us,tflops,bound,efficiency".to_string();
+        let head = "variant,n_pes,rows,k,cols,chunks,gemm_sms,us,tflops,bound,efficiency";
+        let head = head.to_string();
         Self {
             me,
             rows: vec![head],
         }
     }
-    fn row(&mut self, variant: &str, p: &TpPlan, us: f64, overlap: Option<(f64, f64)>) {
+    /// `gemm_sms`: the GEMMs' SM target (0: every SM).
+    fn row(
+        &mut self,
+        variant: &str,
+        p: &TpPlan,
+        gemm_sms: usize,
+        us: f64,
+        overlap: Option<(f64, f64)>,
+    ) {
         let tflops = match variant.ends_with("communicate") {
             true => 0.0,
             false => p.flops() / us / 1e6,
@@ -147,11 +185,12 @@ impl Table {
         let extra = overlap.map_or(",".into(), |(b, e)| format!("{b:.3},{e:.3}"));
         let (n, rows, k, cols, chunks) = (p.n_pes, p.rows, p.k, p.cols, p.chunks);
         self.rows.push(format!(
-            "{variant},{n},{rows},{k},{cols},{chunks},{us:.1},{tflops:.1},{extra}"
+            "{variant},{n},{rows},{k},{cols},{chunks},{gemm_sms},{us:.1},{tflops:.1},{extra}"
         ));
         if self.me == 0 {
             println!(
-                "pe 0: {variant:<15} chunks {chunks}: {us:>9.1} us {tflops:>7.1} TFLOP/s {extra}"
+                "pe 0: {variant:<16} chunks {chunks} GEMM SMs {gemm_sms:>3}: {us:>9.1} us \
+                 {tflops:>7.1} TFLOP/s {extra}"
             );
         }
     }

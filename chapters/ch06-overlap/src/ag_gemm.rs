@@ -61,6 +61,12 @@ impl<W: Deref<Target = World> + Clone> AgGemm<W> {
         &self.shard
     }
 
+    /// Sizes this layer's GEMMs for `sms` SMs (0: all), leaving the rest to the puts
+    /// ([`Gemm::set_sm_target`]).
+    pub fn set_gemm_sms(&self, sms: usize) -> Result<(), OverlapError> {
+        self.gemm.set_sm_target(sms)
+    }
+
     /// Byte address of row `row` of the gathered input.
     fn gathered_row(&self, row: usize) -> u64 {
         self.gathered.device_ptr() + (row * self.plan.k * 2) as u64
@@ -166,6 +172,38 @@ impl<W: Deref<Target = World> + Clone> AgGemm<W> {
             }
         }
         self.signals.finish()
+    }
+
+    /// The GEMMs of `overlapped` alone (our rows, then every chunk; no puts, no waits): the
+    /// benchmark's measure of what splitting the GEMM costs by itself.
+    ///
+    /// # Safety
+    /// As `serial`.
+    pub unsafe fn compute_split(&self, w: u64, y: u64) -> Result<(), OverlapError> {
+        let p = &self.plan;
+        let cr = p.chunk_rows();
+        self.signals.after_serial();
+        // SAFETY (each GEMM): the caller's; `gathered` holds [N x rows, K].
+        unsafe {
+            let own = self.world().my_pe() * p.rows;
+            let y_own = y + (own * p.cols * 2) as u64;
+            self.gemm.bf16(
+                (p.rows, p.cols, p.k),
+                self.gathered_row(own),
+                w,
+                y_own,
+                p.cols,
+            )?;
+            for src in (0..p.n_pes).filter(|&s| s != self.world().my_pe()) {
+                for c in 0..p.chunks {
+                    let row = src * p.rows + c * cr;
+                    let y_row = y + (row * p.cols * 2) as u64;
+                    self.gemm
+                        .bf16((cr, p.cols, p.k), self.gathered_row(row), w, y_row, p.cols)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The GEMM alone, over the gathered input as it is: the benchmark's compute time.

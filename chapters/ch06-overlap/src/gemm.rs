@@ -34,6 +34,22 @@ impl Gemm {
         Ok(Self { blas })
     }
 
+    /// Sizes every later GEMM's grid for `sms` SMs (0: every SM), leaving the rest to kernels
+    /// of other streams. cuBLAS's Hopper kernels are persistent: at full size, a put kernel
+    /// launched beside one may find no SM free until the GEMM ends.
+    pub fn set_sm_target(&self, sms: usize) -> Result<(), OverlapError> {
+        let sms = i32::try_from(sms).map_err(|_| {
+            OverlapError::invalid(
+                "Gemm::set_sm_target",
+                format!("{sms} SMs do not fit an i32"),
+            )
+        })?;
+        // SAFETY: a live handle; the call only sets one of its attributes.
+        unsafe { sys::cublasSetSmCountTarget(*self.blas.handle(), sms) }
+            .result()
+            .map_err(OverlapError::cublas("setting the SM count target"))
+    }
+
     // ANCHOR: gemm
     /// `y[m, n] = x[m, k] @ w[k, n]`, all row-major bf16, fp32 accumulation; `ldy` is y's row
     /// stride in elements (n for a whole matrix, wider when y is a block of a larger one).

@@ -73,6 +73,12 @@ impl<W: Deref<Target = World> + Clone> GemmRs<W> {
     pub fn world(&self) -> &World {
         self.comm.world()
     }
+    /// Sizes this layer's GEMMs for `sms` SMs (0: all), leaving the rest to the puts
+    /// ([`crate::Gemm::set_sm_target`]).
+    pub fn set_gemm_sms(&self, sms: usize) -> Result<(), OverlapError> {
+        self.gemm.set_sm_target(sms)
+    }
+
     fn bytes_at(buffer: u64, row: usize, row_elems: usize) -> u64 {
         buffer + (row * row_elems * 2) as u64
     }
