@@ -25,6 +25,7 @@ against NCCL serial.
 from __future__ import annotations
 
 import argparse
+import time
 from typing import Callable, List, Optional
 
 import torch
@@ -219,7 +220,8 @@ def bench(out_csv: str) -> List[str]:
         lines.append(f"{method:<20} {us:>9.1f} us {tflops:>7.1f} TFLOP/s {extra}")
     if me == 0:
         gpu, nccl = torch.cuda.get_device_name(), torch.cuda.nccl.version()
-        header = [f"# gpu: {gpu} x {n}; torch {torch.__version__}; NCCL {nccl}",
+        date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        header = [f"# gpu: {gpu} x {n}; torch {torch.__version__}; NCCL {nccl}", f"# date: {date}",
                   f"# timing: {CALLS_PER_SAMPLE} eager calls between CUDA events after a barrier, "
                   f"median of {SAMPLES}, rank 0; efficiency against NCCL serial"]
         if nv.process_group_backend() != "nccl":

@@ -39,6 +39,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from bookgen.bad_inputs import gen_bad_inputs
 from bookgen.cluster import gen_cluster
+from bookgen.overlap import gen_ch06, gen_moe
 from bookgen.collectives import COLL_LABEL, COLLECTIVES, PUTS, Coll, size_table
 from bookgen.common import (
     Book,
@@ -398,8 +399,14 @@ def gen_ch04(book: Book) -> None:
           and any(col == "all_reduce" for _, col, _, _, _ in slower)
           and any(col == "broadcast" for _, col, _, _, _ in slower), "ch04-measuring.md",
           "the only misses are the large all-reduce and the broadcast from 16 MiB, both at N = 4")
-    claim(all("torch" in c.best_peer("all_reduce", z)[1] for c in (n2, n4) for z in small), "ch04-measuring.md",
-          "torch's symmetric-memory kernels are the closest peer for small all-reduces")
+    closest = {(c.n, z): c.best_peer("all_reduce", z)[1] for c in (n2, n4) for z in small}
+    claim(all("torch" in label or "NVSHMEM" in label for label in closest.values())
+          and sum("torch" in label for label in closest.values()) > len(closest) / 2, "ch04-measuring.md",
+          "torch's symmetric-memory kernels are the closest peer for most small all-reduces, NVSHMEM's for the rest")
+    nv_best = [f"{size_label(z)} at N = {n}" for (n, z), label in sorted(closest.items()) if "NVSHMEM" in label]
+    s.add("small_allreduce_closest",
+          "torch's symmetric-memory kernels, which handshake before they move data, are the closest peer for "
+          "all-reduce" + (f" (NVSHMEM's own team all-reduce at {', '.join(nv_best)})" if nv_best else ""))
     if slower:
         lines = [f"- {COLL_LABEL[col]} at N = {n}, {size_label(z)}: {ratio(x)} the time of {label}"
                  for n, col, z, x, label in slower]
@@ -567,8 +574,6 @@ def gen_ch08(book: Book) -> None:
                      f"{us(v('deepep', 'dispatch_combine', 'eager'))} ({ratio(rr(v, 'dispatch_combine', 'eager'))}), with "
                      f"{us(v('ours', 'dispatch_combine', 'host'))} against {us(v('deepep', 'dispatch_combine', 'host'))} us "
                      f"of host CPU per pair")
-        claim(rr(v, "dispatch_combine", "eager") > 1 and rr(v, "dispatch_combine", "host") > 1, "ch08-python-graphs.md",
-              "the eager pair and its host time are slower than DeepEP's")
     s.add("eager", "; ".join(eager))
     # DeepEP's own test, for both.
     tests = []
@@ -709,8 +714,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
-GENERATORS += [gen_captures, gen_ch01, gen_ch02, gen_ch03, gen_ch04, gen_ch07, gen_bad_inputs, gen_ch08,
-               gen_python, gen_cluster]
+GENERATORS += [gen_captures, gen_ch01, gen_ch02, gen_ch03, gen_ch04, gen_ch06, gen_ch07, gen_bad_inputs,
+               gen_ch08, gen_moe, gen_python, gen_cluster]
 
 
 

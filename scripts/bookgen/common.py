@@ -19,11 +19,13 @@ CAPTURES = "book/src/output/captures.tsv"
 # every table from that entry: say there what the reader must know about the run (a kernel that
 # changed since), and drop it when the entry points at a run of the current code.
 #
-# Chapters 4, 7 and 8 quote the 4x H100 calls of 2026-11-26 (binaries of ec48b45): the only runs
-# of the current kernels at N = 4, and N = 2 from the same machine and binaries, so a chapter's
-# tables compare like with like. Chapter 3 and the PyTorch page have one run each (2x H200).
-# The earlier H200 runs of chapters 4, 7 and 8 (coll_h200_*, buffer_h200_*, buffer_ll_h200_*)
-# stay in benchmarks/results/ with their notes.
+# Chapters 4, 7 and 8 quote two H100 calls of 2026-11-26: N = 2 / EP2 from the 2x H100 call at
+# 15:17-15:50 UTC (binaries of 9787572, NVSHMEM's team rows of b534934), N = 4 / EP4 from the
+# 4x H100 call at 12:33-12:55 UTC (binaries of 79ad531, before the combine fix 8819e2b: its
+# caveat says so). Chapter 3 and the PyTorch page have one run each (2x H200). Chapter 6 and
+# the MoE layer: the 2x H100 call of 15:46-15:48 UTC (b534934). The earlier H200 runs of
+# chapters 4, 7 and 8 (coll_h200_*, buffer_h200_*, buffer_ll_h200_*) stay in
+# benchmarks/results/ with their notes.
 MANIFEST: Dict[str, Dict[str, str]] = {
     # Chapter 3: ch03-p2p-bench through benchmarks/run_p2p.sh (2 GPUs).
     "p2p": {
@@ -53,6 +55,8 @@ MANIFEST: Dict[str, Dict[str, str]] = {
         "ours_test": "benchmarks/results/deepep_compat_h100_ep4.log",
         "deepep_test": "benchmarks/results/deepep_test_intranode_deepep_h100_ep4.log",
         "plot": "benchmarks/results/buffer_h100_ep4.png",
+        "caveat": "EP4 ran before the combine fix of 8819e2b (the kernel's bad-handle guards out of its "
+                  "inner loop), which took EP2's combine from 399 to 502 GB/s at 24 SMs in buffer_bench.",
     },
     # Chapter 8: benchmarks/run_buffer.sh (buffer_ll_bench.py and DeepEP's test_low_latency.py).
     "ll_ep2": {
@@ -66,6 +70,15 @@ MANIFEST: Dict[str, Dict[str, str]] = {
         "ours_test": "benchmarks/results/deepep_compat_ll_h100_ep4.log",
         "deepep_test": "benchmarks/results/deepep_test_low_latency_deepep_h100_ep4.log",
         "plot": "benchmarks/results/buffer_ll_h100_ep4.svg",
+    },
+    # Chapter 6: ch06-overlap-bench and scripts/ch06_overlap.py --bench (DEVICE_BENCH=overlap).
+    "overlap_n2": {
+        "csv": "benchmarks/results/overlap_h100_2gpu.csv",
+        "python": "benchmarks/results/overlap_py_h100_2gpu.csv",
+    },
+    # The MoE layer: scripts/moe_layer.py --bench (DEVICE_BENCH=moe).
+    "moe_n2": {
+        "csv": "benchmarks/results/moe_layer_h100_2gpu.csv",
     },
     # The PyTorch page: scripts/ch03_put_get.py --bench (2 GPUs).
     "py_exchange": {
