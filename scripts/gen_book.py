@@ -39,6 +39,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from bookgen.bad_inputs import gen_bad_inputs
 from bookgen.cluster import gen_cluster
+from bookgen.inter_node import gen_ch05
 from bookgen.overlap import gen_ch06, gen_moe
 from bookgen.collectives import COLL_LABEL, COLLECTIVES, PUTS, Coll, size_table
 from bookgen.common import (
@@ -330,11 +331,13 @@ def gen_ch04(book: Book) -> None:
                     cells.append(f"{us(ours)} / {us(nv)}" if nv is not None else f"{us(ours)} / -")
                 rows.append(cells)
             setting = next((line for line in r.comments if line.startswith("nvshmem peer:")), "")
+            timed_to = re.search(r"timed up to (\d+ MiB)", setting)
+            cap = f"; -: not timed, NVSHMEM's rows stop at {timed_to.group(1)}" if timed_to else ""
             claim("NVSHMEM_DISABLE_NCCL=1" in setting, "ch04-measuring.md",
                   "NVSHMEM's row was timed with NVSHMEM_DISABLE_NCCL=1 (its CSV header says so)")
             s.add(f"{key}_nvshmem", table(["size"] + [f"{COLL_LABEL[x]}: ours / NVSHMEM" for x in COLLECTIVES], ["r"] * 6, rows)
                   + f"\n\n*NVSHMEM's team collectives on the stream over the world team, NVSHMEM_DISABLE_NCCL=1; "
-                  f"time per call in us. `{r.path}`: {r.device}, {r.date}.*")
+                  f"time per call in us{cap}. `{r.path}`: {r.device}, {r.date}.*")
         else:
             s.add(f"{key}_nvshmem", f"*Not measured yet at N = {c.n}: `{r.path}` ({r.device}, {r.date}) has no "
                   "`nvshmem` rows. `benchmarks/run_coll.sh` records them (`ch04-coll-bench --nvshmem`, with "
@@ -714,7 +717,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
-GENERATORS += [gen_captures, gen_ch01, gen_ch02, gen_ch03, gen_ch04, gen_ch06, gen_ch07, gen_bad_inputs,
+GENERATORS += [gen_captures, gen_ch01, gen_ch02, gen_ch03, gen_ch04, gen_ch05, gen_ch06, gen_ch07, gen_bad_inputs,
                gen_ch08, gen_moe, gen_python, gen_cluster]
 
 

@@ -71,6 +71,10 @@ MANIFEST: Dict[str, Dict[str, str]] = {
         "deepep_test": "benchmarks/results/deepep_test_low_latency_deepep_h100_ep4.log",
         "plot": "benchmarks/results/buffer_ll_h100_ep4.svg",
     },
+    # Chapter 5: ch05-hier-bench through benchmarks/run_coll.sh 2 (one node of 2, 2 nodes of 1).
+    "hier_n2": {
+        "csv": "benchmarks/results/hier_h100_2gpu.csv",
+    },
     # Chapter 6: ch06-overlap-bench and scripts/ch06_overlap.py --bench (DEVICE_BENCH=overlap).
     "overlap_n2": {
         "csv": "benchmarks/results/overlap_h100_2gpu.csv",
