@@ -10,7 +10,7 @@ use kernels::contract::LlCombineArgs;
 use crate::buffer::NvshmemBuffer;
 use crate::error::BufferError;
 use crate::low_latency::dispatch::optional_vector;
-use crate::low_latency::launch::{COMBINE_KERNEL, LlPlan, ll_shape};
+use crate::low_latency::launch::{COMBINE_KERNEL, LlPlan, ll_args, ll_shape};
 use crate::low_latency::phases::{PendingReceive, Phases, check_phases};
 use crate::low_latency::regions::{LlShape, invalid};
 use crate::spec::BufferSpec;
@@ -154,23 +154,20 @@ pub fn plan_ll_combine(
         ElemType::I64,
         n,
     )?;
-    let args = LlCombineArgs {
-        x,
-        src_info: handle.src_info.ptr,
-        layout_range: handle.layout_range.ptr,
-        topk_idx: topk_idx.ptr,
-        topk_weights: weights.ptr,
-        out: out.ptr,
-        wait_recv_cost: wait_cost,
-        region: spec.ll_region(),
-        state: spec.ll_state,
-        bad_input: spec.input_error,
-        num_tokens: num_tokens as i32,
-        hidden: hidden as i32,
-        num_topk: num_topk as i32,
-        num_experts: num_experts as i32,
-        max_tokens: t as i32,
-    };
+    let args = ll_args!(
+        LlCombineArgs {
+            x,
+            src_info: handle.src_info.ptr,
+            layout_range: handle.layout_range.ptr,
+            topk_idx: topk_idx.ptr,
+            topk_weights: weights.ptr,
+            out: out.ptr,
+            wait_recv_cost: wait_cost,
+        },
+        spec,
+        shape,
+        (num_tokens, num_topk)
+    );
     Ok(LlCombinePlan {
         args,
         phases,
@@ -194,10 +191,10 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         phases: Phases,
         stream: sys::CUstream,
     ) -> Result<(), BufferError> {
-        let pending = self.ll_begin(phases)?;
-        let plan = plan_ll_combine(&self.spec, inputs, handle, out, phases, pending)?;
-        // SAFETY: a checked plan; the caller vouches for the views and the stream.
-        unsafe { self.ll_launch(&COMBINE_KERNEL, &plan, stream) }
+        let plan = |pending| plan_ll_combine(&self.spec, inputs, handle, out, phases, pending);
+        // SAFETY: ll_launch launches only what the plan checked; the caller vouches for the
+        // views and the stream.
+        unsafe { self.ll_launch(&COMBINE_KERNEL, phases, stream, plan) }
     }
     // ANCHOR_END: ll_combine
 }

@@ -9,7 +9,7 @@ use kernels::contract::{FP8_GROUP, LlDispatchArgs};
 
 use crate::buffer::NvshmemBuffer;
 use crate::error::BufferError;
-use crate::low_latency::launch::{DISPATCH_KERNEL, LlPlan, ll_shape};
+use crate::low_latency::launch::{DISPATCH_KERNEL, LlPlan, ll_args, ll_shape};
 use crate::low_latency::phases::{PendingReceive, Phases, check_phases};
 use crate::low_latency::regions::invalid;
 use crate::spec::BufferSpec;
@@ -205,28 +205,25 @@ pub fn plan_ll_dispatch(
         ElemType::I64,
         n,
     )?;
-    let args = LlDispatchArgs {
-        x: x.ptr,
-        topk_idx: topk_idx.ptr,
-        recv_x: outputs.recv_x.ptr,
-        recv_scales: scales,
-        recv_src_info: outputs.recv_src_info.ptr,
-        recv_layout_range: outputs.recv_layout_range.ptr,
-        recv_count: outputs.recv_count.ptr,
-        cumulative_recv_stats: cumulative,
-        wait_recv_cost: wait_cost,
-        region: spec.ll_region(),
-        state: spec.ll_state,
-        bad_input: spec.input_error,
-        num_tokens: num_tokens as i32,
-        hidden: hidden as i32,
-        num_topk: num_topk as i32,
-        num_experts: options.num_experts as i32,
-        max_tokens: t as i32,
-        use_fp8: options.use_fp8 as i32,
-        round_scale: options.round_scale as i32,
-        use_ue8m0: options.use_ue8m0 as i32,
-    };
+    let args = ll_args!(
+        LlDispatchArgs {
+            x: x.ptr,
+            topk_idx: topk_idx.ptr,
+            recv_x: outputs.recv_x.ptr,
+            recv_scales: scales,
+            recv_src_info: outputs.recv_src_info.ptr,
+            recv_layout_range: outputs.recv_layout_range.ptr,
+            recv_count: outputs.recv_count.ptr,
+            cumulative_recv_stats: cumulative,
+            wait_recv_cost: wait_cost,
+            use_fp8: options.use_fp8 as i32,
+            round_scale: options.round_scale as i32,
+            use_ue8m0: options.use_ue8m0 as i32,
+        },
+        spec,
+        shape,
+        (num_tokens, num_topk)
+    );
     Ok(LlDispatchPlan {
         args,
         phases,
@@ -252,12 +249,11 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         phases: Phases,
         stream: sys::CUstream,
     ) -> Result<(), BufferError> {
-        // Before a receive the send is out: the call must complete on this rank, whatever
-        // the error records say.
-        let pending = self.ll_begin(phases)?;
-        let plan = plan_ll_dispatch(&self.spec, inputs, outputs, options, phases, pending)?;
-        // SAFETY: a checked plan; the caller vouches for the views and the stream.
-        unsafe { self.ll_launch(&DISPATCH_KERNEL, &plan, stream) }
+        let plan =
+            |pending| plan_ll_dispatch(&self.spec, inputs, outputs, options, phases, pending);
+        // SAFETY: ll_launch launches only what the plan checked; the caller vouches for the
+        // views and the stream.
+        unsafe { self.ll_launch(&DISPATCH_KERNEL, phases, stream, plan) }
     }
     // ANCHOR_END: ll_dispatch
 }

@@ -27,6 +27,28 @@ pub struct LlPlan<A> {
     pub pending_after: Option<PendingReceive>,
 }
 
+/// The argument struct of a low-latency kernel: `$args { the call's own fields, }` and the
+/// fields both kernels take (kernels/contract/defs.rs), filled here once: the buffer's region,
+/// state and error record from `spec`, the call's size from its checked `shape` and
+/// `(num_tokens, num_topk)`. A macro, because the two structs are the contract's, with no
+/// type in common.
+macro_rules! ll_args {
+    ($args:ident { $($own:tt)* }, $spec:expr, $shape:expr, ($num_tokens:expr, $num_topk:expr)) => {
+        $args {
+            $($own)*
+            region: $spec.ll_region(),
+            state: $spec.ll_state,
+            bad_input: $spec.input_error,
+            num_tokens: $num_tokens as i32,
+            hidden: $shape.hidden as i32,
+            num_topk: $num_topk as i32,
+            num_experts: $shape.num_experts as i32,
+            max_tokens: $shape.max_tokens as i32,
+        }
+    };
+}
+pub(crate) use ll_args;
+
 /// The two kernels, each one symbol launched with a phase argument; their mangled names are
 /// looked up once, not on every call.
 pub(crate) static DISPATCH_KERNEL: Kernel =
@@ -88,27 +110,25 @@ pub fn ll_shape(
 }
 
 impl<W: Deref<Target = World>> NvshmemBuffer<W> {
-    /// What a low-latency call does before its plan: the error records, except before a
-    /// receive (the send is out: the call must complete on this rank, whatever they say),
-    /// and the send now waiting for its receive.
-    pub(crate) fn ll_begin(&self, phases: Phases) -> Result<Option<PendingReceive>, BufferError> {
-        if phases != Phases::Receive {
-            self.check()?;
-        }
-        Ok(*self.ll_pending())
-    }
-
-    /// Launches a checked low-latency plan: one block per SM of this PE, the workspace, the
-    /// argument struct and the phases; then records what is pending after it.
+    /// A low-latency call: the error records, except before a receive (the send is out: the
+    /// call must complete on this rank, whatever they say); then `plan` checks the call after
+    /// the send now waiting for its receive; then the launch (one block per SM of this PE, the
+    /// workspace, the argument struct and the phases) and what is pending after it.
     ///
     /// # Safety
     /// As `NvshmemBuffer::launch`: the plan's views are live on this GPU, `stream` is live.
     pub(crate) unsafe fn ll_launch<A>(
         &self,
         kernel: &Kernel,
-        plan: &LlPlan<A>,
+        phases: Phases,
         stream: sys::CUstream,
+        plan: impl FnOnce(Option<PendingReceive>) -> Result<LlPlan<A>, BufferError>,
     ) -> Result<(), BufferError> {
+        if phases != Phases::Receive {
+            self.check()?;
+        }
+        let pending = *self.ll_pending();
+        let plan = plan(pending)?;
         let spec = LaunchSpec {
             kernel: kernel.symbol()?,
             num_blocks: self.kernels.num_sms(),
