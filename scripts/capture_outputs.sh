@@ -7,15 +7,18 @@
 # `python3 scripts/gen_book.py` afterwards to refresh the generated pages.
 #
 # Usage: scripts/capture_outputs.sh LOG_DIR
+# Environment: CAPTURE_MACHINE, CAPTURE_DATE ("YYYY-MM-DD HH:MM UTC") and CAPTURE_COMMIT say
+#   where, when and from which commit's binaries the logs came, when this runs after the call
+#   (default: this machine's GPUs, now, and HEAD).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 log_dir=${1:?usage: scripts/capture_outputs.sh LOG_DIR}
 table=book/src/output/captures.tsv
-date_utc=$(date -u '+%Y-%m-%d %H:%M UTC')
+date_utc=${CAPTURE_DATE:-$(date -u '+%Y-%m-%d %H:%M UTC')}
 gpus=$({ nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || true; } | sort | uniq -c |
   awk '{count = $1; $1 = ""; sub(/^ /, ""); printf "%s%sx %s", (NR > 1 ? " + " : ""), count, $0}')
 machine=${CAPTURE_MACHINE:-${gpus:-unknown GPU}}
-commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+commit=${CAPTURE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 shopt -s nullglob
 for log in "$log_dir"/*-n[0-9]*.log; do
   name=$(basename "$log" .log)
