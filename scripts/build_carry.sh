@@ -11,7 +11,8 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 BINS=(ch01-bootstrap ch01-rendezvous-probe ch02-symmetric-memory ch03-put-get ch04-collectives
-  ch04-coll-bench ch05-inter-node ch05-hier-bench ch06-overlap ch06-overlap-bench ch07-buffer ch08-low-latency)
+  ch04-coll-bench ch05-inter-node ch05-hier-bench ch06-overlap ch06-overlap-bench ch07-buffer ch08-low-latency
+  moe-layer)
 carry=.carry
 mkdir -p "$carry/wheels"
 cargo build --release --workspace --bins --exclude nvshmem-tutorial-python

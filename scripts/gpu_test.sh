@@ -53,6 +53,7 @@ CHAPTER_BINS=(
   ch06-overlap
   ch07-buffer
   ch08-low-latency
+  moe-layer
 )
 
 # The node sizes (NVSHMEM_TUTORIAL_NODE_PES) chapter 5 runs at N PEs: "-" is the default
