@@ -2,6 +2,7 @@
 
     torchrun --standalone --nproc_per_node=N scripts/ch06_overlap.py
     torchrun --standalone --nproc_per_node=N scripts/ch06_overlap.py --bench [OUT_CSV]
+    torchrun --standalone --nproc_per_node=N scripts/ch06_overlap.py --timeline PREFIX
 
 Mirrors chapters/ch06-overlap with the Python package: each rank holds `rows` rows of the
 input and a [K, cols] slice of the weight; every rank computes all_gather(x) @ w. Overlapped:
@@ -20,13 +21,25 @@ with 1, 2, 4 and 8 chunks, each as the median of 7 samples of 5 eager calls betw
 events after a barrier, rank 0's; the CSV gives each overlapped row its bound
 (comm + compute) / max(comm, compute) and efficiency (serial - overlapped) / min(comm, compute),
 against NCCL serial.
+
+--timeline PREFIX profiles, at the same shape, NCCL serial and ours overlapped with
+TIMELINE_CHUNKS chunks: 3 warm-up calls, then TIMELINE_STEPS calls each inside
+torch.profiler.record_function("step") after a barrier (benchmarks/plot_timeline.py's
+record_steps); rank 0 writes the traces PREFIX_serial.json and PREFIX_overlapped.json and draws
+the last step of each as PREFIX_<case>.svg (a lane per CUDA stream, kernels and copies coloured
+compute / wait / communication) and PREFIX_<case>.csv (every operation, and the time
+communication runs while compute does), both on one time scale.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import sys
 import time
-from typing import Callable, List, Optional
+from pathlib import Path
+from types import ModuleType
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -37,6 +50,8 @@ ROWS, K, COLS, CHUNKS = 64, 256, 128, 4
 CALLS = 20
 BENCH_TOKENS, BENCH_K, BENCH_COLS = 8192, 8192, 28672
 SAMPLES, CALLS_PER_SAMPLE = 7, 5
+TIMELINE_CHUNKS = 2  # the overlapped schedule's best chunk count in --bench (2x H100)
+TIMELINE_STEPS = 3  # profiled calls; the figure draws the last
 
 
 class AgMatmul:
@@ -232,16 +247,84 @@ def bench(out_csv: str) -> List[str]:
     return lines
 
 
+def plot_timeline() -> ModuleType:
+    """benchmarks/plot_timeline.py, imported by its path (benchmarks/ is no package)."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "plot_timeline.py"
+    spec = importlib.util.spec_from_file_location("plot_timeline", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["plot_timeline"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def timeline(prefix: str, tally: Tally) -> List[str]:
+    """--timeline: NCCL serial and ours overlapped under torch.profiler (every rank), drawn
+    on rank 0. A figure that cannot be drawn is a failed check, with its reason."""
+    pt = plot_timeline()
+    me, n = nv.my_pe(), nv.n_pes()
+    rows, cols = BENCH_TOKENS // n, BENCH_COLS // n
+    w = torch.randn((BENCH_K, cols), device="cuda").to(torch.bfloat16)
+    x = torch.randn((rows, BENCH_K), device="cuda").to(torch.bfloat16)
+    out = torch.empty((n * rows, cols), dtype=torch.bfloat16, device="cuda")
+    gathered = torch.empty((n * rows, BENCH_K), dtype=torch.bfloat16, device="cuda")
+    layer = AgMatmul(rows, BENCH_K, TIMELINE_CHUNKS)
+    layer.shard.copy_(x)
+    device = torch.cuda.get_device_name()
+    gpu = device.removeprefix("NVIDIA ")  # for the titles
+    calls: Dict[str, Tuple[str, Callable[[], object]]] = {}
+    skipped = peers_available()
+    if not skipped:
+        calls["serial"] = (f"All-gather + GEMM, NCCL then the GEMM ({n}x {gpu}, rank 0)",
+                           lambda: (dist.all_gather_into_tensor(gathered, x),
+                                    torch.matmul(gathered, w, out=out)))
+    calls["overlapped"] = (f"All-gather + GEMM, ours overlapped in {TIMELINE_CHUNKS} chunks "
+                           f"({n}x {gpu}, rank 0)", lambda: layer.overlapped(w, out))
+    traces = {name: (title, f"{prefix}_{name}.json") for name, (title, _) in calls.items()}
+    for name, (_, call) in calls.items():
+        pt.record_steps(call, traces[name][1] if me == 0 else None, steps=TIMELINE_STEPS,
+                        warmup=3, barrier=nv.barrier)
+    lines = [skipped] if skipped else []
+    if me != 0:
+        return lines
+    nccl = torch.cuda.nccl.version() if not skipped else "not used"
+    header = [f"gpu: {device} x {n}; torch {torch.__version__}; NCCL {nccl}",
+              "date: " + time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+              f"timing: torch.profiler (CUPTI) on rank 0, the last of {TIMELINE_STEPS} calls, "
+              f"each after a barrier; {BENCH_TOKENS} tokens, K = {BENCH_K}, "
+              f"{cols} columns per rank"]
+    # NVSHMEM's puts to an NVLink peer are copy-engine copies, and no other copy runs here.
+    classes = (("compute", pt.COMPUTE), ("wait", pt.WAIT),
+               ("communication", f"{pt.COMMUNICATION}|{pt.PEER_COPY}"))
+    try:
+        drawn = pt.draw_all(traces, prefix, classes, header=header)
+    except Exception as error:  # noqa: BLE001 - a figure that cannot be drawn is a failed check
+        tally.check(False, f"timeline: {type(error).__name__}: {error}")
+        return lines + [f"timeline not drawn: {error}"]
+    for name, t in drawn.items():
+        lines.append(f"timeline {name}: {pt.summary(t)}; wrote {prefix}_{name}.svg and .csv")
+    t = drawn["overlapped"]
+    tally.check(len(t.lanes) >= 2 and pt.busy_us(t, "communication") > 0,
+                lambda: "timeline overlapped: no communication on a stream of its own: "
+                f"{len(t.lanes)} stream(s), classes {sorted({op.cls for op in t.ops})}")
+    return lines
+
+
 def run() -> bool:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bench", nargs="?", const="overlap.csv", default=None,
                         metavar="OUT_CSV")
+    parser.add_argument("--timeline", metavar="PREFIX", help="profile NCCL serial and ours "
+                        "overlapped; rank 0 writes PREFIX_<case>.json, .svg and .csv")
     args = parser.parse_args()
     start()
     tally = Tally()
     print_by_pe(check(tally))
     if args.bench:
         print_by_pe(bench(args.bench))
+    if args.timeline:
+        print_by_pe(timeline(args.timeline, tally))
     return tally.finish()
 
 

@@ -6,9 +6,11 @@
 # Usage: scripts/device_run.sh [gpu_test.sh arguments...]
 # Environment: OUT (where results go; required), GPU_TEST_NPROCS, GPU_TEST_PYTHON (as for
 #   gpu_test.sh), DEVICE_BENCH (space-separated steps, run in the order given: buffer coll p2p
-#   deepep_n1 host_path soak dead_rank sanitizer deepep_v2 overlap moe; buffer, coll, overlap
-#   (chapter 6's two benchmarks, Rust and Python), moe (scripts/moe_layer.py --bench) and
-#   deepep_v2 run once per
+#   deepep_n1 host_path soak dead_rank sanitizer deepep_v2 overlap moe timeline; buffer, coll,
+#   overlap (chapter 6's two benchmarks, Rust and Python), moe (scripts/moe_layer.py --bench),
+#   timeline (scripts/ch06_overlap.py and scripts/moe_layer.py --timeline: torch.profiler
+#   traces of serial and overlapped, drawn by benchmarks/plot_timeline.py as
+#   timeline_<script>_<gpu>_<N>gpu_<case>.json/.svg/.csv) and deepep_v2 run once per
 #   process count in BENCH_NPROCS (default: GPU_TEST_NPROCS, else 2), buffer the modes in
 #   BUFFER_MODES; p2p runs benchmarks/run_p2p.sh on GPUs 0 and 1; sanitizer runs
 #   gpu_test.sh once per tool in SANITIZER_TOOLS (default "memcheck racecheck synccheck") at
@@ -138,6 +140,16 @@ for bench in ${DEVICE_BENCH:-}; do
           "$logs/moe_layer_${gpu}_${n}gpu.csv" >"$logs/moe_n$n.log" 2>&1
         echo "device_run: moe_layer.py --bench n=$n exit $?"
         pack
+      done ;;
+    timeline)
+      for n in $bench_nprocs; do
+        gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print tolower($2)}')
+        for script in ch06_overlap moe_layer; do
+          torchrun --standalone --nproc_per_node="$n" "scripts/$script.py" \
+            --timeline "$logs/timeline_${script}_${gpu}_${n}gpu" >"$logs/timeline_${script}_n$n.log" 2>&1
+          echo "device_run: $script.py --timeline n=$n exit $?"
+          pack
+        done
       done ;;
     sanitizer)
       for tool in ${SANITIZER_TOOLS:-memcheck racecheck synccheck}; do

@@ -3,6 +3,7 @@ computed without communication.
 
     torchrun --standalone --nproc_per_node=N scripts/moe_layer.py            # small, checked
     torchrun --standalone --nproc_per_node=N scripts/moe_layer.py --bench    # DeepSeek-V3 shapes
+    torchrun --standalone --nproc_per_node=N scripts/moe_layer.py --timeline PREFIX
 
 The layer: a router (softmax over the experts, top-k, the k weights renormalised), the tokens
 sent to the ranks of their experts (`get_dispatch_layout`, `dispatch`, in bf16 or fp8), each
@@ -25,14 +26,26 @@ summed over the ranks first). Tolerances, relative to the reference's norm: outp
 gradients 2e-2 (bf16 rows, summed in a different order; fp8 dispatch quantises the
 reference's input the same way). Then, with --bench, the time per layer (forward + backward)
 and the share spent in dispatch and combine, each timed with CUDA events on rank 0.
+
+--timeline PREFIX profiles two micro-batches' forward at DeepSeek-V3 shapes, serial and
+overlapped, one call each after 3 warm-ups and a barrier, inside
+torch.profiler.record_function("step") (benchmarks/plot_timeline.py's record_steps); rank 0
+writes the traces PREFIX_serial.json and PREFIX_overlapped.json and draws each as
+PREFIX_<case>.svg (a lane per CUDA stream: the buffer's kernels as communication, the experts'
+GEMMs as compute, the rest as other) and PREFIX_<case>.csv (every operation, and the time
+communication runs while the GEMMs do), on one time scale.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import importlib.util
+import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
 from typing import Any, List, Optional, Tuple
 
 import torch
@@ -552,16 +565,75 @@ def bench(buffer: Buffer, fp8: bool) -> List[str]:
             f"{comm_ms:.2f} ms ({100 * comm_ms / layer_ms:.0f}%)"]
 
 
+def plot_timeline() -> ModuleType:
+    """benchmarks/plot_timeline.py, imported by its path (benchmarks/ is no package)."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "plot_timeline.py"
+    spec = importlib.util.spec_from_file_location("plot_timeline", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["plot_timeline"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def timeline(buffer: Buffer, prefix: str, tally: Tally) -> List[str]:
+    """--timeline: two micro-batches, serial and overlapped, under torch.profiler (every rank),
+    drawn on rank 0. A figure that cannot be drawn is a failed check, with its reason."""
+    pt = plot_timeline()
+    rank, ranks = dist.get_rank(), dist.get_world_size()
+    shape = DEEPSEEK_V3
+    layer = MoeLayer(shape, buffer, rank, ranks, 98)
+    half = shape.tokens // 2
+    xs = [torch.randn(half, shape.hidden, device="cuda").to(torch.bfloat16) for _ in range(2)]
+    device = torch.cuda.get_device_name()
+    gpu = device.removeprefix("NVIDIA ")  # for the titles
+    traces = {}
+    for name, overlap in (("serial", False), ("overlapped", True)):
+        how = "overlapped on the buffer's stream" if overlap else "serial"
+        title = (f"MoE layer forward, two micro-batches of {half} tokens, {how} "
+                 f"({ranks}x {gpu}, rank 0)")
+        traces[name] = (title, f"{prefix}_{name}.json")
+        pt.record_steps(lambda overlap=overlap: two_micro_batches(layer, xs, overlap),
+                        traces[name][1] if rank == 0 else None, steps=1, warmup=3,
+                        barrier=dist.barrier)
+    if rank != 0:
+        return []
+    header = [f"gpu: {device} x {ranks}; torch {torch.__version__}",
+              "date: " + time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+              "timing: torch.profiler (CUPTI) on rank 0, one call after 3 warm-ups and a barrier; "
+              f"DeepSeek-V3 shapes ({half} tokens per micro-batch x {shape.hidden}, "
+              f"{shape.experts} experts, top-{shape.top_k}, FFN {shape.ffn}), bf16"]
+    # The buffer's kernels are the communication; the experts' grouped GEMMs the compute;
+    # routing, SiLU, gathers and copies to the host stay "other".
+    classes = (("compute", pt.COMPUTE), ("communication", pt.COMMUNICATION))
+    try:
+        drawn = pt.draw_all(traces, prefix, classes, header=header)
+    except Exception as error:  # noqa: BLE001 - a figure that cannot be drawn is a failed check
+        tally.check(False, f"timeline: {type(error).__name__}: {error}")
+        return [f"timeline not drawn: {error}"]
+    lines = [f"timeline {name}: {pt.summary(t)}; wrote {prefix}_{name}.svg and .csv"
+             for name, t in drawn.items()]
+    t = drawn["overlapped"]
+    tally.check(len(t.lanes) >= 2 and pt.busy_us(t, "communication") > 0,
+                lambda: "timeline overlapped: no communication on a stream of its own: "
+                f"{len(t.lanes)} stream(s), classes {sorted({op.cls for op in t.ops})}")
+    return lines
+
+
 def run() -> bool:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bench", nargs="?", const="moe_layer.csv", default=None,
                         metavar="CSV", help="also time DeepSeek-V3 shapes; rows to CSV "
                         "(default moe_layer.csv)")
+    parser.add_argument("--timeline", metavar="PREFIX", help="profile two micro-batches at "
+                        "DeepSeek-V3 shapes, serial and overlapped; rank 0 writes "
+                        "PREFIX_<case>.json, .svg and .csv")
     args = parser.parse_args()
     start()
     tally = Tally()
     group = dist.group.WORLD
-    shape = DEEPSEEK_V3 if args.bench else SMALL
+    shape = DEEPSEEK_V3 if args.bench or args.timeline else SMALL
     # Both modes in one buffer: the normal mode's rings and the low-latency region.
     buffer = Buffer(group,
                     num_nvl_bytes=CONFIG.get_nvl_buffer_size_hint(shape.hidden * 2, group.size()),
@@ -589,6 +661,8 @@ def run() -> bool:
                 out = csv.writer(f)
                 out.writerow(["case", "quantity", "ms"])
                 out.writerows((c, q, f"{v:.4f}") for c, q, v in BENCH_ROWS)
+    if args.timeline:
+        print_by_pe(timeline(buffer, args.timeline, tally))
     del buffer
     return tally.finish()
 

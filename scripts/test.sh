@@ -85,6 +85,11 @@ bash scripts/cluster_check.sh
 # sample reports, on the CPU.
 step "sanitizer filter self-test (scripts/sanitizer_filter.py)"
 python3 scripts/sanitizer_filter.py --self-test
+
+# The timeline figures' reader and drawer (chapter 6, the MoE page): a synthetic torch.profiler
+# trace, read, classified, drawn as SVG and CSV, on the CPU.
+step "timeline plot self-test (benchmarks/plot_timeline.py)"
+python3 benchmarks/plot_timeline.py --self-test
 # ------------------------------------------------------------------------------------------
 
 # ---- pytest (Python package) ------------------------------------------------------------
