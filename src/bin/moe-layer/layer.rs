@@ -5,6 +5,7 @@ use std::ops::Deref;
 use std::sync::Arc;
 
 use ch01_bootstrap::World;
+use ch06_overlap::Gemm;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use half::bf16;
 use nvshmem_tutorial::{
@@ -12,7 +13,7 @@ use nvshmem_tutorial::{
 };
 
 use crate::AnyError;
-use crate::gpu::{Gemm, SiluMul};
+use crate::gpu::SiluMul;
 use crate::host::{self, Choice, MAX_TOKENS, Matrix, Shape};
 
 /// One rank's part of the layer: the router, its experts, and the experts' work space, all on
@@ -144,7 +145,7 @@ impl MoeLayer {
         // this GPU, alive until the copy below (on the same stream) has waited for the GEMM.
         unsafe {
             self.gemm
-                .bf16(1, (n, experts, hidden), x.view().ptr, router, out)
+                .bf16_batched(1, (n, experts, hidden), x.view().ptr, router, out)
         }?;
         // One sync per layer: this copy waits for the GEMM, and the top-k runs on the host.
         // Python keeps it on the GPU (torch.topk); a decode step that must never wait (CUDA
@@ -179,12 +180,12 @@ impl MoeLayer {
         // [l, f, h]; y [l, m, h]: bf16 on this GPU, owned by the layer or borrowed for the
         // call, every kernel on the one stream.
         unsafe {
-            self.gemm.bf16(l, (m, f, h), x, gate, g)?;
-            self.gemm.bf16(l, (m, f, h), x, up, u)?;
+            self.gemm.bf16_batched(l, (m, f, h), x, gate, g)?;
+            self.gemm.bf16_batched(l, (m, f, h), x, up, u)?;
         }
         self.silu_mul.launch(s, &mut self.gate_out, &self.up_out)?;
         // SAFETY: as above.
-        unsafe { self.gemm.bf16(l, (m, h, f), g, down, y) }?;
+        unsafe { self.gemm.bf16_batched(l, (m, h, f), g, down, y) }?;
         Ok(())
     }
     // ANCHOR_END: experts

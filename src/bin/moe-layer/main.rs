@@ -54,7 +54,8 @@ fn run() -> Result<bool, AnyError> {
     let num_rdma_bytes =
         get_low_latency_rdma_size_hint(MAX_TOKENS, shape.hidden, ranks, shape.experts);
     size_the_heap(ranks, num_rdma_bytes);
-    gpu::probe_libraries()?;
+    ch06_overlap::probe_cublas()?;
+    gpu::probe_nvrtc()?;
     let world = World::from_env()?;
     let (me, stream) = (world.my_pe(), world.stream().clone());
     let seed = seed.unwrap_or(world.job_seed());
