@@ -1,0 +1,202 @@
+"""Chapters 7 and 8: the buffer's normal and low-latency modes against DeepEP, for
+scripts/gen_book.py."""
+
+from __future__ import annotations
+
+import re
+from typing import Dict, List, Tuple
+
+from .collectives import PUTS
+from .common import Book, claim, gbs, GenError, MANIFEST, MIB, ratio, Result, Snippets, span, table, us
+
+# ---- chapter 7 -----------------------------------------------------------------------------------
+
+
+def test_best(log: str, path: str) -> Dict[str, float]:
+    """DeepEP's test_intranode.py printout: its best GB/s per operation, and the layout time."""
+    best = {}
+    for key, pattern in (("fp8", r"Best dispatch \(FP8\):.*?([\d.]+) GB/s"),
+                         ("bf16", r"Best dispatch \(BF16\):.*?([\d.]+) GB/s"),
+                         ("combine", r"Best combine:.*?([\d.]+) GB/s")):
+        found = re.search(pattern, log)
+        if not found:
+            raise GenError(f"{path}: no '{pattern}' line")
+        best[key] = float(found.group(1))
+    found = re.search(r"\[layout\] Kernel performance: ([\d.]+) ms", log)
+    if not found:
+        raise GenError(f"{path}: no '[layout] Kernel performance' line")
+    best["layout_us"] = float(found.group(1)) * 1e3
+    return best
+
+
+def gen_ch07(book: Book) -> None:
+    s = Snippets("ch07")
+    summary = {}
+    for key in ("buffer_ep2", "buffer_ep4"):
+        r = book.result(key)
+        ep = int(r.rows[0]["ep"])
+        ours_log = book.log(key, "ours_test")
+        claim("exit 0" in ours_log and " failed" not in ours_log.replace("0 failed", ""), "ch07-measuring.md",
+              f"DeepEP's test_intranode.py passes against ours ({MANIFEST[key]['ours_test']})")
+        ours_test = test_best(ours_log, MANIFEST[key]["ours_test"])
+        deepep_test = test_best(book.log(key, "deepep_test"), MANIFEST[key]["deepep_test"])
+
+        def bench(method: str, op: str, dtype: str, sms: int = 24) -> float:
+            return r.value("gb_per_s", method=method, op=op, dtype=dtype, num_sms=sms)
+
+        ops = [("dispatch", "bf16", "bf16"), ("dispatch", "fp8", "fp8"), ("combine", "bf16", "combine")]
+        test_row_d = [f"{gbs(deepep_test[k])} GB/s" for _, _, k in ops]
+        test_row_o = [f"{gbs(ours_test[k])} GB/s ({ratio(ours_test[k] / deepep_test[k])})" for _, _, k in ops]
+        bench_row_d = [gbs(bench("deepep", op, dt)) for op, dt, _ in ops]
+        bench_row_o = [f"{gbs(bench('ours', op, dt))} ({ratio(bench('ours', op, dt) / bench('deepep', op, dt))})" for op, dt, _ in ops]
+        chunk = {op: r.one(method="deepep", op=op, dtype="bf16", num_sms=24)["chunk"] for op in ("dispatch", "combine")}
+        deepep_chunks = f"dispatch chunk {chunk['dispatch']}, combine chunk {chunk['combine']}"
+        s.add(f"{key}_table", table(
+            [f"24 SMs, EP{ep}", "dispatch bf16", "dispatch fp8", "combine"], ["l", "r", "r", "r"],
+            [["DeepEP, its test's best config"] + test_row_d,
+             ["ours, the same test"] + test_row_o,
+             [f"DeepEP, buffer_bench ({deepep_chunks})"] + bench_row_d,
+             ["ours, buffer_bench"] + bench_row_o]) +
+            f"\n\n*GB/s = received bytes / time (the test's \"NVL GB/s\"); 4096 tokens x 7168 per rank, top-8 of 256 experts. "
+            f"`{r.path}` with DeepEP's printouts `{MANIFEST[key]['deepep_test']}` and ours `{MANIFEST[key]['ours_test']}`: "
+            f"{r.device}, {r.date}.*" + book.caveat(key))
+        s.add(f"{key}_run", r.provenance())
+        s.add(f"{key}_plot", book.figure(MANIFEST[key]["plot"], f"bandwidth against SMs, ours and DeepEP, EP{ep}",
+                                         f"`{MANIFEST[key]['plot']}`: {r.device}, {r.date}."))
+        summary[ep] = (ours_test, deepep_test, r, bench)
+        s.add(f"{key}_test_ratios", " / ".join(ratio(ours_test[k] / deepep_test[k]) for _, _, k in ops))
+        # The layout step: ours is slower, in DeepEP's test and in buffer_bench.
+        layout_o, layout_d = r.value("us", method="ours", op="layout"), r.value("us", method="deepep", op="layout")
+        s.add(f"{key}_layout", f"{us(ours_test['layout_us'], 0)} us against DeepEP's {us(deepep_test['layout_us'], 0)} us "
+              f"in DeepEP's test, {us(layout_o)} against {us(layout_d)} us in `buffer_bench`")
+        claim(ours_test["layout_us"] > deepep_test["layout_us"], "ch07-measuring.md", "our layout step is slower than DeepEP's")
+        # 12 SMs against DeepEP's 24.
+        s.add(f"{key}_sms12", ", ".join(
+            f"{label} {gbs(bench('ours', op, dt, 12))} GB/s with 12 SMs against DeepEP's {gbs(bench('deepep', op, dt, 12))} with 12 "
+            f"and {gbs(bench('deepep', op, dt, 24))} with 24" for (op, dt, _), label in zip(ops, ("bf16 dispatch", "fp8 dispatch", "combine"))))
+    o2, d2, _, _ = summary[2]
+    o4, d4, _, _ = summary[4]
+    claim(all(o2[k] > d2[k] for k in ("fp8", "bf16", "combine")), "ch07-measuring.md", "at EP2 ours beats DeepEP in its own test")
+    claim(all(o4[k] > d4[k] for k in ("fp8", "bf16")), "ch07-measuring.md", "at EP4 dispatch beats DeepEP in its own test")
+    claim(0.9 < o4["combine"] / d4["combine"] < 1.1, "ch07-measuring.md", "EP4 combine is level with DeepEP's in its test")
+    s.add("ep4_combine_ratio", ratio(o4["combine"] / d4["combine"]))
+    s.add("ep4_combine", f"{gbs(o4['combine'])} against {gbs(d4['combine'])} GB/s")
+    book.write(s)
+
+
+# ---- chapter 8 -----------------------------------------------------------------------------------
+
+LL_ROWS = [
+    ("dispatch (kernel)", [("dispatch", "kernel")]),
+    ("combine (kernel)", [("combine", "kernel")]),
+    ("dispatch send + recv (hook)", [("dispatch_send", "kernel"), ("dispatch_recv", "kernel")]),
+    ("combine send + recv (hook)", [("combine_send", "kernel"), ("combine_recv", "kernel")]),
+    ("dispatch + combine (CUDA graph replay)", [("dispatch_combine", "graph")]),
+    ("dispatch + combine (eager, DeepEP's bench)", [("dispatch_combine", "eager")]),
+    ("host CPU per eager pair", [("dispatch_combine", "host")]),
+]
+
+
+def ll_test(log: str) -> Dict[str, List[float]]:
+    """DeepEP's test_low_latency.py printout, per rank: the pair, dispatch, combine avg_t (us)."""
+    return {
+        "pair": [float(x) for x in re.findall(r"Dispatch \+ combine bandwidth: [\d.]+ GB/s, avg_t=([\d.]+) us", log)],
+        "dispatch": [float(x) for x in re.findall(r"Dispatch bandwidth: [\d.]+ GB/s, avg_t=([\d.]+) us", log)],
+        "combine": [float(x) for x in re.findall(r"Combine bandwidth: [\d.]+ GB/s, avg_t=([\d.]+) us", log)],
+        "buffer_mb": [float(x) for x in re.findall(r"Allocating buffer size: ([\d.]+) MB", log)],
+    }
+
+
+def gen_ch08(book: Book) -> None:
+    s = Snippets("ch08")
+    cells: Dict[int, Tuple[Result, Callable[[str, str, str], float]]] = {}
+    for key in ("ll_ep2", "ll_ep4"):
+        r = book.result(key)
+        ep = int(r.rows[0]["ep"])
+        cells[ep] = (r, lambda method, op, timing, r=r: r.value("us", method=method, op=op, timing=timing))
+    rows = []
+    for label, parts in LL_ROWS:
+        row = [label]
+        for ep in sorted(cells):
+            _, v = cells[ep]
+            d = [v("deepep", op, t) for op, t in parts]
+            o = [v("ours", op, t) for op, t in parts]
+            row += [" + ".join(us(x) for x in d), " + ".join(us(x) for x in o),
+                    " / ".join(ratio(a / b) for a, b in zip(o, d))]
+        rows.append(row)
+    header = [""]
+    for ep in sorted(cells):
+        header += [f"EP{ep} DeepEP v1", f"EP{ep} ours", "ours / DeepEP"]
+    r2, r4 = cells[2][0], cells[4][0]
+    s.add("table", table(header, ["l"] + ["r"] * (len(header) - 1), rows) +
+          f"\n\n*Microseconds, means over the ranks; 128 tokens x 7168 per rank, top-8 of 288 experts, fp8 dispatch, "
+          f"bf16 combine. `{r2.path}`: {r2.provenance()}; `{r4.path}`: {r4.provenance()}.*")
+    s.add("ep2_run", r2.provenance())
+    s.add("ep4_run", r4.provenance())
+    s.add("plot", book.figure(MANIFEST["ll_ep2"]["plot"], "Low-latency times, ours and DeepEP v1, EP2",
+                              f"`{MANIFEST['ll_ep2']['plot']}`: {r2.device}, {r2.date}."))
+    v2, v4 = cells[2][1], cells[4][1]
+    def rr(v, op, timing):
+        return v("ours", op, timing) / v("deepep", op, timing)
+    # Phrases that read on their own: "0.85x DeepEP's kernel time at EP2 and 0.89x at EP4".
+    def both(op: str, timing: str, what: str) -> str:
+        return f"{ratio(rr(v2, op, timing))} DeepEP's {what} at EP2 and {ratio(rr(v4, op, timing))} at EP4"
+    s.add("combine_ratios", both("combine", "kernel", "kernel time"))
+    s.add("graph_ratios", both("dispatch_combine", "graph", "time"))
+    s.add("dispatch_ratios", both("dispatch", "kernel", "kernel time"))
+    s.add("ep4_dispatch_ratio", f"{ratio(rr(v4, 'dispatch', 'kernel'))} DeepEP's kernel time")
+    s.add("ep4_dispatch_send", f"{us(v4('ours', 'dispatch_send', 'kernel'))} against {us(v4('deepep', 'dispatch_send', 'kernel'))} us")
+    claim(rr(v2, "combine", "kernel") < 1 and rr(v4, "combine", "kernel") < 1, "ch08-python-graphs.md", "combine beats DeepEP at EP2 and EP4")
+    claim(rr(v4, "dispatch", "kernel") > 1, "ch08-python-graphs.md", "dispatch at EP4 is slower than DeepEP's")
+    claim(rr(v4, "dispatch_send", "kernel") > rr(v4, "dispatch_recv", "kernel"), "ch08-python-graphs.md",
+          "at EP4 the dispatch send, not the receive, is where the gap is")
+    # The eager path: ours is slower, with the host time per pair as the reason.
+    eager = []
+    for ep in sorted(cells):
+        v = cells[ep][1]
+        eager.append(f"EP{ep}: {us(v('ours', 'dispatch_combine', 'eager'))} us per eager pair against DeepEP's "
+                     f"{us(v('deepep', 'dispatch_combine', 'eager'))} ({ratio(rr(v, 'dispatch_combine', 'eager'))}), with "
+                     f"{us(v('ours', 'dispatch_combine', 'host'))} against {us(v('deepep', 'dispatch_combine', 'host'))} us "
+                     f"of host CPU per pair")
+    s.add("eager", "; ".join(eager))
+    # DeepEP's own test, for both.
+    tests = []
+    for key in ("ll_ep2", "ll_ep4"):
+        claim("exit 0" in book.log(key, "ours_test"), "ch08-python-graphs.md",
+              f"DeepEP's test_low_latency.py passes against ours ({MANIFEST[key]['ours_test']})")
+        ours, deepep = ll_test(book.log(key, "ours_test")), ll_test(book.log(key, "deepep_test"))
+        for name in ("pair", "dispatch", "combine"):
+            if not ours[name] or not deepep[name]:
+                raise GenError(f"{MANIFEST[key]['ours_test']} / {MANIFEST[key]['deepep_test']}: no {name} lines")
+        ep = int(book.result(key).rows[0]["ep"])
+        tests.append([f"EP{ep}", f"{span(ours['dispatch'], us)} / {span(deepep['dispatch'], us)}",
+                      f"{span(ours['combine'], us)} / {span(deepep['combine'], us)}",
+                      f"{span(ours['pair'], us)} / {span(deepep['pair'], us)}"])
+        claim(min(ours["pair"]) > max(deepep["pair"]), "ch08-python-graphs.md",
+              "in DeepEP's own test our eager dispatch + combine line is slower")
+        if key == "ll_ep2":
+            s.add("hint_mb", f"{ours['buffer_mb'][0]:.1f} MB")
+            s.add("deepep_hint_mb", f"{deepep['buffer_mb'][0]:.1f} MB")
+    s.add("test_table", table(["DeepEP's test_low_latency.py, us per call (range over ranks)", "dispatch: ours / DeepEP",
+                               "combine: ours / DeepEP", "\"Dispatch + combine\" line: ours / DeepEP"],
+                              ["l", "r", "r", "r"], tests) +
+          f"\n\n*The logs: `{MANIFEST['ll_ep2']['ours_test']}`, `{MANIFEST['ll_ep2']['deepep_test']}`, "
+          f"`{MANIFEST['ll_ep4']['ours_test']}`, `{MANIFEST['ll_ep4']['deepep_test']}` ({r2.date}; {r4.date}).*")
+
+    # Sizes from the layout formula at DeepEP's test shape (T = 128, H = 7168, E = 288).
+    T, H, E = 128, 7168, 288
+    half = E * T * (16 + 2 * H)
+    s.add("half_mb", f"{half / 1e6:.0f} MB")
+    fp8_message = 16 + H + H // 128 * 4
+    fp8_message = -(-fp8_message // 16) * 16
+    s.add("message_kb", f"{fp8_message / 1e3:.1f} KB")
+    total = T * 8 * fp8_message
+    s.add("messages_mb", f"{total / 1e6:.1f} MB")
+    p2p = book.result("p2p")
+    put4m = max(p2p.value("gb_per_s", method=m, num_bytes=4 * MIB) for m in PUTS)
+    s.add("crossing", f"about {total / 2 / 1e6:.1f} MB, {us(total / 2 / (put4m * 1e3))} us at the "
+          f"{gbs(put4m)} GB/s of chapter 3's best 4 MiB put")
+    coll = book.result("coll_n2")
+    s.add("launch_us", f"{us(coll.value('us', collective='barrier', algorithm='signal'))} us")
+    s.add("put_signal_us", f"{us(p2p.value('us', method='put_signal_pingpong', num_bytes=8), 2)} us")
+    book.write(s)
