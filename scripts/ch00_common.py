@@ -15,10 +15,13 @@ error) through `print_now` (this rank's lines, prefixed, in one write).
 from __future__ import annotations
 
 import faulthandler
+import importlib.util
 import os
 import sys
 import time
 import traceback
+from pathlib import Path
+from types import ModuleType
 from typing import Callable, Sequence, Union
 
 # NVLink multicast (NVLS) stays off in every layer (see DESIGN.md); set before NCCL/NVSHMEM
@@ -32,6 +35,18 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import nvshmem_tutorial as nv  # noqa: E402
+
+
+def plot_timeline() -> ModuleType:
+    """benchmarks/plot_timeline.py, imported by its path (benchmarks/ is no package)."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "plot_timeline.py"
+    spec = importlib.util.spec_from_file_location("plot_timeline", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["plot_timeline"] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def start() -> float:

@@ -34,18 +34,14 @@ communication runs while compute does), both on one time scale.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
-import sys
 import time
-from pathlib import Path
-from types import ModuleType
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
-from ch00_common import Tally, main, nv, print_by_pe, start
+from ch00_common import main, nv, plot_timeline, print_by_pe, start, Tally
 
 ROWS, K, COLS, CHUNKS = 64, 256, 128, 4
 CALLS = 20
@@ -278,18 +274,6 @@ def bench(out_csv: str) -> List[str]:
             f.write("\n".join(header + csv) + "\n")
         lines.append(f"wrote {out_csv}")
     return lines
-
-
-def plot_timeline() -> ModuleType:
-    """benchmarks/plot_timeline.py, imported by its path (benchmarks/ is no package)."""
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "plot_timeline.py"
-    spec = importlib.util.spec_from_file_location("plot_timeline", path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["plot_timeline"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def timeline(prefix: str, tally: Tally) -> List[str]:

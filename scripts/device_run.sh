@@ -79,6 +79,8 @@ fold_run() {
   fi
 }
 bench_nprocs=${BENCH_NPROCS:-${GPU_TEST_NPROCS:-2}}
+# The GPU in result file names (h100, h200), as benchmarks/run_coll.sh names its CSVs.
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print tolower($2)}')
 for bench in ${DEVICE_BENCH:-}; do
   case "$bench" in
     deepep_n1)
@@ -123,7 +125,6 @@ for bench in ${DEVICE_BENCH:-}; do
       done ;;
     overlap)
       for n in $bench_nprocs; do
-        gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print tolower($2)}')
         { torchrun --standalone --nproc_per_node="$n" --no-python "$carry/bin/ch06-overlap-bench" \
             "$logs/overlap_${gpu}_${n}gpu.csv"
           echo "device_run: ch06-overlap-bench n=$n exit $?"
@@ -135,7 +136,6 @@ for bench in ${DEVICE_BENCH:-}; do
       done ;;
     moe)
       for n in $bench_nprocs; do
-        gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print tolower($2)}')
         torchrun --standalone --nproc_per_node="$n" scripts/moe_layer.py --bench \
           "$logs/moe_layer_${gpu}_${n}gpu.csv" >"$logs/moe_n$n.log" 2>&1
         echo "device_run: moe_layer.py --bench n=$n exit $?"
@@ -143,7 +143,6 @@ for bench in ${DEVICE_BENCH:-}; do
       done ;;
     timeline)
       for n in $bench_nprocs; do
-        gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print tolower($2)}')
         for script in ch06_overlap moe_layer; do
           torchrun --standalone --nproc_per_node="$n" "scripts/$script.py" \
             --timeline "$logs/timeline_${script}_${gpu}_${n}gpu" >"$logs/timeline_${script}_n$n.log" 2>&1

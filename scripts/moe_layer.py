@@ -40,19 +40,15 @@ from __future__ import annotations
 
 import argparse
 import csv
-import importlib.util
-import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
-from types import ModuleType
 from typing import Any, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ch00_common import Tally, main, print_by_pe, start
+from ch00_common import main, plot_timeline, print_by_pe, start, Tally
 from nvshmem_tutorial.buffer import Buffer, Config
 
 
@@ -563,18 +559,6 @@ def bench(buffer: Buffer, fp8: bool) -> List[str]:
             f"{shape.experts} experts, top-{shape.top_k}, FFN {shape.ffn}): forward + backward "
             f"{layer_ms:.2f} ms per layer, of which dispatch + combine (both directions) "
             f"{comm_ms:.2f} ms ({100 * comm_ms / layer_ms:.0f}%)"]
-
-
-def plot_timeline() -> ModuleType:
-    """benchmarks/plot_timeline.py, imported by its path (benchmarks/ is no package)."""
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "plot_timeline.py"
-    spec = importlib.util.spec_from_file_location("plot_timeline", path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["plot_timeline"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def timeline(buffer: Buffer, prefix: str, tally: Tally) -> List[str]:

@@ -84,15 +84,8 @@ fn run() -> Result<bool, AnyError> {
         for &target in &gemm_sms {
             layer.set_gemm_sms(target)?;
             let us = timed(&world, || unsafe { layer.overlapped(w, y) })?;
-            let bound = overlap_bound(comm_us, compute_us);
-            let efficiency = overlap_efficiency(serial_us, us, comm_us, compute_us);
-            table.row(
-                "ag_overlapped",
-                &plan,
-                target,
-                us,
-                Some((bound, efficiency)),
-            );
+            let times = (serial_us, comm_us, compute_us);
+            table.overlapped_row("ag_overlapped", &plan, target, us, times);
         }
     }
     // GEMM + reduce-scatter at the next projection's shape (row-parallel): x is this PE's
@@ -115,15 +108,8 @@ fn run() -> Result<bool, AnyError> {
         for &target in &gemm_sms {
             layer.set_gemm_sms(target)?;
             let us = timed(&world, || unsafe { layer.overlapped(y, rs_w, rs_y) })?;
-            let bound = overlap_bound(comm_us, compute_us);
-            let efficiency = overlap_efficiency(serial_us, us, comm_us, compute_us);
-            table.row(
-                "rs_overlapped",
-                &plan,
-                target,
-                us,
-                Some((bound, efficiency)),
-            );
+            let times = (serial_us, comm_us, compute_us);
+            table.overlapped_row("rs_overlapped", &plan, target, us, times);
         }
     }
     let rows = table.rows;
@@ -169,6 +155,21 @@ impl Table {
             rows: vec![head],
         }
     }
+    /// An overlapped row, with its bound and efficiency from the layer's (serial,
+    /// communication, compute) times.
+    fn overlapped_row(
+        &mut self,
+        variant: &str,
+        p: &TpPlan,
+        gemm_sms: usize,
+        us: f64,
+        (serial_us, comm_us, compute_us): (f64, f64, f64),
+    ) {
+        let bound = overlap_bound(comm_us, compute_us);
+        let efficiency = overlap_efficiency(serial_us, us, comm_us, compute_us);
+        self.row(variant, p, gemm_sms, us, Some((bound, efficiency)));
+    }
+
     /// `gemm_sms`: the GEMMs' SM target (0: every SM).
     fn row(
         &mut self,
