@@ -105,6 +105,8 @@ fn run() -> Result<bool, AnyError> {
             table.row("rs_compute", &plan, 0, compute_us, None);
             table.row("rs_serial", &plan, 0, serial_us, None);
         }
+        let split_us = timed(&world, || unsafe { layer.compute_split(y, rs_w) })?;
+        table.row("rs_compute_split", &plan, 0, split_us, None);
         for &target in &gemm_sms {
             layer.set_gemm_sms(target)?;
             let us = timed(&world, || unsafe { layer.overlapped(y, rs_w, rs_y) })?;

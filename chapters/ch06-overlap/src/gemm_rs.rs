@@ -177,4 +177,36 @@ impl<W: Deref<Target = World> + Clone> GemmRs<W> {
                 .bf16((p.n_pes * p.rows, p.cols, p.k), x, w, partial, p.cols)
         }
     }
+
+    /// The GEMMs of `overlapped` alone (each peer's pieces, then our own rows; no puts, no
+    /// waits, no sum): the benchmark's measure of what splitting the GEMM costs by itself.
+    ///
+    /// # Safety
+    /// As `compute`.
+    pub unsafe fn compute_split(&self, x: u64, w: u64) -> Result<(), OverlapError> {
+        let p = &self.plan;
+        let (me, cr) = (self.world().my_pe(), p.chunk_rows());
+        let partial = self.partial.device_ptr();
+        // SAFETY (each GEMM): the caller's; every piece is a block of x and of partial.
+        unsafe {
+            for dst_pe in (0..p.n_pes).filter(|&d| d != me) {
+                for c in 0..p.chunks {
+                    let row = dst_pe * p.rows + c * cr;
+                    let (x_rows, piece) = (
+                        Self::bytes_at(x, row, p.k),
+                        Self::bytes_at(partial, row, p.cols),
+                    );
+                    self.gemm
+                        .bf16((cr, p.cols, p.k), x_rows, w, piece, p.cols)?;
+                }
+            }
+            let row = me * p.rows;
+            let (x_rows, own) = (
+                Self::bytes_at(x, row, p.k),
+                Self::bytes_at(partial, row, p.cols),
+            );
+            self.gemm
+                .bf16((p.rows, p.cols, p.k), x_rows, w, own, p.cols)
+        }
+    }
 }
