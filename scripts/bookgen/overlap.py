@@ -77,7 +77,7 @@ def gen_ch06(book: Book) -> None:
     rows = [["the GEMM alone", "", us(rs_compute), ""],
             ["serial: the GEMM, then chapter 4's reduce-scatter", "", us(rs_serial), "1.00x"]]
     for chunks in rust.chunk_counts("rs_overlapped"):
-        if r.select(variant="rs_compute_split", chunks=chunks, gemm_sms=0):  # from b534934's successor on
+        if r.select(variant="rs_compute_split", chunks=chunks, gemm_sms=0):  # when the run timed them
             rows.append([f"the overlapped call's GEMMs alone, {chunks} chunk(s) per peer", str(chunks),
                          us(rust.us("rs_compute_split", chunks)), ""])
         over = rust.us("rs_overlapped", chunks)
