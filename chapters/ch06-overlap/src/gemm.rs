@@ -74,6 +74,7 @@ impl ColumnMajor {
                 .and_then(|s| i64::try_from(s).ok())
                 .ok_or_else(|| invalid(format!("{a} x {b} elements do not fit an i64 stride")))
         };
+        // ANCHOR: mapping
         Ok(Self {
             m: int(n)?,
             n: int(m)?,
@@ -86,6 +87,7 @@ impl ColumnMajor {
             stride_c: stride(m, ldy)?,
             batch: int(batch)?,
         })
+        // ANCHOR_END: mapping
     }
 }
 // ANCHOR_END: column_major
