@@ -123,6 +123,8 @@ def peers_available() -> Optional[str]:
     """None when NCCL and torch's symmetric memory can run, else why not."""
     if dist.get_backend() != "nccl":
         return "skipped NCCL and torch's fused op: ranks share a GPU (gloo), they need one each"
+    if dist.get_world_size() == 1:
+        return "skipped NCCL and torch's fused op: one rank, nothing to gather from a peer"
     return None
 
 

@@ -339,8 +339,9 @@ if [[ "${GPU_TEST_PYTHON:-1}" == 1 ]]; then
       "ch08_low_latency.py:python3 scripts/ch08_low_latency.py"
       "moe_layer.py:python3 scripts/moe_layer.py")
     # The suite and most scripts exchange data between PEs: they start at 2. Chapter 5's
-    # script also runs alone (one node of one PE: every method's path through one PE).
-    runs_alone=" ch05_inter_node.py "
+    # script also runs alone (one node of one PE: every method's path through one PE), and so
+    # do chapter 6's and the MoE layer's (their own rows only; the peers skipped, and said so).
+    runs_alone=" ch05_inter_node.py ch06_overlap.py moe_layer.py "
     for n in "${nprocs[@]}"; do
       py_fold=()
       if ((n > num_gpus)); then
