@@ -15,14 +15,14 @@ error) through `print_now` (this rank's lines, prefixed, in one write).
 from __future__ import annotations
 
 import faulthandler
-import importlib.util
+import importlib
 import os
 import sys
 import time
 import traceback
 from pathlib import Path
 from types import ModuleType
-from typing import Callable, Sequence, Union
+from typing import Callable, List, Sequence, Tuple, Union
 
 # NVLink multicast (NVLS) stays off in every layer (see DESIGN.md); set before NCCL/NVSHMEM
 # read their environment.
@@ -37,16 +37,33 @@ import torch.distributed as dist  # noqa: E402
 import nvshmem_tutorial as nv  # noqa: E402
 
 
-def plot_timeline() -> ModuleType:
-    """benchmarks/plot_timeline.py, imported by its path (benchmarks/ is no package)."""
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "plot_timeline.py"
-    spec = importlib.util.spec_from_file_location("plot_timeline", path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["plot_timeline"] = module
-    spec.loader.exec_module(module)
-    return module
+def timeline_modules() -> Tuple[ModuleType, ModuleType]:
+    """benchmarks/plot_timeline.py and benchmarks/timeline_trace.py (benchmarks/ is no package:
+    it goes on the import path, as when its scripts run)."""
+    benchmarks = str(Path(__file__).resolve().parents[1] / "benchmarks")
+    if benchmarks not in sys.path:
+        sys.path.append(benchmarks)
+    return importlib.import_module("plot_timeline"), importlib.import_module("timeline_trace")
+
+
+def draw_timelines(traces: dict, prefix: str, classes: Sequence[Tuple[str, str]],
+                   header: Sequence[str], tally: "Tally") -> List[str]:
+    """Rank 0's figures of the traces `record_steps` wrote (plot_timeline.draw_all), one line
+    each. A figure that cannot be drawn, or an "overlapped" one without communication on a
+    stream of its own, is a failed check with its reason."""
+    pt, tt = timeline_modules()
+    try:
+        drawn = pt.draw_all(traces, prefix, classes, header=header)
+    except Exception as error:  # noqa: BLE001 - a figure that cannot be drawn is a failed check
+        tally.check(False, f"timeline: {type(error).__name__}: {error}")
+        return [f"timeline not drawn: {error}"]
+    lines = [f"timeline {name}: {tt.summary(t)}; wrote {prefix}_{name}.svg and .csv"
+             for name, t in drawn.items()]
+    t = drawn["overlapped"]
+    tally.check(len(t.lanes) >= 2 and tt.busy_us(t, "communication") > 0,
+                lambda: "timeline overlapped: no communication on a stream of its own: "
+                f"{len(t.lanes)} stream(s), classes {sorted({op.cls for op in t.ops})}")
+    return lines
 
 
 def start() -> float:

@@ -41,7 +41,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from ch00_common import main, nv, plot_timeline, print_by_pe, start, Tally
+from ch00_common import draw_timelines, main, nv, print_by_pe, start, Tally, timeline_modules
 
 ROWS, K, COLS, CHUNKS = 64, 256, 128, 4
 CALLS = 20
@@ -281,7 +281,7 @@ def bench(out_csv: str) -> List[str]:
 def timeline(prefix: str, tally: Tally) -> List[str]:
     """--timeline: NCCL serial and ours overlapped under torch.profiler (every rank), drawn
     on rank 0. A figure that cannot be drawn is a failed check, with its reason."""
-    pt = plot_timeline()
+    pt, tt = timeline_modules()
     me, n = nv.my_pe(), nv.n_pes()
     rows, cols = BENCH_TOKENS // n, BENCH_COLS // n
     w = torch.randn((BENCH_K, cols), device="cuda").to(torch.bfloat16)
@@ -314,20 +314,9 @@ def timeline(prefix: str, tally: Tally) -> List[str]:
               f"each after a barrier; {BENCH_TOKENS} tokens, K = {BENCH_K}, "
               f"{cols} columns per rank"]
     # NVSHMEM's puts to an NVLink peer are copy-engine copies, and no other copy runs here.
-    classes = (("compute", pt.COMPUTE), ("wait", pt.WAIT),
-               ("communication", f"{pt.COMMUNICATION}|{pt.PEER_COPY}"))
-    try:
-        drawn = pt.draw_all(traces, prefix, classes, header=header)
-    except Exception as error:  # noqa: BLE001 - a figure that cannot be drawn is a failed check
-        tally.check(False, f"timeline: {type(error).__name__}: {error}")
-        return lines + [f"timeline not drawn: {error}"]
-    for name, t in drawn.items():
-        lines.append(f"timeline {name}: {pt.summary(t)}; wrote {prefix}_{name}.svg and .csv")
-    t = drawn["overlapped"]
-    tally.check(len(t.lanes) >= 2 and pt.busy_us(t, "communication") > 0,
-                lambda: "timeline overlapped: no communication on a stream of its own: "
-                f"{len(t.lanes)} stream(s), classes {sorted({op.cls for op in t.ops})}")
-    return lines
+    classes = (("compute", tt.COMPUTE), ("wait", tt.WAIT),
+               ("communication", f"{tt.COMMUNICATION}|{tt.PEER_COPY}"))
+    return lines + draw_timelines(traces, prefix, classes, header, tally)
 
 
 def run() -> bool:

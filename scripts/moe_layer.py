@@ -48,7 +48,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ch00_common import main, plot_timeline, print_by_pe, start, Tally
+from ch00_common import draw_timelines, main, print_by_pe, start, Tally, timeline_modules
 from nvshmem_tutorial.buffer import Buffer, Config
 
 
@@ -564,7 +564,7 @@ def bench(buffer: Buffer, fp8: bool) -> List[str]:
 def timeline(buffer: Buffer, prefix: str, tally: Tally) -> List[str]:
     """--timeline: two micro-batches, serial and overlapped, under torch.profiler (every rank),
     drawn on rank 0. A figure that cannot be drawn is a failed check, with its reason."""
-    pt = plot_timeline()
+    pt, tt = timeline_modules()
     rank, ranks = dist.get_rank(), dist.get_world_size()
     shape = DEEPSEEK_V3
     layer = MoeLayer(shape, buffer, rank, ranks, 98)
@@ -590,19 +590,8 @@ def timeline(buffer: Buffer, prefix: str, tally: Tally) -> List[str]:
               f"{shape.experts} experts, top-{shape.top_k}, FFN {shape.ffn}), bf16"]
     # The buffer's kernels are the communication; the experts' grouped GEMMs the compute;
     # routing, SiLU, gathers and copies to the host stay "other".
-    classes = (("compute", pt.COMPUTE), ("communication", pt.COMMUNICATION))
-    try:
-        drawn = pt.draw_all(traces, prefix, classes, header=header)
-    except Exception as error:  # noqa: BLE001 - a figure that cannot be drawn is a failed check
-        tally.check(False, f"timeline: {type(error).__name__}: {error}")
-        return [f"timeline not drawn: {error}"]
-    lines = [f"timeline {name}: {pt.summary(t)}; wrote {prefix}_{name}.svg and .csv"
-             for name, t in drawn.items()]
-    t = drawn["overlapped"]
-    tally.check(len(t.lanes) >= 2 and pt.busy_us(t, "communication") > 0,
-                lambda: "timeline overlapped: no communication on a stream of its own: "
-                f"{len(t.lanes)} stream(s), classes {sorted({op.cls for op in t.ops})}")
-    return lines
+    classes = (("compute", tt.COMPUTE), ("communication", tt.COMMUNICATION))
+    return draw_timelines(traces, prefix, classes, header, tally)
 
 
 def run() -> bool:

@@ -88,8 +88,8 @@ python3 scripts/sanitizer_filter.py --self-test
 
 # The timeline figures' reader and drawer (chapter 6, the MoE page): a synthetic torch.profiler
 # trace, read, classified, drawn as SVG and CSV, on the CPU.
-step "timeline plot self-test (benchmarks/plot_timeline.py)"
-python3 benchmarks/plot_timeline.py --self-test
+step "timeline figures self-test (benchmarks/plot_timeline_test.py)"
+python3 benchmarks/plot_timeline_test.py
 # ------------------------------------------------------------------------------------------
 
 # ---- pytest (Python package) ------------------------------------------------------------
