@@ -12,7 +12,7 @@ pub(crate) const MAX_TOKENS: usize = 128;
 /// Largest expert FFN size: keeps every GEMM dimension and stride far inside cuBLAS's i32.
 pub(crate) const MAX_FFN: usize = 16384;
 
-/// The layer's sizes (scripts/moe_layer.py's `Shape`, `SMALL` by default).
+/// The layer's sizes (scripts/moe_model.py's `Shape`, `SMALL` by default).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Shape {
     /// Tokens per rank and call (at most MAX_TOKENS).

@@ -1,4 +1,4 @@
-//! The MoE layer in low-latency mode, the decode path of scripts/moe_layer.py (`route`,
+//! The MoE layer in low-latency mode, the decode path of scripts/moe_model.py (`route`,
 //! `low_latency_dispatch`, `ll_experts`, `low_latency_combine`), over the buffer's safe API.
 
 use std::ops::Deref;

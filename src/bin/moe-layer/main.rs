@@ -1,4 +1,4 @@
-//! The MoE layer of scripts/moe_layer.py in Rust, in low-latency mode (the decode path):
+//! The MoE layer of scripts/moe_model.py in Rust, in low-latency mode (the decode path):
 //!
 //! ```text
 //! torchrun --standalone --nproc_per_node=N --no-python target/release/moe-layer
