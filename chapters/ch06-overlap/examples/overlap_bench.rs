@@ -224,8 +224,7 @@ fn timed(
             samples.push(start.elapsed_ms(&end)? as f64 * 1e3 / CALLS as f64);
         }
     }
-    samples.sort_by(f64::total_cmp);
-    Ok(samples[samples.len() / 2])
+    Ok(bench::median(&mut samples))
 }
 
 /// The CSV's `#` lines: GPU, date, driver, what the rows mean.
