@@ -79,61 +79,117 @@ pub fn sync_all(py: Python<'_>, stream: u64) -> PyResult<()> {
     })
 }
 
-/// Defines a reduction's Python function, `(out_ptr, in_ptr, count, dtype, algorithm,
-/// stream)`: `count` elements of `dtype` per PE. The ranges `located(out_ptr, in_ptr, bytes)`
-/// returns (`bytes`: one PE's `count` elements) are found in the live allocations, then
-/// `Communicator::$raw` runs.
-macro_rules! reduction {
-    ($(#[$doc:meta])* $name:ident => $raw:ident, located: $located:expr) => {
+/// Defines a collective's Python function in the signature chapters 4 and 5 share (chapter
+/// 5's functions are chapter 4's over nodes): a reduction takes `(out_ptr, in_ptr, count,
+/// dtype, <how>, stream)`, `count` elements of `dtype` per PE; an exchange `(out_ptr, in_ptr,
+/// num_bytes, [root,] <how>, stream)`, blocks of `num_bytes` and, for a rooted one, the PE
+/// `root`; an all-to-all-v `(out_ptr, out_rows, in_ptr, in_rows, row_bytes, in_splits_ptr,
+/// out_splits_offsets_ptr, [<how>,] stream)`. `<how>` picks the implementation: chapter 4's
+/// optional `algorithm` (its all-to-all-v has none), chapter 5's `method`. The parameters take
+/// the names the caller's `$body` uses (names this macro made up would be hidden from it);
+/// `stream`'s comes after the list, whose `<how>` type would otherwise swallow it.
+macro_rules! collective_fn {
+    (
+        $(#[$doc:meta])* reduction $name:ident(
+            $py:ident, $out:ident, $in:ident, $count:ident, $dtype:ident,
+            $how:ident: $($how_ty:tt)+
+        ) $stream:ident $body:block
+    ) => {
         $(#[$doc])*
         #[pyfunction]
-        #[pyo3(signature = (out_ptr, in_ptr, count, dtype, algorithm, stream))]
+        #[pyo3(signature = ($out, $in, $count, $dtype, $how, $stream))]
         pub fn $name(
-            py: Python<'_>,
-            out_ptr: u64,
-            in_ptr: u64,
-            count: usize,
-            dtype: &str,
-            algorithm: Option<&str>,
-            stream: u64,
-        ) -> PyResult<()> {
-            let what = stringify!($name);
-            let (dtype, algorithm) = (parse_dtype(what, dtype)?, parse_algorithm(algorithm)?);
-            let ranges = ($located)(out_ptr, in_ptr, count * dtype.size());
-            with_communicator(py, what, &ranges, move |c| {
-                let stream = stream_handle(stream) as _;
-                c.$raw(out_ptr, in_ptr, count, dtype, algorithm, stream)
-            })
-        }
+            $py: Python<'_>,
+            $out: u64,
+            $in: u64,
+            $count: usize,
+            $dtype: &str,
+            $how: $($how_ty)+,
+            $stream: u64,
+        ) -> PyResult<()> $body
     };
-}
-
-/// Defines an exchange's Python function, `(out_ptr, in_ptr, num_bytes, algorithm, stream)`:
-/// blocks of `num_bytes`, and for a rooted one (`broadcast(root)`) the PE `root` after
-/// `num_bytes`. The ranges `located(out_ptr, in_ptr, num_bytes)` returns are found in the
-/// live allocations, then `Communicator::$raw` runs.
-macro_rules! exchange {
     (
-        $(#[$doc:meta])* $name:ident $(($root:ident))? => $raw:ident, located: $located:expr
+        $(#[$doc:meta])* exchange $name:ident(
+            $py:ident, $out:ident, $in:ident, $num_bytes:ident, $([$root:ident],)?
+            $how:ident: $($how_ty:tt)+
+        ) $stream:ident $body:block
     ) => {
         $(#[$doc])*
         #[pyfunction]
         pub fn $name(
-            py: Python<'_>,
-            out_ptr: u64,
-            in_ptr: u64,
-            num_bytes: usize,
+            $py: Python<'_>,
+            $out: u64,
+            $in: u64,
+            $num_bytes: usize,
             $($root: i64,)?
-            algorithm: Option<&str>,
-            stream: u64,
-        ) -> PyResult<()> {
-            let algorithm = parse_algorithm(algorithm)?;
-            let ranges = ($located)(out_ptr, in_ptr, num_bytes);
-            with_communicator(py, stringify!($name), &ranges, move |c| {
-                $(let $root = usize::try_from($root).unwrap_or(usize::MAX);)?
-                let stream = stream_handle(stream) as _;
-                c.$raw(out_ptr, in_ptr, num_bytes, $($root,)? algorithm, stream)
-            })
+            $how: $($how_ty)+,
+            $stream: u64,
+        ) -> PyResult<()> $body
+    };
+    (
+        $(#[$doc:meta])* all_to_all_v $name:ident(
+            $py:ident, $out:ident, $out_rows:ident, $in:ident, $in_rows:ident, $row_bytes:ident,
+            $in_splits:ident, $out_splits_offsets:ident $(, $how:ident: $($how_ty:tt)+)?
+        ) $stream:ident $body:block
+    ) => {
+        $(#[$doc])*
+        #[pyfunction]
+        #[allow(clippy::too_many_arguments)]
+        pub fn $name(
+            $py: Python<'_>,
+            $out: u64,
+            $out_rows: usize,
+            $in: u64,
+            $in_rows: usize,
+            $row_bytes: usize,
+            $in_splits: u64,
+            $out_splits_offsets: u64,
+            $($how: $($how_ty)+,)?
+            $stream: u64,
+        ) -> PyResult<()> $body
+    };
+}
+pub(crate) use collective_fn;
+
+/// Defines a reduction's Python function (`collective_fn!`'s, with `algorithm`): the ranges
+/// `located(out_ptr, in_ptr, bytes)` returns (`bytes`: one PE's `count` elements) are found in
+/// the live allocations, then `Communicator::$raw` runs.
+macro_rules! reduction {
+    ($(#[$doc:meta])* $name:ident => $raw:ident, located: $located:expr) => {
+        collective_fn! {
+            $(#[$doc])*
+            reduction $name(py, out_ptr, in_ptr, count, dtype, algorithm: Option<&str>) stream {
+                let what = stringify!($name);
+                let (dtype, algorithm) = (parse_dtype(what, dtype)?, parse_algorithm(algorithm)?);
+                let ranges = ($located)(out_ptr, in_ptr, count * dtype.size());
+                with_communicator(py, what, &ranges, move |c| {
+                    let stream = stream_handle(stream) as _;
+                    c.$raw(out_ptr, in_ptr, count, dtype, algorithm, stream)
+                })
+            }
+        }
+    };
+}
+
+/// Defines an exchange's Python function (`collective_fn!`'s, with `algorithm`): the ranges
+/// `located(out_ptr, in_ptr, num_bytes)` returns are found in the live allocations, then
+/// `Communicator::$raw` runs.
+macro_rules! exchange {
+    (
+        $(#[$doc:meta])* $name:ident $(($root:ident))? => $raw:ident, located: $located:expr
+    ) => {
+        collective_fn! {
+            $(#[$doc])*
+            exchange $name(py, out_ptr, in_ptr, num_bytes, $([$root],)? algorithm: Option<&str>)
+            stream {
+                let algorithm = parse_algorithm(algorithm)?;
+                let ranges = ($located)(out_ptr, in_ptr, num_bytes);
+                with_communicator(py, stringify!($name), &ranges, move |c| {
+                    $(let $root = usize::try_from($root).unwrap_or(usize::MAX);)?
+                    let stream = stream_handle(stream) as _;
+                    c.$raw(out_ptr, in_ptr, num_bytes, $($root,)? algorithm, stream)
+                })
+            }
         }
     };
 }
@@ -173,42 +229,28 @@ exchange! {
     located: |out, input, num_bytes| [(out, num_bytes), (input, num_bytes)]
 }
 
-/// all-to-all-v over rows of row_bytes with counts only the device knows.
-/// out_ptr: symmetric [out_rows, row_bytes]; in_ptr: symmetric [in_rows, row_bytes];
-/// in_splits_ptr: device int64 [n_pes]; out_splits_offsets_ptr: device int64 [2, n_pes]
-/// (both checked by the Python layer: CUDA int64 tensors of those shapes on this GPU).
-#[pyfunction]
-#[allow(clippy::too_many_arguments)]
-pub fn all_to_all_v(
-    py: Python<'_>,
-    out_ptr: u64,
-    out_rows: usize,
-    in_ptr: u64,
-    in_rows: usize,
-    row_bytes: usize,
-    in_splits_ptr: u64,
-    out_splits_offsets_ptr: u64,
-    stream: u64,
-) -> PyResult<()> {
-    let ranges = [
-        (out_ptr, out_rows * row_bytes),
-        (in_ptr, in_rows * row_bytes),
-    ];
-    with_communicator(py, "all_to_all_v", &ranges, move |c| {
-        // SAFETY: the Python layer checked both count tensors (device, int64, shapes).
-        unsafe {
-            c.all_to_all_v_raw(
-                out_ptr,
-                out_rows,
-                in_ptr,
-                in_rows,
-                row_bytes,
-                in_splits_ptr,
-                out_splits_offsets_ptr,
-                stream_handle(stream) as _,
-            )
-        }
-    })
+collective_fn! {
+    /// all-to-all-v over rows of row_bytes with counts only the device knows.
+    /// out_ptr: symmetric [out_rows, row_bytes]; in_ptr: symmetric [in_rows, row_bytes];
+    /// in_splits_ptr: device int64 [n_pes]; out_splits_offsets_ptr: device int64 [2, n_pes]
+    /// (both checked by the Python layer: CUDA int64 tensors of those shapes on this GPU).
+    all_to_all_v all_to_all_v(
+        py, out_ptr, out_rows, in_ptr, in_rows, row_bytes, in_splits_ptr, out_splits_offsets_ptr
+    ) stream {
+        let ranges = [
+            (out_ptr, out_rows * row_bytes),
+            (in_ptr, in_rows * row_bytes),
+        ];
+        with_communicator(py, "all_to_all_v", &ranges, move |c| {
+            // SAFETY: the Python layer checked both count tensors (device, int64, shapes).
+            unsafe {
+                c.all_to_all_v_raw(
+                    out_ptr, out_rows, in_ptr, in_rows, row_bytes, in_splits_ptr,
+                    out_splits_offsets_ptr, stream_handle(stream) as _,
+                )
+            }
+        })
+    }
 }
 
 /// Raises what a collective kernel recorded on the device (a wait that timed out,

@@ -11,7 +11,7 @@ use ch05_inter_node::{InterNodeConfig, InterNodeError, Layout, Method, Topology}
 use nvshmem_tutorial::put_get::PutGetError;
 use pyo3::prelude::*;
 
-use crate::collectives::parse_dtype;
+use crate::collectives::{collective_fn, parse_dtype};
 use crate::errors::Error;
 use crate::state::{self, State};
 use crate::transfers::stream_handle;
@@ -130,62 +130,46 @@ pub fn resolve_node_pes(
         .map_err(|e| Error::from(e).into())
 }
 
-/// Defines a reduction's Python function, `(out_ptr, in_ptr, count, dtype, method, stream)`:
-/// `count` elements of `dtype` per PE, the (output, input) ranges `ranges(n_pes, out_ptr,
-/// in_ptr, bytes)` (`bytes`: one PE's `count` elements), checked as `run` does, then
-/// `Topology::$raw`.
+/// Defines a reduction's Python function (`collective_fn!`'s, with `method`): the (output,
+/// input) ranges `ranges(n_pes, out_ptr, in_ptr, bytes)` (`bytes`: one PE's `count` elements),
+/// checked as `run` does, then `Topology::$raw`.
 macro_rules! reduction {
     ($(#[$doc:meta])* $name:ident => $raw:ident, ranges: $ranges:expr) => {
-        $(#[$doc])*
-        #[pyfunction]
-        #[pyo3(signature = (out_ptr, in_ptr, count, dtype, method, stream))]
-        pub fn $name(
-            py: Python<'_>,
-            out_ptr: u64,
-            in_ptr: u64,
-            count: usize,
-            dtype: &str,
-            method: &str,
-            stream: u64,
-        ) -> PyResult<()> {
-            let what = stringify!($name);
-            let (method, dtype) = (parse_method(method)?, parse_dtype(collective(what), dtype)?);
-            let bytes = count * dtype.size();
-            let ranges = move |n_pes| ($ranges)(n_pes, out_ptr, in_ptr, bytes);
-            run(py, what, (method, Some(dtype)), ranges, move |t, _| {
-                let stream = stream_handle(stream) as _;
-                Ok(t.$raw(method, out_ptr, in_ptr, count, dtype, stream)?)
-            })
+        collective_fn! {
+            $(#[$doc])*
+            reduction $name(py, out_ptr, in_ptr, count, dtype, method: &str) stream {
+                let what = stringify!($name);
+                let method = parse_method(method)?;
+                let dtype = parse_dtype(collective(what), dtype)?;
+                let bytes = count * dtype.size();
+                let ranges = move |n_pes| ($ranges)(n_pes, out_ptr, in_ptr, bytes);
+                run(py, what, (method, Some(dtype)), ranges, move |t, _| {
+                    let stream = stream_handle(stream) as _;
+                    Ok(t.$raw(method, out_ptr, in_ptr, count, dtype, stream)?)
+                })
+            }
         }
     };
 }
 
-/// Defines an exchange's Python function, `(out_ptr, in_ptr, num_bytes, method, stream)`:
-/// blocks of `num_bytes`, and for a rooted one (`inter_node_broadcast(root)`) the PE `root`
-/// after `num_bytes`, checked against the job. The (output, input) ranges are
-/// `ranges(n_pes, out_ptr, in_ptr, num_bytes)`, checked as `run` does, then `Topology::$raw`.
+/// Defines an exchange's Python function (`collective_fn!`'s, with `method`; a rooted one's
+/// `root` checked against the job): the (output, input) ranges `ranges(n_pes, out_ptr, in_ptr,
+/// num_bytes)`, checked as `run` does, then `Topology::$raw`.
 macro_rules! exchange {
     (
         $(#[$doc:meta])* $name:ident $(($root:ident))? => $raw:ident, ranges: $ranges:expr
     ) => {
-        $(#[$doc])*
-        #[pyfunction]
-        pub fn $name(
-            py: Python<'_>,
-            out_ptr: u64,
-            in_ptr: u64,
-            num_bytes: usize,
-            $($root: i64,)?
-            method: &str,
-            stream: u64,
-        ) -> PyResult<()> {
-            let method = parse_method(method)?;
-            let ranges = move |n_pes| ($ranges)(n_pes, out_ptr, in_ptr, num_bytes);
-            run(py, stringify!($name), (method, None), ranges, move |t, _state| {
-                $(let $root = _state.check_pe($root)?;)?
-                let stream = stream_handle(stream) as _;
-                Ok(t.$raw(method, out_ptr, in_ptr, num_bytes, $($root,)? stream)?)
-            })
+        collective_fn! {
+            $(#[$doc])*
+            exchange $name(py, out_ptr, in_ptr, num_bytes, $([$root],)? method: &str) stream {
+                let method = parse_method(method)?;
+                let ranges = move |n_pes| ($ranges)(n_pes, out_ptr, in_ptr, num_bytes);
+                run(py, stringify!($name), (method, None), ranges, move |t, _state| {
+                    $(let $root = _state.check_pe($root)?;)?
+                    let stream = stream_handle(stream) as _;
+                    Ok(t.$raw(method, out_ptr, in_ptr, num_bytes, $($root,)? stream)?)
+                })
+            }
         }
     };
 }
@@ -226,55 +210,35 @@ exchange! {
     ranges: |n_pes, out, input, num_bytes| [(out, n_pes * num_bytes), (input, n_pes * num_bytes)]
 }
 
-/// All-to-all-v over rows of row_bytes with counts only the device knows; hierarchical: each
-/// PE's rows for a node cross once and are forwarded inside it.
-/// out_ptr: symmetric [out_rows, row_bytes]; in_ptr: symmetric [in_rows, row_bytes];
-/// distinct; in_splits_ptr: device int64 [n_pes]; out_splits_offsets_ptr: device int64
-/// [2, n_pes] (both checked by the Python layer: CUDA int64 tensors of those shapes on this
-/// GPU).
-#[pyfunction]
-#[allow(clippy::too_many_arguments)]
-pub fn inter_node_all_to_all_v(
-    py: Python<'_>,
-    out_ptr: u64,
-    out_rows: usize,
-    in_ptr: u64,
-    in_rows: usize,
-    row_bytes: usize,
-    in_splits_ptr: u64,
-    out_splits_offsets_ptr: u64,
-    method: &str,
-    stream: u64,
-) -> PyResult<()> {
-    let method = parse_method(method)?;
-    let ranges = move |_| {
-        [
-            (out_ptr, out_rows * row_bytes),
-            (in_ptr, in_rows * row_bytes),
-        ]
-    };
-    run(
-        py,
-        "inter_node_all_to_all_v",
-        (method, None),
-        ranges,
-        move |t, _| {
+collective_fn! {
+    /// All-to-all-v over rows of row_bytes with counts only the device knows; hierarchical: each
+    /// PE's rows for a node cross once and are forwarded inside it.
+    /// out_ptr: symmetric [out_rows, row_bytes]; in_ptr: symmetric [in_rows, row_bytes];
+    /// distinct; in_splits_ptr: device int64 [n_pes]; out_splits_offsets_ptr: device int64
+    /// [2, n_pes] (both checked by the Python layer: CUDA int64 tensors of those shapes on this
+    /// GPU).
+    all_to_all_v inter_node_all_to_all_v(
+        py, out_ptr, out_rows, in_ptr, in_rows, row_bytes, in_splits_ptr, out_splits_offsets_ptr,
+        method: &str
+    ) stream {
+        let method = parse_method(method)?;
+        let ranges = move |_| {
+            [
+                (out_ptr, out_rows * row_bytes),
+                (in_ptr, in_rows * row_bytes),
+            ]
+        };
+        let what = "inter_node_all_to_all_v";
+        run(py, what, (method, None), ranges, move |t, _| {
             // SAFETY: the Python layer checked both count tensors (device, int64, shapes).
             Ok(unsafe {
                 t.all_to_all_v_raw(
-                    method,
-                    out_ptr,
-                    out_rows,
-                    in_ptr,
-                    in_rows,
-                    row_bytes,
-                    in_splits_ptr,
-                    out_splits_offsets_ptr,
-                    stream_handle(stream) as _,
+                    method, out_ptr, out_rows, in_ptr, in_rows, row_bytes, in_splits_ptr,
+                    out_splits_offsets_ptr, stream_handle(stream) as _,
                 )
             }?)
-        },
-    )
+        })
+    }
 }
 
 /// Raises what a kernel of the topology recorded on the device (a wait across nodes that
