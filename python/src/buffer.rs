@@ -136,6 +136,27 @@ impl BufferCore {
         Ok((streams, Outputs::Allocated(&self.alloc)))
     }
 
+    /// Readies a normal-mode call of one launch, in the order every such call keeps: `plan`
+    /// checks the whole call against outputs of their planned shapes (`make(&Outputs::Planned)`:
+    /// views, no memory), so nothing is ordered or allocated for a call it refuses; then the
+    /// streams are ordered and `make` allocates the outputs. Returns the streams, the output
+    /// tensors and their views; the caller launches on `streams.launch` (not from here, so the
+    /// path to the kernel keeps its six frames: see the module docs).
+    fn plan_and_allocate<'py, T, V, P>(
+        &self,
+        py: Python<'py>,
+        call: &Call,
+        streams: StreamArgs<'py>,
+        make: impl Fn(&Outputs<'_>) -> PyResult<(T, V)>,
+        plan: impl FnOnce(&V) -> Result<P, BufferError>,
+    ) -> Result<(Streams<'py>, T, V), Error> {
+        let (_, planned) = make(&Outputs::Planned)?;
+        plan(&planned)?;
+        let (streams, alloc) = self.streams(py, call, streams)?;
+        let (tensors, views) = make(&alloc)?;
+        Ok((streams, tensors, views))
+    }
+
     /// The communication stream (a torch Stream).
     fn comm<'py>(&self, py: Python<'py>) -> Bound<'py, PyAny> {
         self.comm_stream.bind(py).clone()
@@ -283,10 +304,13 @@ impl BufferCore {
         let call = Call::enter(&self.shared)?;
         let topk = topk_idx.view("topk_idx", self.device)?;
         let shape = (call.buffer.world().n_pes(), num_experts, topk.rows());
-        let (_, planned) = normal::layout_outputs(py, &Outputs::Planned, shape)?;
-        plan_layout(call.buffer.spec(), &topk, num_experts, &planned)?;
-        let (streams, alloc) = self.streams(py, &call, streams)?;
-        let ([per_rank, per_expert, in_rank], out) = normal::layout_outputs(py, &alloc, shape)?;
+        let (streams, [per_rank, per_expert, in_rank], out) = self.plan_and_allocate(
+            py,
+            &call,
+            streams,
+            |make| normal::layout_outputs(py, make, shape),
+            |planned| plan_layout(call.buffer.spec(), &topk, num_experts, planned),
+        )?;
         // SAFETY: views of live tensors on this PE's GPU (checked by the plan and torch.rs),
         // a stream of its context.
         unsafe {
@@ -410,27 +434,16 @@ impl BufferCore {
         let handle_views = handle.views(dev)?;
         let inputs = normal::dispatch_inputs(dev, (&x, &x_scales), (&None, &None), 0)?;
         let rows = handle_views.num_recv_tokens();
-        let (_, planned) = normal::dispatch_outputs(py, &Outputs::Planned, &inputs, rows)?;
-        plan_dispatch(
-            call.buffer.spec(),
-            &config,
-            &inputs,
-            &handle_views,
-            &planned,
+        let (streams, [recv_x, recv_scales, _, _], outputs) = self.plan_and_allocate(
+            py,
+            &call,
+            streams,
+            |make| normal::dispatch_outputs(py, make, &inputs, rows),
+            |planned| plan_dispatch(call.buffer.spec(), &config, &inputs, &handle_views, planned),
         )?;
-        let (streams, alloc) = self.streams(py, &call, streams)?;
-        let ([recv_x, recv_scales, _, _], outputs) =
-            normal::dispatch_outputs(py, &alloc, &inputs, rows)?;
+        let (buffer, launch) = (&call.buffer, cu(streams.launch));
         // SAFETY: as in `dispatch`.
-        unsafe {
-            call.buffer.dispatch_raw(
-                &inputs,
-                &handle_views,
-                &outputs,
-                &config,
-                cu(streams.launch),
-            )
-        }?;
+        unsafe { buffer.dispatch_raw(&inputs, &handle_views, &outputs, &config, launch) }?;
         let made = [&recv_x, &recv_scales].into_iter().chain(handle.tensors());
         let used = tensors_used(&[&x], &[&x_scales], made);
         let event = streams.finish(&call, &used)?;
@@ -463,26 +476,16 @@ impl BufferCore {
         };
         let shape = (handle_views.num_tokens(), inputs.x.cols());
         let num_topk = inputs.topk_weights.map(|w| w.cols());
-        let (_, planned) = normal::combine_outputs(py, &Outputs::Planned, shape, num_topk)?;
-        plan_combine(
-            call.buffer.spec(),
-            &config,
-            &inputs,
-            &handle_views,
-            &planned,
+        let (streams, combined, outputs) = self.plan_and_allocate(
+            py,
+            &call,
+            streams,
+            |make| normal::combine_outputs(py, make, shape, num_topk),
+            |planned| plan_combine(call.buffer.spec(), &config, &inputs, &handle_views, planned),
         )?;
-        let (streams, alloc) = self.streams(py, &call, streams)?;
-        let (combined, outputs) = normal::combine_outputs(py, &alloc, shape, num_topk)?;
+        let (buffer, launch) = (&call.buffer, cu(streams.launch));
         // SAFETY: as in `dispatch`.
-        unsafe {
-            call.buffer.combine_raw(
-                &inputs,
-                &handle_views,
-                &outputs,
-                &config,
-                cu(streams.launch),
-            )
-        }?;
+        unsafe { buffer.combine_raw(&inputs, &handle_views, &outputs, &config, launch) }?;
         let made = combined.iter().chain(handle.tensors());
         let used = tensors_used(&[&x], &[&topk_weights, &bias.0, &bias.1], made);
         let event = streams.finish(&call, &used)?;
