@@ -31,12 +31,10 @@ use rand::{SeedableRng, rngs::StdRng};
 
 #[path = "ch07-buffer/guards.rs"]
 mod guards;
-#[path = "shared/routing.rs"]
-mod routing;
-#[path = "shared/soak.rs"]
-mod soak;
+#[path = "shared/mod.rs"]
+mod shared;
 
-type AnyError = Box<dyn std::error::Error>;
+use shared::{AnyError, routing, soak};
 
 const HIDDEN: usize = 2048;
 const NUM_TOPK: usize = 8;

@@ -35,17 +35,14 @@ mod checks;
 mod device;
 mod guards;
 mod mistakes;
-#[path = "../shared/routing.rs"]
-mod routing;
-#[path = "../shared/soak.rs"]
-mod soak;
+#[path = "../shared/mod.rs"]
+mod shared;
 
 use cases::*;
 use checks::*;
 use device::*;
 use mistakes::*;
-
-type AnyError = Box<dyn std::error::Error>;
+use shared::{AnyError, routing, soak};
 
 /// T: the most tokens a rank sends in one call; every (local expert, source rank) pair owns T
 /// slots on the expert's rank.

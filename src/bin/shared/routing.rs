@@ -1,4 +1,4 @@
-//! Random routing for chapters 7 and 8's programs, shared by both (`#[path]`-included): every
+//! Random routing for chapters 7 and 8's programs (in `shared`, which both include): every
 //! rank can rebuild every other rank's routing from the seed, so each checks what it received
 //! against a host reference without exchanging anything.
 

@@ -1,4 +1,4 @@
-//! The soak options of chapters 7 and 8's programs (`#[path]`-included by both):
+//! The soak options of chapters 7 and 8's programs (in `shared`, which both include):
 //! `--pairs N` dispatch/combine pairs in a row (new routing each, every result checked),
 //! `--create-destroy N` buffers made and dropped in a loop with this GPU's free memory read
 //! before and after (a buffer that leaks shows as memory that does not come back, or as a
