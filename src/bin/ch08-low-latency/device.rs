@@ -21,29 +21,24 @@ impl Gpu<'_> {
     }
 }
 
-/// A dispatch's outputs on the device, poisoned before the call. The 3-D tensors of DeepEP
-/// flattened to 2-D, as bytes where the element type depends on the precision.
-pub(crate) struct RecvBuffers {
+/// A dispatch's outputs, the 3-D tensors of DeepEP flattened to 2-D, as bytes where the element
+/// type depends on the precision: on the device, poisoned before the call ([`RecvBuffers`]),
+/// or copied to the host ([`Received`]).
+pub(crate) struct Recv<Bytes, I32s, I64s> {
     /// [L x n x T, hidden] fp8 or bf16.
-    pub(crate) x: CudaSlice<u8>,
+    pub(crate) x: Bytes,
     /// fp8: f32 [L x hidden/128, n x T]; UE8M0: i32 [L x hidden/512, n x T].
-    pub(crate) scales: CudaSlice<u8>,
+    pub(crate) scales: Bytes,
     /// [L, n x T] i32: each row's token on its source rank.
-    pub(crate) src_info: CudaSlice<i32>,
+    pub(crate) src_info: I32s,
     /// [L, n] i64: (begin << 32) | count of each source rank's rows.
-    pub(crate) layout_range: CudaSlice<i64>,
+    pub(crate) layout_range: I64s,
     /// [L] i32: valid rows per local expert.
-    pub(crate) count: CudaSlice<i32>,
+    pub(crate) count: I32s,
 }
 
-/// The same, copied to the host.
-pub(crate) struct Received {
-    pub(crate) x: Vec<u8>,
-    pub(crate) scales: Vec<u8>,
-    pub(crate) src_info: Vec<i32>,
-    pub(crate) layout_range: Vec<i64>,
-    pub(crate) count: Vec<i32>,
-}
+pub(crate) type RecvBuffers = Recv<CudaSlice<u8>, CudaSlice<i32>, CudaSlice<i64>>;
+pub(crate) type Received = Recv<Vec<u8>, Vec<i32>, Vec<i64>>;
 
 /// recv_x_scales' element type and rows per local expert (none for bf16).
 pub(crate) fn scale_shape(precision: Precision, hidden: usize) -> Option<(ElemType, usize)> {
