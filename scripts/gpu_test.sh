@@ -32,9 +32,13 @@
 #                    sanitizer (default 300000: 5x the bootstrap's 60 s, 3x the buffer's 100 s)
 #   GPU_TEST_SANITIZER_PAIRS  dispatch/combine pairs in a row of ch07-buffer and ch08-low-latency
 #                    under a sanitizer (default 4; they run 200 and 50 without one)
+#   GPU_TEST_LL_PAIRS  round trips in a row, no cleaning, of ch08-low-latency on each virtual
+#                    topology (default 1000; its one-node runs keep their own 50)
 # Chapter 5 runs once per virtual topology (NODE_SIZES below: N = 4 as 2 nodes of 2, N = 8 as
 # 2 nodes of 4 and 4 nodes of 2), logs <bin>-n<N>-g<G>.log, then across two torchrun agents on
-# this host (scripts/ch05_two_agents.sh).
+# this host (scripts/ch05_two_agents.sh). The buffer's low-latency mode (ch08-low-latency) runs
+# on the same topologies plus nodes of 1 (every peer through NVSHMEM's RMA calls), and the
+# Python script ch08_low_latency.py once as 2 nodes of 2 (at N = 4).
 # The last line printed is "<P> passed, <F> failed" over all runs; the exit code is 0 only
 # when every run passed.
 set -euo pipefail
@@ -56,19 +60,32 @@ CHAPTER_BINS=(
   moe-layer
 )
 
-# The node sizes (NVSHMEM_TUTORIAL_NODE_PES) chapter 5 runs at N PEs: "-" is the default
-# (torchrun's node: one node of N). Other binaries run once, with the default.
+# The node sizes (NVSHMEM_TUTORIAL_NODE_PES) chapter 5 and the buffer's low-latency mode run at
+# N PEs: "-" is the default (torchrun's node: one node of N). Other binaries run once, with the
+# default.
 node_sizes() {
   local bin=$1 n=$2
-  if [[ "$bin" != ch05-inter-node ]]; then echo -; return; fi
-  case $n in
-    1) echo - ;;
-    2) echo - 1 ;;
-    4) echo 2 ;;
-    8) echo 4 2 ;;
+  case $bin in
+    ch05-inter-node)
+      case $n in
+        1) echo - ;;
+        2) echo - 1 ;;
+        4) echo 2 ;;
+        8) echo 4 2 ;;
+        *) echo - ;;
+      esac ;;
+    ch08-low-latency)
+      case $n in
+        2) echo - 1 ;;
+        4) echo - 2 ;;
+        8) echo - 4 2 1 ;;
+        *) echo - ;;
+      esac ;;
     *) echo - ;;
   esac
 }
+ll_pairs=${GPU_TEST_LL_PAIRS:-1000}
+[[ "$ll_pairs" =~ ^[1-9][0-9]*$ ]] || die "GPU_TEST_LL_PAIRS: '$ll_pairs' is not a positive integer"
 
 step() { printf '\n== gpu_test: %s\n' "$*"; }
 die() { printf 'gpu_test: error: %s\n' "$*" >&2; exit 1; }
@@ -250,7 +267,10 @@ for bin in "${bins[@]}"; do
     label="$bin n=$n"
     [[ "$g" == - ]] || label="$label (nodes of $g)"
     sanitize "${log%.log}"
-    args=() # the soak options of chapters 7 and 8 (src/bin/shared/soak.rs), under a sanitizer
+    args=() # the soak options of chapters 7 and 8 (src/bin/shared/soak.rs)
+    if [[ "$bin" == ch08-low-latency && "$g" != - ]]; then
+      args=(--pairs "$ll_pairs") # the issue's 1,000 round trips with no cleaning, per topology
+    fi
     if [[ -n "$sanitizer" ]]; then
       where="$where, under compute-sanitizer $sanitizer"
       if [[ "$bin" == ch07-buffer || "$bin" == ch08-low-latency ]]; then
@@ -337,6 +357,7 @@ if [[ "${GPU_TEST_PYTHON:-1}" == 1 ]]; then
       "ch07_buffer.py:python3 scripts/ch07_buffer.py"
       "ch07_quickstart.py:python3 scripts/ch07_quickstart.py"
       "ch08_low_latency.py:python3 scripts/ch08_low_latency.py"
+      "ch08_low_latency.py@g2:python3 scripts/ch08_low_latency.py"
       "moe_layer.py:python3 scripts/moe_layer.py")
     # The suite and most scripts exchange data between PEs: they start at 2. Chapter 5's
     # script also runs alone (one node of one PE: every method's path through one PE), and so
@@ -357,6 +378,12 @@ if [[ "${GPU_TEST_PYTHON:-1}" == 1 ]]; then
         ((n >= 2)) || [[ "$runs_alone" == *" $name "* ]] || continue
         read -r -a cmd <<<"${entry#*:}"
         log="$LOG_DIR/py-$name-n$n.log"
+        # name@gG: the script again on virtual nodes of G PEs (at N = 4 only: 2 nodes of 2).
+        py_node=()
+        if [[ "$name" == *@g* ]]; then
+          ((n == 4)) || continue
+          py_node=(env "NVSHMEM_TUTORIAL_NODE_PES=${name##*@g}")
+        fi
         rc=0
         # `python3 -m x` runs as `torchrun ... -m x`; a script path runs as itself; folded,
         # both run as `torchrun --no-python scripts/fold_pes.sh python3 ...`; under a sanitizer,
@@ -387,7 +414,7 @@ if [[ "${GPU_TEST_PYTHON:-1}" == 1 ]]; then
           step "python $name on $n GPU(s) -> $log"
           launch=("${cmd[@]:1}")
         fi
-        timeout --kill-after=30 "$timeout_s" "${torchrun[@]}" --standalone \
+        timeout --kill-after=30 "$timeout_s" "${py_node[@]}" "${torchrun[@]}" --standalone \
           --nproc_per_node="$n" "${launch[@]}" 2>&1 | tee "$log" || rc=$?
         san_rc=0
         sanitizer_verdict "${log%.log}" "python $name n=$n" || san_rc=$?

@@ -8,27 +8,32 @@
 use std::ffi::c_void;
 use std::ops::Deref;
 use std::sync::Mutex;
+use std::sync::atomic::AtomicU64;
 
 use ch01_bootstrap::World;
+use ch04_collectives::config::MAX_PES;
 use ch04_collectives::{
     CollectivesConfig, Communicator, HostMapped, Kernels, LaunchSpec, Workspace,
 };
+use ch05_inter_node::config::NODE_PES_VAR;
+use ch05_inter_node::layout::resolve_node_pes;
 use cudarc::driver::{CudaEvent, CudaSlice, DevicePtr, sys};
 
 use crate::config::{CHANNEL_THREADS, MAX_CHANNELS};
 use crate::error::{BufferError, LastRingCall, describe};
 use crate::low_latency::phases::PendingReceive;
 use crate::regions::{MAX_EXPERTS, Regions};
-use crate::spec::{BufferOptions, BufferSpec, PROGRESS_WORDS};
+use crate::spec::{BufferOptions, BufferSpec, PROGRESS_WORDS, node_members};
 use kernels::contract::{Failure, InputError, LlState, MAX_LL_BLOCKS};
 
-const MODULES: [&str; 6] = [
+const MODULES: [&str; 7] = [
     "buffer/layout",
     "buffer/notify",
     "buffer/dispatch",
     "buffer/combine",
     "buffer/ll_dispatch",
     "buffer/ll_combine",
+    "buffer/ll_barrier",
 ];
 /// Words of the notify step's host-mapped counts: [0] tokens to receive (i32), then one i32
 /// per local expert.
@@ -36,16 +41,39 @@ const COUNT_WORDS: usize = 1 + MAX_EXPERTS / 2;
 /// u64 words of the per-rank device state of low-latency mode (`LlState` of the contract).
 pub(crate) const LL_STATE_WORDS: usize = std::mem::size_of::<LlState>().div_ceil(8);
 
-/// Symmetric heap bytes one buffer takes on `n_pes` PEs: the communicator's own, then the
-/// buffer's regions (src/regions.rs).
+/// Symmetric heap bytes one buffer takes on `n_pes` PEs: the communicator's own (it spans one
+/// node, at most MAX_PES of them: the most it can take), then the buffer's regions
+/// (src/regions.rs).
 pub fn heap_bytes(n_pes: usize, num_nvl_bytes: usize, num_rdma_bytes: usize) -> usize {
     let regions = Regions {
         num_nvl_bytes,
         num_rdma_bytes,
     };
-    ch04_collectives::workspace::symmetric_bytes(n_pes, CollectivesConfig::default().ll_max_bytes)
-        + regions.total()
+    let node_pes = n_pes.min(MAX_PES);
+    ch04_collectives::workspace::symmetric_bytes(
+        node_pes,
+        CollectivesConfig::default().ll_max_bytes,
+    ) + regions.total()
 }
+
+// ANCHOR: node_pes
+/// G, the ranks of this rank's node, as chapter 5 decides it: torchrun's LOCAL_WORLD_SIZE
+/// (else NVSHMEM's node team), cut smaller by NVSHMEM_TUTORIAL_NODE_PES (virtual nodes: one
+/// host runs the paths of several nodes).
+pub fn node_pes_from_env(world: &World) -> Result<usize, BufferError> {
+    let env = std::env::var(NODE_PES_VAR).ok();
+    let torchrun_node = std::env::var("LOCAL_WORLD_SIZE")
+        .ok()
+        .and_then(|v| v.trim().parse().ok());
+    resolve_node_pes(
+        env.as_deref(),
+        torchrun_node,
+        world.node_size(),
+        world.n_pes(),
+    )
+    .map_err(|e| BufferError::invalid("Buffer", e.to_string()))
+}
+// ANCHOR_END: node_pes
 
 // ANCHOR: buffer
 pub struct NvshmemBuffer<W: Deref<Target = World>> {
@@ -71,13 +99,16 @@ pub struct NvshmemBuffer<W: Deref<Target = World>> {
     pub(crate) poison_outputs: bool,
     /// The last dispatch or combine launched (names a ring failure's channel).
     last_ring_call: Mutex<LastRingCall>,
+    /// The low-latency barriers this rank entered (`ll_barrier`'s target).
+    pub(crate) ll_barriers: AtomicU64,
 }
 // ANCHOR_END: buffer
 
 impl<W: Deref<Target = World>> NvshmemBuffer<W> {
     /// Collective: every PE makes its buffer with the same options, at the same point.
     pub fn new(world: W, options: BufferOptions) -> Result<Self, BufferError> {
-        options.check(world.n_pes())?;
+        let node_pes = node_pes_from_env(&world)?;
+        options.check_nodes(world.n_pes(), node_pes)?;
         let regions = Regions {
             num_nvl_bytes: options.num_nvl_bytes,
             num_rdma_bytes: options.num_rdma_bytes,
@@ -113,11 +144,16 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
             extra_bytes: regions.total(),
             ..CollectivesConfig::default()
         };
-        let comm = Communicator::new(world, config)?;
+        // The communicator spans this rank's node: its offsets are the only peer pointers the
+        // buffer holds (nvshmem_ptr is asked about nobody else), so no kernel can store to a
+        // rank of another node, even on virtual nodes where one would work.
+        let (my_pe, n_pes) = (world.my_pe(), world.n_pes());
+        let comm = Communicator::with_members(world, node_members(my_pe, node_pes), config)?;
         let (base, _) = comm.extra_region();
         let spec = BufferSpec {
-            my_pe: comm.world().my_pe(),
-            n_pes: comm.world().n_pes(),
+            my_pe,
+            n_pes,
+            node_pes,
             options,
             num_sms,
             base,
@@ -141,6 +177,7 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
             ll_receive_pending: Default::default(),
             poison_outputs: false,
             last_ring_call: Default::default(),
+            ll_barriers: AtomicU64::new(0),
         })
     }
 
@@ -174,7 +211,8 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
             .last_ring_call
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        self.comm.check().map_err(|e| describe(e, last))?;
+        let node_pes = self.spec.node_pes;
+        self.comm.check().map_err(|e| describe(e, last, node_pes))?;
         let words: [u64; 4] = self.input_error.snapshot();
         if words[0] == 0 {
             return Ok(());

@@ -1,7 +1,7 @@
 //! What can go wrong in the buffer, each with what to do about it.
 
 use ch04_collectives::CollError;
-use kernels::contract::Failure;
+use kernels::contract::{Failure, MAX_LL_RANKS};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BufferError {
@@ -140,10 +140,18 @@ pub(crate) struct LastRingCall {
     pub num_channels: usize,
 }
 
+/// A rank as a low-latency failure names it, with its node: the kernels record a rank of
+/// another node as MAX_LL_RANKS + rank (`failure_rank` in low_latency.cuh), past every member
+/// of the node's communicator, which maps the others back to world ranks.
+fn ll_rank(pe: u64, node_pes: usize) -> String {
+    let rank = pe.checked_sub(MAX_LL_RANKS as u64).unwrap_or(pe);
+    format!("rank {rank} (node {})", rank / node_pes.max(1) as u64)
+}
+
 /// Chapter 4's failure record, with the kinds the buffer's kernels add named: who waited
 /// (rank, peer, channel, side, operation) for what, and the two causes told apart as far as
 /// the record can: a peer that never arrived (dead or stalled) or ranks that disagree.
-pub(crate) fn describe(error: CollError, last: LastRingCall) -> BufferError {
+pub(crate) fn describe(error: CollError, last: LastRingCall, node_pes: usize) -> BufferError {
     let CollError::Device(failure) = &error else {
         return error.into();
     };
@@ -167,38 +175,43 @@ pub(crate) fn describe(error: CollError, last: LastRingCall) -> BufferError {
             "waited for ring space that the receiver never freed",
         ),
         Failure::RingData => ring("receiver", "waited for tokens that never came"),
-        Failure::LlDispatch | Failure::LlCombine => {
-            // Dispatch waits for a count word, (call << 32) | tokens; combine for a flag that
-            // holds the call itself.
-            let (op, flag_call) = if f.kind == Failure::LlDispatch {
-                ("dispatch", f.seen >> 32)
-            } else {
-                ("combine", f.seen)
+        Failure::LlDispatch | Failure::LlCombine | Failure::LlBarrier => {
+            // Every low-latency word is (call << 32) | rows; the barrier's counts barriers.
+            let (op, word_call) = match f.kind {
+                Failure::LlDispatch => ("dispatch", f.seen >> 32),
+                Failure::LlCombine => ("combine", f.seen >> 32),
+                _ => ("barrier (clean_low_latency_buffer)", f.seen),
             };
-            let cause = if flag_call < f.call {
+            let rank = ll_rank(f.pe, node_pes);
+            let cause = if word_call < f.call {
                 format!(
-                    "rank {} never arrived at this call: it is dead or stalled (a crash, a \
-                     checkpoint save, a compilation), or it skipped a call or a receive hook",
-                    f.pe
+                    "{rank} never arrived at this call: it is dead or stalled (a crash, a \
+                     checkpoint save, a compilation), or it skipped a call or a receive hook"
                 )
             } else {
-                "its flag arrived but not its tokens: the ranks disagree on \
+                "its count word arrived but not its tokens: the ranks disagree on \
                  num_max_dispatch_tokens_per_rank, hidden or num_experts"
                     .into()
             };
             BufferError::Ring(format!(
                 "rank {}: low-latency {op} (call {} of this buffer, slot half {}), block {}: \
-                 timed out after {} ms waiting for rank {}'s tokens for this rank's experts (its \
-                 flag holds call {flag_call}): {cause}. The buffer is unusable from here on: \
-                 destroy it and create a new one",
+                 timed out after {} ms waiting for {rank} (its word holds call {word_call}): \
+                 {cause}. The buffer is unusable from here on: destroy it and create a new one",
                 f.me,
                 f.call,
                 f.call & 1,
                 f.block,
                 f.timeout_ms,
-                f.pe,
             ))
         }
+        Failure::CrossNodePointer => BufferError::Ring(format!(
+            "rank {}: a low-latency kernel asked for a peer pointer to {}, which is not on its \
+             node of {node_pes} ranks {:?}: a route bug (across nodes only NVSHMEM's RMA calls \
+             may reach a rank). The call's data is incomplete: destroy the buffer",
+            f.me,
+            ll_rank(f.pe, node_pes),
+            f.expected..f.expected + f.seen,
+        )),
         _ => error.into(),
     }
 }

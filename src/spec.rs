@@ -5,8 +5,9 @@
 //! they make is reached by CPU tests (src/bad_inputs.rs) with a spec of made-up addresses.
 
 use ch04_collectives::config::MAX_PES;
-use kernels::contract::{InputError, LlRegion, MAX_CHANNELS};
+use kernels::contract::{InputError, LlRegion, LlTopology, MAX_CHANNELS, MAX_LL_RANKS};
 
+use crate::config::MAX_NORMAL_RANKS;
 use crate::error::BufferError;
 use crate::low_latency::regions::LlRegions;
 use crate::regions::Regions;
@@ -49,8 +50,16 @@ impl BufferOptions {
         }
     }
 
-    /// DeepEP's checks on the sizes, and ours on the mode, the rank count and the timeout.
+    /// `check_nodes` for a job of one node.
     pub fn check(&self, n_pes: usize) -> Result<(), BufferError> {
+        self.check_nodes(n_pes, n_pes)
+    }
+
+    /// DeepEP's checks on the sizes, and ours on the mode, the rank count, the node size
+    /// (`node_pes`, chapter 5's G: the ranks that reach each other by peer pointers) and the
+    /// timeout.
+    // ANCHOR: rank_limits
+    pub fn check_nodes(&self, n_pes: usize, node_pes: usize) -> Result<(), BufferError> {
         let invalid = |m: String| Err(BufferError::invalid("Buffer", m));
         if !self.num_nvl_bytes.is_multiple_of(128) || !self.num_rdma_bytes.is_multiple_of(128) {
             return invalid(format!(
@@ -61,17 +70,43 @@ impl BufferOptions {
         if self.num_rdma_bytes > 0 && !self.low_latency_mode {
             return invalid(
                 "num_rdma_bytes > 0 outside low-latency mode asks for inter-node normal mode, \
-                 which this buffer does not have: pass num_rdma_bytes=0, or low_latency_mode=True"
+                 which this buffer does not have yet: pass num_rdma_bytes=0, or \
+                 low_latency_mode=True"
                     .into(),
             );
         }
-        if n_pes > MAX_PES {
+        if node_pes == 0 || node_pes > MAX_PES || !n_pes.is_multiple_of(node_pes) {
             return invalid(format!(
-                "{n_pes} ranks: this buffer runs up to {MAX_PES} ranks of one node"
+                "nodes of {node_pes} ranks in a job of {n_pes}: a node holds 1 to MAX_PES = \
+                 {MAX_PES} ranks (one NVLink domain) and the nodes must tile the job; set \
+                 NVSHMEM_TUTORIAL_NODE_PES to a divisor of the node size"
+            ));
+        }
+        if self.low_latency_mode && n_pes > MAX_LL_RANKS {
+            return invalid(format!(
+                "{n_pes} ranks: low-latency mode runs up to MAX_LL_RANKS = {MAX_LL_RANKS} ranks"
+            ));
+        }
+        if !self.low_latency_mode && n_pes > node_pes {
+            return invalid(format!(
+                "{n_pes} ranks in {} nodes of {node_pes}: normal mode runs inside one node (up to \
+                 MAX_PES = {MAX_PES} ranks); across nodes (up to MAX_NORMAL_RANKS = \
+                 {MAX_NORMAL_RANKS}) it is not built yet. Use low_latency_mode=True (up to \
+                 {MAX_LL_RANKS} ranks, any nodes), or run one node (unset \
+                 NVSHMEM_TUTORIAL_NODE_PES, at most {MAX_PES} ranks)",
+                n_pes / node_pes
             ));
         }
         check_timeout_ms(self.timeout_ms)
     }
+    // ANCHOR_END: rank_limits
+}
+
+/// The world ranks of `my_pe`'s node in nodes of `node_pes`: the members of the buffer's
+/// communicator, the only ranks NVSHMEM is asked a peer pointer for.
+pub fn node_members(my_pe: usize, node_pes: usize) -> Vec<usize> {
+    let start = my_pe / node_pes * node_pes;
+    (start..start + node_pes).collect()
 }
 
 /// Bounds on a wait's timeout: at least 1 ms, and at most a day (the device counts it in SM
@@ -108,6 +143,9 @@ pub const PROGRESS_WORDS: usize = 4 * MAX_CHANNELS * MAX_PES;
 pub struct BufferSpec {
     pub my_pe: usize,
     pub n_pes: usize,
+    /// G, the ranks of one node (chapter 5's topology): ranks node_pes x k .. x (k + 1) reach
+    /// each other through peer pointers, any other pair only through NVSHMEM's RMA calls.
+    pub node_pes: usize,
     pub options: BufferOptions,
     /// SMs this PE's grids may fill (`Kernels::num_sms`: the GPU's, or this PE's share).
     pub num_sms: u32,
@@ -171,8 +209,26 @@ impl BufferSpec {
         LlRegion {
             data: [at(parts.half(0)), at(parts.half(1))],
             counts: [at(LlRegions::counts(0)), at(LlRegions::counts(1))],
-            flags: [at(LlRegions::flags(0)), at(LlRegions::flags(1))],
+            area_bytes: parts.area_bytes(self.n_pes) as u64,
         }
+    }
+    /// The low-latency region's barrier words (`ll_barrier`).
+    pub fn ll_barrier_words(&self) -> u64 {
+        self.local_region(true).0 + LlRegions::barrier() as u64
+    }
+    /// Where this rank's low-latency peers live: its node by pointers, the rest by RMA.
+    pub fn ll_topology(&self) -> LlTopology {
+        let node_start = self.my_pe / self.node_pes * self.node_pes;
+        LlTopology {
+            rank: self.my_pe as i32,
+            num_ranks: self.n_pes as i32,
+            node_start: node_start as i32,
+            node_pes: self.node_pes as i32,
+        }
+    }
+    /// The world ranks of this rank's node (`node_members`).
+    pub fn node_members(&self) -> Vec<usize> {
+        node_members(self.my_pe, self.node_pes)
     }
     /// The zero-copy combine's staging rows.
     pub fn ll_staging(&self) -> u64 {
@@ -185,6 +241,7 @@ impl BufferSpec {
         Self {
             my_pe: 0,
             n_pes,
+            node_pes: n_pes.min(MAX_PES),
             options,
             num_sms: 132,
             base: 0x7f00_0000_0000,

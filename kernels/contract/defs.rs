@@ -47,6 +47,10 @@ contract! {
         LL_THREADS: u32 = 512 => "int";
         /// Most blocks of a low-latency launch (one per SM): LlState keeps a call count per block.
         MAX_LL_BLOCKS: usize = 256 => "int";
+        /// Most ranks of a low-latency buffer, across nodes (DeepEP publishes EP256): the
+        /// finish counters, the barrier words and the receive phase's per-source counts are sized
+        /// for it. Chapter 4's MAX_PES stays what one node (one NVLink domain) may hold.
+        MAX_LL_RANKS: usize = 256 => "int";
         /// Most experts in low-latency mode: LlState counts slots per expert.
         MAX_LL_EXPERTS: usize = 2048 => "int";
         /// Largest hidden size in low-latency mode: a row's fp8 scales are staged in shared memory.
@@ -103,6 +107,11 @@ contract! {
         RecvOverflow = 14 => RECV_OVERFLOW;
         /// num_tokens_per_rank disagreed with the tokens is_token_in_rank sends
         CountsMismatch = 15 => COUNTS_MISMATCH;
+        /// a low-latency kernel asked for a peer pointer to a rank of another node (a route bug:
+        /// across nodes only NVSHMEM's RMA calls may reach a rank)
+        CrossNodePointer = 16 => CROSS_NODE_POINTER;
+        /// a rank never reached a low-latency buffer's barrier (clean_low_latency_buffer across nodes)
+        LlBarrier = 17 => WAIT_LL_BARRIER;
         /// a PE of another node never entered the call (chapter 5's RMA groups)
         RemoteReady = 20 => WAIT_REMOTE_READY;
         /// a PE of another node entered the call but its data never arrived
@@ -248,8 +257,8 @@ contract! {
     struct LlState {
         /// calls[b]: the last low-latency call block b finished
         calls: [u64; MAX_LL_BLOCKS] => "unsigned long long" "[MAX_LL_BLOCKS]",
-        /// blocks done writing to each PE in the current call
-        finish: [u32; MAX_PES] => "unsigned int" "[MAX_PES]",
+        /// blocks done writing to each rank in the current call
+        finish: [u32; MAX_LL_RANKS] => "unsigned int" "[MAX_LL_RANKS]",
         /// tokens sent to each global expert in the current dispatch
         slots: [i32; MAX_LL_EXPERTS] => "int" "[MAX_LL_EXPERTS]",
     }
@@ -257,9 +266,31 @@ contract! {
     /// One half of every rank's low-latency region and the control words, as this rank
     /// addresses its own copy.
     struct LlRegion {
+        /// symmetric: half h, area x (what rank x sends us, or what we stage for x) at x * area_bytes
         data: [u64; 2] => "uint8_t*" "[2]",
+        /// symmetric [2][MAX_LL_EXPERTS] u64: counts[h][s * L + e] = (call << 32) | rows, written by s only
         counts: [u64; 2] => "uint64_t*" "[2]",
-        flags: [u64; 2] => "uint64_t*" "[2]",
+        /// bytes between two areas of a half: set by the region's size, the same for every call
+        area_bytes: u64 => "uint64_t",
+    }
+
+    /// Where a low-latency call's ranks live: world ranks in nodes of node_pes consecutive
+    /// ranks (chapter 5's topology). Ranks of this node are reached through peer pointers
+    /// (the communicator's members, node_start + i), any other only through NVSHMEM's RMA calls.
+    struct LlTopology {
+        rank: i32 => "int",
+        num_ranks: i32 => "int",
+        node_start: i32 => "int",
+        node_pes: i32 => "int",
+    }
+
+    /// The barrier of a low-latency buffer that spans nodes (`ll_barrier` in buffer/ll_barrier.cu).
+    struct LlBarrierArgs {
+        /// symmetric [MAX_LL_RANKS] u64: words[s] = the barriers rank s entered (signal adds)
+        words: u64 => "uint64_t*",
+        /// barriers this rank has entered, this one included
+        target: u64 => "uint64_t",
+        topo: LlTopology => "LlTopology",
     }
 
     /// Low-latency dispatch.
@@ -283,6 +314,7 @@ contract! {
         /// [n_pes] or null: cycles spent waiting per source
         wait_recv_cost: u64 => "int64_t*",
         region: LlRegion => "LlRegion",
+        topo: LlTopology => "LlTopology",
         state: u64 => "LlState*",
         bad_input: InputError => "InputError",
         num_tokens: i32 => "int",
@@ -312,6 +344,7 @@ contract! {
         /// [n_pes] or null
         wait_recv_cost: u64 => "int64_t*",
         region: LlRegion => "LlRegion",
+        topo: LlTopology => "LlTopology",
         state: u64 => "LlState*",
         bad_input: InputError => "InputError",
         num_tokens: i32 => "int",

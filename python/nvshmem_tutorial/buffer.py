@@ -60,9 +60,13 @@ class EventOverlap:
 
 
 class Buffer:
-    """DeepEP's ``Buffer`` for one node: normal-mode dispatch and combine through NVLink, and
-    with ``low_latency_mode=True`` the low-latency calls (chapter 8) in ``num_rdma_bytes``.
-    ``num_qps_per_rank`` is accepted and unused (there are no queue pairs on NVLink).
+    """DeepEP's ``Buffer``: normal-mode dispatch and combine through NVLink inside one node, and
+    with ``low_latency_mode=True`` the low-latency calls (chapter 8) in ``num_rdma_bytes``, up
+    to 256 ranks across nodes (peer stores inside a node, NVSHMEM puts across; the node size
+    is chapter 5's, ``NVSHMEM_TUTORIAL_NODE_PES`` makes virtual ones). Normal mode on more than
+    one node raises ``ValueError`` naming the limit. ``allow_nvlink_for_low_latency_mode=False``
+    is nodes of one rank: it needs ``NVSHMEM_TUTORIAL_NODE_PES=1``. ``num_qps_per_rank`` is
+    accepted and unused (NVSHMEM maps its own queue pairs).
 
     The constructor initialises NVSHMEM over ``group`` if nothing has yet (sizing the
     symmetric heap for this buffer unless ``NVSHMEM_SYMMETRIC_SIZE`` is set), then makes one
@@ -99,8 +103,11 @@ class Buffer:
                 ("use_fabric", use_fabric),
                 ("enable_shrink", enable_shrink),
                 (
-                    "allow_nvlink_for_low_latency_mode=False (this buffer reaches its peers only through NVLink)",
-                    low_latency_mode and not allow_nvlink_for_low_latency_mode,
+                    "allow_nvlink_for_low_latency_mode=False without NVSHMEM_TUTORIAL_NODE_PES=1 "
+                    "(every peer through NVSHMEM's RMA calls is nodes of one rank: set it)",
+                    low_latency_mode
+                    and not allow_nvlink_for_low_latency_mode
+                    and os.environ.get("NVSHMEM_TUTORIAL_NODE_PES", "").strip() != "1",
                 ),
                 ("num_rdma_bytes > 0 (inter-node normal mode)", num_rdma_bytes > 0 and not low_latency_mode),
             )

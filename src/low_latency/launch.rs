@@ -5,16 +5,17 @@
 
 use std::ops::Deref;
 use std::sync::OnceLock;
+use std::sync::atomic::Ordering;
 
 use ch01_bootstrap::World;
 use ch04_collectives::{CollError, LaunchSpec};
 use cudarc::driver::sys;
-use kernels::contract::LL_THREADS;
+use kernels::contract::{LL_THREADS, LlBarrierArgs};
 
 use crate::buffer::{NvshmemBuffer, arg};
 use crate::error::BufferError;
 use crate::low_latency::phases::{PendingReceive, Phases};
-use crate::low_latency::regions::{CONTROL_BYTES, LlShape, check_shape, invalid};
+use crate::low_latency::regions::{COUNTS_BYTES, LlShape, check_shape, invalid};
 use crate::spec::BufferSpec;
 use crate::view::{ElemType, View};
 
@@ -37,6 +38,7 @@ macro_rules! ll_args {
         $args {
             $($own)*
             region: $spec.ll_region(),
+            topo: $spec.ll_topology(),
             state: $spec.ll_state,
             bad_input: $spec.input_error,
             num_tokens: $num_tokens as i32,
@@ -55,6 +57,9 @@ pub(crate) static DISPATCH_KERNEL: Kernel =
     Kernel::new("buffer/ll_dispatch", "nvshmem_tutorial::dispatch");
 pub(crate) static COMBINE_KERNEL: Kernel =
     Kernel::new("buffer/ll_combine", "nvshmem_tutorial::combine");
+/// The barrier across nodes (`clean_low_latency_buffer` when the ranks span several).
+pub(crate) static BARRIER_KERNEL: Kernel =
+    Kernel::new("buffer/ll_barrier", "nvshmem_tutorial::ll_barrier");
 
 /// A C++ kernel by module and `namespace::name`, its symbol found on first use.
 pub(crate) struct Kernel {
@@ -171,10 +176,10 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         ))
     }
 
-    /// DeepEP's `clean_low_latency_buffer` (collective): zeroes the control words and the
-    /// call count on every rank, between two barriers. The protocol never needs it (flags
-    /// only grow, nothing is left to clean between calls); it exists for DeepEP's API and
-    /// as a known starting point. It does not revive a buffer whose kernel timed out (that
+    /// DeepEP's `clean_low_latency_buffer` (collective): zeroes the count words and the
+    /// call count on every rank, between two barriers. The protocol never needs it (count
+    /// words only grow, nothing is left to clean between calls); it exists for DeepEP's API
+    /// and as a known starting point. It does not revive a buffer whose kernel timed out (that
     /// failure is the communicator's, and final): destroy such a buffer.
     ///
     /// # Safety
@@ -189,17 +194,46 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         const WHAT: &str = "clean_low_latency_buffer";
         let t = num_max_dispatch_tokens_per_rank;
         ll_shape(&self.spec, WHAT, t, hidden, num_experts, 0)?;
-        self.comm.sync_all_raw(stream)?;
+        // SAFETY: forwarded to the caller.
+        unsafe { self.ll_barrier(stream) }?;
         let (region, state) = (self.spec.local_region(true).0, self.spec.ll_state);
-        let what = "zeroing the low-latency control words";
-        // SAFETY: the control words of this rank's region and its state, both device memory
-        // of this context; the stream orders the memsets between the two barriers.
+        let what = "zeroing the low-latency count words";
+        // SAFETY: the count words of this rank's region (not the barrier's words after them)
+        // and its state, both device memory of this context; the stream orders the memsets
+        // between the two barriers.
         unsafe {
-            self.memset_zero(region, CONTROL_BYTES, stream, what)?;
+            self.memset_zero(region, COUNTS_BYTES, stream, what)?;
             self.memset_zero(state, crate::buffer::LL_STATE_WORDS * 8, stream, what)?;
         }
-        self.comm.sync_all_raw(stream)?;
+        // SAFETY: forwarded to the caller.
+        unsafe { self.ll_barrier(stream) }?;
         *self.ll_pending() = None;
         Ok(())
+    }
+
+    /// A barrier of every rank of the buffer, in stream order: chapter 4's signal barrier
+    /// when they share one node (as before there were nodes), else `ll_barrier`, which
+    /// crosses nodes with NVSHMEM's signal ops only.
+    ///
+    /// # Safety
+    /// `stream` must be a live stream of this buffer's context.
+    unsafe fn ll_barrier(&self, stream: sys::CUstream) -> Result<(), BufferError> {
+        if self.spec.node_pes == self.spec.n_pes {
+            return Ok(self.comm.sync_all_raw(stream)?);
+        }
+        let args = LlBarrierArgs {
+            words: self.spec.ll_barrier_words(),
+            target: self.ll_barriers.fetch_add(1, Ordering::Relaxed) + 1,
+            topo: self.spec.ll_topology(),
+        };
+        let spec = LaunchSpec {
+            kernel: BARRIER_KERNEL.symbol()?,
+            num_blocks: 1,
+            threads_per_block: LL_THREADS,
+            shared_mem_bytes: 0,
+        };
+        let ws = self.workspace();
+        // SAFETY: the barrier kernel's parameters, in order; its words are this buffer's.
+        unsafe { self.launch(spec, stream, &mut [arg(&ws), arg(&args)]) }
     }
 }

@@ -22,3 +22,6 @@ pub use dispatch::{
 pub use launch::{LlPlan, ll_shape};
 pub use phases::{PendingReceive, Phases, check_phases};
 pub use regions::{CONTROL_BYTES, LlRegions, LlShape, get_low_latency_rdma_size_hint};
+
+#[cfg(test)]
+mod topology_tests;

@@ -55,17 +55,18 @@ __device__ __forceinline__ int find_run(const int* prefix, int n, int value) {
     return lo;
 }
 
-// Thread s < n_pes waits for PE s's flag of call k in half h; adds the cycles it waited to
-// `cost[s]` (block 0 only). The block learns whether every flag came.
-__device__ __forceinline__ bool wait_all_sources(const Workspace& ws, const LlRegion& region, int h, uint64_t k, Failure what,
-                                 int64_t* cost) {
+// Waits for every (source, expert) count word of call k in half h, a thread each, the
+// source's wait cycles added to `cost[s]` (block 0 only). The block learns whether every word came.
+__device__ __forceinline__ bool wait_all_sources(const Workspace& ws, const LlCombineArgs& a, int h, uint64_t k, Failure what,
+                                                 int64_t* cost) {
     __shared__ int all_came;
     if (threadIdx.x == 0) all_came = 1;
     __syncthreads();
-    const int s = threadIdx.x;
-    if (s < ws.n_pes) {
+    const int L = a.num_experts / a.topo.num_ranks;
+    for (int j = threadIdx.x; j < a.num_experts; j += blockDim.x) {
+        const int s = j / L;
         const long long start = clock64();
-        if (!wait_at_least(ws, region.flags[h] + s, k, what, s, k)) all_came = 0;
+        if (!wait_at_least(ws, a.region.counts[h] + j, k << 32, what, failure_rank(a.topo, s), k)) all_came = 0;
         if (cost != nullptr && blockIdx.x == 0)
             atomicAdd(reinterpret_cast<unsigned long long*>(cost + s), static_cast<unsigned long long>(clock64() - start));
     }
@@ -118,9 +119,11 @@ struct PackedRuns {
 
 // ANCHOR: combine_send
 // Send phase: every warp of the grid takes packed rows; row i of local expert e goes back to
-// the source rank s it came from, into s's slot (global expert, source token).
+// the source rank s it came from, at its place j in run (e, s), the slot the token took in
+// dispatch (token-ordered, so s finds it from its topk_idx): into our area of s's half
+// (same node), or of our idle half, from where the run leaves as one put (another node).
 __device__ __forceinline__ void combine_send(const Workspace& ws, const LlCombineArgs& a, int h, uint64_t k) {
-    const int n = ws.n_pes, me = ws.my_pe, L = a.num_experts / n, T = a.max_tokens;
+    const int n = a.topo.num_ranks, me = a.topo.rank, L = a.num_experts / n, T = a.max_tokens;
     PackedRuns runs = PackedRuns::of_kernel(L, n);  // from the handle's layout_range
     for (int j = threadIdx.x; j < a.num_experts; j += blockDim.x) {
         const int e = j / n, s = j % n;  // layout_range is [L][n_pes]
@@ -137,15 +140,23 @@ __device__ __forceinline__ void combine_send(const Workspace& ws, const LlCombin
         runs.locate(g, &e, &i, &s);
         const int64_t packed = static_cast<int64_t>(e) * n * T + i;
         const int t = __ldg(a.src_info + packed);
-        if (s < 0 || t < 0 || t >= T) {
+        const int j = s < 0 ? -1 : i - runs.begin[s * L + e];  // the row's place in its run
+        if (s < 0 || t < 0 || t >= T || j >= T) {
             if (lane == 0) moe::record_input_error(a.bad_input, BAD_HANDLE, packed, static_cast<uint64_t>(t), T);
-            continue;  // s's flag still rises: completion counts blocks, not rows
+            continue;  // s's words still come: completion counts blocks, not rows
         }
-        uint8_t* slot = peer(ws, a.region.data[h] + (static_cast<int64_t>(me * L + e) * T + t) * row_bytes, s);
-        warp_copy<false>(slot, a.x + packed * row_bytes, row_bytes, lane);
+        const uint64_t offset = (static_cast<uint64_t>(e) * T + j) * row_bytes;
+        uint8_t* row = same_node(a.topo, s) ? node_peer(ws, a.topo, area(a.region, h, me) + offset, s)
+                                            : area(a.region, h ^ 1, s) + offset;
+        if (row != nullptr) warp_copy<false>(row, a.x + packed * row_bytes, row_bytes, lane);
     }
-    finish_sends(ws, a.state, [&](int pe) {
-        if (threadIdx.x == 0) st_release_sys(peer(ws, a.region.flags[h] + me, pe), k);
+    const int warp = threadIdx.x / WARP_SIZE, warps = blockDim.x / WARP_SIZE;
+    finish_sends(a.topo, a.state, [&](int s) {
+        for (int e = warp; e < L; e += warps) {
+            const int count = min(max(runs.count[s * L + e], 0), T);
+            publish_run(ws, a.topo, a.region, h, s, e, L, (k << 32) | static_cast<uint32_t>(count),
+                        static_cast<uint64_t>(e) * T * row_bytes, static_cast<size_t>(count) * row_bytes, lane);
+        }
     });
 }
 // ANCHOR_END: combine_send
@@ -154,10 +165,10 @@ __device__ __forceinline__ void combine_send(const Workspace& ws, const LlCombin
 // Receive phase: token t's result is the sum over its top-k of weight x the row its expert
 // sent back, in fp32, rounded to bf16 once.
 __device__ __forceinline__ void combine_recv(const Workspace& ws, const LlCombineArgs& a, int h, uint64_t k) {
-    __shared__ int expert[MAX_TOPK];
+    __shared__ int expert[MAX_TOPK], slot[MAX_TOPK];
     __shared__ float weight[MAX_TOPK];
-    if (!wait_all_sources(ws, a.region, h, k, WAIT_LL_COMBINE, a.wait_recv_cost)) return;
-    const int K = a.num_topk, T = a.max_tokens;
+    if (!wait_all_sources(ws, a, h, k, WAIT_LL_COMBINE, a.wait_recv_cost)) return;
+    const int K = a.num_topk, T = a.max_tokens, L = a.num_experts / a.topo.num_ranks;
     const int vectors = a.hidden / BF16_PER_VECTOR;
     // Experts' rows loaded before any is summed: one memory latency per this many.
     constexpr int kRowsInFlight = 8;
@@ -170,6 +181,7 @@ __device__ __forceinline__ void combine_recv(const Workspace& ws, const LlCombin
             weight[threadIdx.x] = __ldg(a.topk_weights + t * K + threadIdx.x);
         }
         __syncthreads();
+        token_slots(a.topk_idx, t, K, expert, slot);  // where each row waits in its run
         for (int v = threadIdx.x; v < vectors; v += blockDim.x) {
             float acc[BF16_PER_VECTOR] = {};
             for (int first = 0; first < K; first += kRowsInFlight) {
@@ -177,16 +189,17 @@ __device__ __forceinline__ void combine_recv(const Workspace& ws, const LlCombin
 #pragma unroll
                 for (int j = 0; j < kRowsInFlight; ++j) {
                     const int i = first + j;
-                    if (i < K && expert[i] >= 0) {
+                    if (i < K && expert[i] >= 0 && slot[i] < T) {
                         const uint4* src = reinterpret_cast<const uint4*>(
-                            a.region.data[h] + (static_cast<int64_t>(expert[i]) * T + t) * a.hidden * int(sizeof(__nv_bfloat16)));
+                            area(a.region, h, expert[i] / L) +
+                            (static_cast<uint64_t>(expert[i] % L) * T + slot[i]) * a.hidden * int(sizeof(__nv_bfloat16)));
                         raw[j] = __ldcg(src + v);
                     }
                 }
 #pragma unroll
                 for (int j = 0; j < kRowsInFlight; ++j) {
                     const int i = first + j;
-                    if (i >= K || expert[i] < 0) continue;
+                    if (i >= K || expert[i] < 0 || slot[i] >= T) continue;  // none, or dropped (a full run)
                     const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw[j]);
 #pragma unroll
                     for (int c = 0; c < BF16_PER_VECTOR / 2; ++c) {

@@ -24,10 +24,10 @@ struct DispatchShape {
     int rows_per_expert;  // packed rows of one local expert: n x T
 };
 
-__device__ __forceinline__ DispatchShape dispatch_shape(const Workspace& ws, const LlDispatchArgs& a) {
-    const int n = ws.n_pes, T = a.max_tokens;
+__device__ __forceinline__ DispatchShape dispatch_shape(const LlDispatchArgs& a) {
+    const int n = a.topo.num_ranks, T = a.max_tokens;
     return DispatchShape{n,
-                         ws.my_pe,
+                         a.topo.rank,
                          a.num_experts / n,
                          T,
                          dispatch_msg_bytes(a.hidden, a.use_fp8),
@@ -144,39 +144,44 @@ __device__ __forceinline__ void store_packed_scale(void* column, int c, int rows
 }
 
 // ANCHOR: dispatch_destination
-// Token t's destination for expert e, claimed by one thread: a slot from the expert's counter,
-// then either the peer's message slot (its header written here) or, for an expert of this
-// rank, the packed output row itself. No destination for -1, a bad id, or a full run.
+// Token t's destination for expert e (checked, -1 for none) at slot i (token_slots), for one
+// thread: the expert's counter counts it, then the destination is the peer's message slot
+// (its header written here), our staging for a rank of another node, or, for an expert of
+// this rank, the packed output row itself. No destination for -1 or a full run.
 __device__ __forceinline__ Destination claim_destination(const Workspace& ws, const LlDispatchArgs& a, const DispatchShape& sh,
-                                                         int h, int t, int64_t e) {
+                                                         int h, int t, int e, int i) {
     const int L = sh.L, T = sh.T, num_scales = sh.num_scales, rows_per_expert = sh.rows_per_expert;
     Destination d{nullptr, nullptr, false};
-    if (valid_expert(a.bad_input, e, a.num_experts, t)) {
-        const int i = atomicAdd(a.state->slots + e, 1);
-        const int pe = static_cast<int>(e / L);
-        const int local = static_cast<int>(e % L);
-        if (i >= T) {
-            // Only a token naming one expert twice can get here (N <= T): the run of T slots
-            // is full. Counted as sent, so the call completes; raised later.
-            moe::record_input_error(a.bad_input, SLOTS_FULL, t, static_cast<uint64_t>(e), T);
-        } else if (pe == sh.me) {
-            const int64_t packed = static_cast<int64_t>(local) * rows_per_expert + i;
-            a.recv_src_info[packed] = t;
-            d.row = a.recv_x + packed * sh.row_bytes;
-            d.local = true;
-            if (num_scales > 0) {
-                d.scales = a.use_ue8m0 ? static_cast<void*>(static_cast<uint8_t*>(a.recv_scales) +
-                                                            (static_cast<int64_t>(local) * (num_scales / UE8M0_PER_INT) * rows_per_expert + i) *
-                                                                UE8M0_PER_INT)
-                                       : static_cast<void*>(static_cast<float*>(a.recv_scales) +
-                                                            static_cast<int64_t>(local) * num_scales * rows_per_expert + i);
-            }
-        } else {
-            uint8_t* slot = peer(ws, a.region.data[h] + ((static_cast<int64_t>(local) * sh.n + sh.me) * T + i) * sh.msg_bytes, pe);
-            *reinterpret_cast<int4*>(slot) = make_int4(t, 0, 0, 0);
-            d.row = slot + LL_MSG_HEADER_BYTES;
-            d.scales = slot + LL_MSG_HEADER_BYTES + a.hidden;
+    if (e < 0) return d;
+    atomicAdd(a.state->slots + e, 1);  // the run's length, which the publisher sends
+    const int pe = e / L;
+    const int local = e % L;
+    if (i >= T) {
+        // Only a token naming one expert twice can get here (N <= T): the run of T slots
+        // is full. Counted as sent, so the call completes; raised later.
+        moe::record_input_error(a.bad_input, SLOTS_FULL, t, static_cast<uint64_t>(e), T);
+    } else if (pe == sh.me) {
+        const int64_t packed = static_cast<int64_t>(local) * rows_per_expert + i;
+        a.recv_src_info[packed] = t;
+        d.row = a.recv_x + packed * sh.row_bytes;
+        d.local = true;
+        if (num_scales > 0) {
+            d.scales = a.use_ue8m0 ? static_cast<void*>(static_cast<uint8_t*>(a.recv_scales) +
+                                                        (static_cast<int64_t>(local) * (num_scales / UE8M0_PER_INT) * rows_per_expert + i) *
+                                                            UE8M0_PER_INT)
+                                   : static_cast<void*>(static_cast<float*>(a.recv_scales) +
+                                                        static_cast<int64_t>(local) * num_scales * rows_per_expert + i);
         }
+    } else {
+        // Our area of the peer's half h (same node), or area pe of our idle half, from where
+        // the run leaves as one put (another node): the same offset either way.
+        const uint64_t offset = (static_cast<uint64_t>(local) * T + i) * sh.msg_bytes;
+        uint8_t* slot = same_node(a.topo, pe) ? node_peer(ws, a.topo, area(a.region, h, sh.me) + offset, pe)
+                                              : area(a.region, h ^ 1, pe) + offset;
+        if (slot == nullptr) return d;  // a route bug, recorded by node_peer
+        *reinterpret_cast<int4*>(slot) = make_int4(t, 0, 0, 0);
+        d.row = slot + LL_MSG_HEADER_BYTES;
+        d.scales = slot + LL_MSG_HEADER_BYTES + a.hidden;
     }
     return d;
 }
@@ -255,8 +260,9 @@ __device__ __forceinline__ void send_bf16_row(const LlDispatchArgs& a, const Des
 // slot each, and the block streams the token (cast once, from registers) into every slot.
 __device__ __forceinline__ void dispatch_send(const Workspace& ws, const LlDispatchArgs& a, int h, uint64_t k) {
     __shared__ Destination dst[MAX_TOPK];
+    __shared__ int experts[MAX_TOPK], slots[MAX_TOPK];
     __shared__ float row_scales[MAX_LL_HIDDEN / FP8_GROUP];
-    const DispatchShape sh = dispatch_shape(ws, a);
+    const DispatchShape sh = dispatch_shape(a);
     const int K = a.num_topk, lane = threadIdx.x % WARP_SIZE;
     const int units = a.hidden / UNIT_CHANNELS;
     for (int t = blockIdx.x; t < a.num_tokens; t += gridDim.x) {
@@ -273,7 +279,13 @@ __device__ __forceinline__ void dispatch_send(const Workspace& ws, const LlDispa
             first_lo = __ldg(reinterpret_cast<const uint4*>(row + u0 * UNIT_BF16_BYTES));
             first_hi = __ldg(reinterpret_cast<const uint4*>(row + u0 * UNIT_BF16_BYTES) + 1);
         }
-        if (threadIdx.x < K) dst[threadIdx.x] = claim_destination(ws, a, sh, h, t, __ldg(a.topk_idx + t * K + threadIdx.x));
+        if (threadIdx.x < K) {
+            const int64_t e = __ldg(a.topk_idx + t * K + threadIdx.x);
+            experts[threadIdx.x] = valid_expert(a.bad_input, e, a.num_experts, t) ? static_cast<int>(e) : -1;
+        }
+        __syncthreads();
+        token_slots(a.topk_idx, t, K, experts, slots);
+        if (threadIdx.x < K) dst[threadIdx.x] = claim_destination(ws, a, sh, h, t, experts[threadIdx.x], slots[threadIdx.x]);
         __syncthreads();
         if (a.use_fp8) {
             send_fp8_row(a, dst, row_scales, row, K, lane, units, first_lo, first_scale);
@@ -283,12 +295,14 @@ __device__ __forceinline__ void dispatch_send(const Workspace& ws, const LlDispa
             send_bf16_row(a, dst, row, K, units, first_lo, first_hi);
         }
     }
-    finish_sends(ws, a.state, [&](int pe) {
-        // PE pe's experts' count words: each read and reset in one step, sent with the call.
-        uint64_t* words = peer(ws, a.region.counts[h] + sh.me * sh.L, pe);
-        for (int e = threadIdx.x; e < sh.L; e += blockDim.x) {
-            const int count = min(atomicExch(a.state->slots + pe * sh.L + e, 0), sh.T);
-            st_release_sys(words + e, (k << 32) | static_cast<uint32_t>(count));
+    const int warp = threadIdx.x / WARP_SIZE, warps = blockDim.x / WARP_SIZE;
+    finish_sends(a.topo, a.state, [&](int d) {
+        // Rank d's experts' runs, a warp each: each counter read and reset in one step.
+        for (int e = warp; e < sh.L; e += warps) {
+            int count = lane == 0 ? min(atomicExch(a.state->slots + d * sh.L + e, 0), sh.T) : 0;
+            count = __shfl_sync(ALL_LANES, count, 0);
+            publish_run(ws, a.topo, a.region, h, d, e, sh.L, (k << 32) | static_cast<uint32_t>(count),
+                        static_cast<uint64_t>(e) * sh.T * sh.msg_bytes, static_cast<size_t>(count) * sh.msg_bytes, lane);
         }
     });
 }
@@ -303,9 +317,9 @@ __device__ __forceinline__ void dispatch_send(const Workspace& ws, const LlDispa
 // first row is their sum), then its warps copy whole rows, with their scales.
 __device__ __forceinline__ void dispatch_recv(const Workspace& ws, const LlDispatchArgs& a, int h, uint64_t k) {
     constexpr int kMaxGroups = 4;
-    __shared__ int counts[kMaxGroups][MAX_PES];  // the group's expert's counts, by position
+    __shared__ int counts[kMaxGroups][MAX_LL_RANKS];  // the group's expert's counts, by position
     __shared__ int all_came[kMaxGroups];
-    const int n = ws.n_pes, me = ws.my_pe, L = a.num_experts / n, T = a.max_tokens;
+    const int n = a.topo.num_ranks, me = a.topo.rank, L = a.num_experts / n, T = a.max_tokens;
     const int positions = n > 1 ? n - 1 : 1;  // units per expert: the remote sources (or, alone, our own)
     const int units = positions * L;
     int groups = 1;
@@ -326,15 +340,17 @@ __device__ __forceinline__ void dispatch_recv(const Workspace& ws, const LlDispa
         group_sync();  // the previous unit's counts are no longer read
         if (tid == 0) all_came[group] = 1;
         group_sync();
-        if (tid <= p) {
-            const int source = (me + tid) % n;
+        // The sources up to p, a thread each (a loop past the group's threads: 256 ranks).
+        for (int j = tid; j <= p; j += group_threads) {
+            const int source = (me + j) % n;
             const long long start = clock64();
             uint64_t word = 0;
-            if (!wait_at_least(ws, a.region.counts[h] + source * L + e, k << 32, WAIT_LL_DISPATCH, source, k, &word))
+            if (!wait_at_least(ws, a.region.counts[h] + source * L + e, k << 32, WAIT_LL_DISPATCH, failure_rank(a.topo, source), k,
+                               &word))
                 all_came[group] = 0;
-            seen[tid] = min(static_cast<int>(word & 0xffffffffu), T);
+            seen[j] = min(static_cast<int>(word & 0xffffffffu), T);
             // Each source's wait counted once per expert: by its own unit, ours by the last.
-            if (a.wait_recv_cost != nullptr && (tid == p || (tid == 0 && p == n - 1)))
+            if (a.wait_recv_cost != nullptr && (j == p || (j == 0 && p == n - 1)))
                 atomicAdd(reinterpret_cast<unsigned long long*>(a.wait_recv_cost + source), static_cast<unsigned long long>(clock64() - start));
         }
         group_sync();
@@ -357,7 +373,7 @@ __device__ __forceinline__ void dispatch_recv(const Workspace& ws, const LlDispa
         // overlaps its first round of loads. Rounds of 8 vectors per lane: 16 (one round for a
         // 7 KB row) measured no faster (benchmarks/notes/buffer.md) and makes the kernel spill
         // registers.
-        const uint8_t* run = a.region.data[h] + (static_cast<int64_t>(e) * n + s) * T * msg_bytes;
+        const uint8_t* run = area(a.region, h, s) + static_cast<uint64_t>(e) * T * msg_bytes;
         for (int i = warp; i < count; i += warps) {
             const uint8_t* m = run + static_cast<int64_t>(i) * msg_bytes;
             const int64_t packed = static_cast<int64_t>(e) * rows_per_expert + begin + i;

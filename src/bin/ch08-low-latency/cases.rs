@@ -28,6 +28,9 @@ pub(crate) enum Routing {
     /// Every token names expert 0 twice: 2 x T tokens for its T slots. The GPU keeps T, drops
     /// the rest (the call still completes) and reports it.
     ExpertTwice,
+    /// Every token of every rank goes to one expert (the last rank's last: on virtual nodes,
+    /// another node's for most ranks) and nowhere else: its other entries are -1.
+    OneExpert,
 }
 
 /// One dispatch and one combine.
@@ -126,6 +129,20 @@ pub(crate) fn cases() -> Vec<Case> {
             ..base
         },
         Case {
+            name: "every token to one expert (the last rank's last), the rest -1",
+            num_tokens: MAX_TOKENS,
+            precision: Fp8,
+            routing: Routing::OneExpert,
+            ..base
+        },
+        Case {
+            name: "hidden 4096, fp8, receive hook",
+            hidden: MID_HIDDEN,
+            precision: Fp8,
+            split: true,
+            ..base
+        },
+        Case {
             name: "hidden 2048, UE8M0, receive hook, zero copy",
             hidden: SMALL_HIDDEN,
             precision: Fp8Ue8m0,
@@ -199,6 +216,12 @@ impl Tokens {
         if case.routing == Routing::ExpertTwice {
             for t in 0..num_tokens {
                 topk_idx[t * NUM_TOPK..][..2].fill(0);
+            }
+        }
+        if case.routing == Routing::OneExpert {
+            for t in 0..num_tokens {
+                topk_idx[t * NUM_TOPK..][..NUM_TOPK].fill(-1);
+                topk_idx[t * NUM_TOPK] = layout.num_experts as i64 - 1;
             }
         }
         let topk_weights = routing::random_weights(&mut rng, num_tokens * NUM_TOPK);

@@ -7,8 +7,11 @@
 //! Low-latency dispatch and combine (the decoding path: fixed slots, no count exchange) on
 //! every rank: bf16 and fp8 (plain, power-of-two and UE8M0 scales), in one launch and split at
 //! the receive hook, a zero-copy combine, a rank that sends nothing, every token to one rank's
-//! experts (full slots), an expert id only the GPU can see is wrong, 50 round trips in a row
-//! with no cleaning, the mistakes the host refuses, and `clean_low_latency_buffer`. Every rank
+//! experts (full slots), every token to one expert, hidden 2048, 4096 and 7168, an expert id
+//! only the GPU can see is wrong, 50 round trips in a row with no cleaning (`--pairs N` for
+//! more), the mistakes the host refuses, and `clean_low_latency_buffer`. On virtual nodes
+//! (`NVSHMEM_TUTORIAL_NODE_PES=G`) the same checks run with the ranks of other nodes reached
+//! by NVSHMEM puts only. Every rank
 //! rebuilds every other rank's tokens and routing from the job's seed, so it checks what it
 //! received, and what combine gave back, against a host reference without exchanging
 //! anything. Ends `N passed, M failed`.
@@ -49,6 +52,7 @@ use shared::{AnyError, routing, soak};
 const MAX_TOKENS: usize = 64;
 /// The buffer is sized for the larger hidden size; calls of the smaller one fit in it too.
 const LARGE_HIDDEN: usize = 7168;
+const MID_HIDDEN: usize = 4096;
 const SMALL_HIDDEN: usize = 2048;
 const EXPERTS_PER_RANK: usize = 8;
 /// Distinct experts per token (every run has at least 8 experts), about 1 in 10 left at -1.
@@ -73,6 +77,16 @@ fn run() -> Result<bool, AnyError> {
     let mut buffer = NvshmemBuffer::new(&world, options)?;
     // ANCHOR_END: create
     buffer.set_poison_outputs(true); // what no kernel wrote shows as 0xFF bytes
+    // Virtual nodes (NVSHMEM_TUTORIAL_NODE_PES): ranks of other nodes are reached by NVSHMEM
+    // puts only; on one host those still cross NVLink, so this checks the route, not speed.
+    let g = buffer.spec().node_pes;
+    if me == 0 {
+        println!(
+            "topology: {n} rank(s) in {} node(s) of {g}: peer stores inside a node, NVSHMEM \
+             puts across",
+            n / g
+        );
+    }
     let mut tally = Tally::default();
     let seed = world.job_seed();
     let case_seed = |i: u64| seed ^ i.wrapping_mul(0x9E37_79B9_7F4A_7C15);
