@@ -61,8 +61,7 @@ impl LlShape {
     pub fn num_local_experts(&self) -> usize {
         self.num_experts / self.num_ranks
     }
-    /// One dispatch message: a 16-byte header, the row, the fp8 scales; rounded up to 16
-    /// bytes so that every slot is 16-byte aligned (`dispatch_msg_bytes` in ll_dispatch.cu).
+    /// A dispatch message: header, row, fp8 scales, 16-byte aligned (as in ll_dispatch.cu).
     pub fn dispatch_msg_bytes(&self, use_fp8: bool) -> usize {
         (LL_MSG_HEADER_BYTES
             + if use_fp8 {
@@ -72,14 +71,11 @@ impl LlShape {
             })
         .next_multiple_of(16)
     }
-    /// What one rank's area must hold: L runs of T messages at their largest (bf16), which
-    /// also covers L runs of T combine rows of 2H.
+    /// One rank's area: L runs of T messages at their largest (bf16), or of T rows of 2H.
     pub fn area_bytes(&self) -> usize {
         align256(self.num_local_experts() * self.max_tokens * self.dispatch_msg_bytes(false))
     }
-    /// What each of the three parts must hold: R areas (a half), and the zero-copy staging,
-    /// L x (R x T) rows of 2H (E x T x 2H, which R areas already hold unless 256-byte
-    /// rounding makes them smaller).
+    /// Each of the three parts: R areas (a half), or the staging's E x T rows of 2H.
     pub fn part_bytes(&self) -> usize {
         (self.num_ranks * self.area_bytes()).max(align256(
             self.num_experts * self.max_tokens * self.hidden * 2,
@@ -103,16 +99,6 @@ impl LlRegions {
             part_bytes: (num_rdma_bytes.saturating_sub(CONTROL_BYTES) / 3) & !255,
         }
     }
-    pub fn counts(h: usize) -> usize {
-        h * MAX_LL_EXPERTS * 8
-    }
-    pub fn barrier() -> usize {
-        COUNTS_BYTES
-    }
-    /// Bytes between two areas of a half on `num_ranks` ranks: the same for every call.
-    pub fn area_bytes(&self, num_ranks: usize) -> usize {
-        (self.part_bytes / num_ranks.max(1)) & !255
-    }
     pub fn half(&self, h: usize) -> usize {
         CONTROL_BYTES + h * self.part_bytes
     }
@@ -121,6 +107,21 @@ impl LlRegions {
     }
 }
 // ANCHOR_END: shape
+
+impl LlRegions {
+    /// Bytes between two areas of a half on `num_ranks` ranks: the same for every call.
+    pub fn area_bytes(&self, num_ranks: usize) -> usize {
+        (self.part_bytes / num_ranks.max(1)) & !255
+    }
+    /// Half h's count words, from the region's start.
+    pub fn counts(h: usize) -> usize {
+        h * MAX_LL_EXPERTS * 8
+    }
+    /// The barrier words, after the count words.
+    pub fn barrier() -> usize {
+        COUNTS_BYTES
+    }
+}
 
 /// DeepEP's `Buffer.get_low_latency_rdma_size_hint`: the num_rdma_bytes a low-latency buffer
 /// needs for this shape (bf16 dispatch, the largest), rounded up to 128 bytes.
