@@ -189,6 +189,10 @@ host_api! {
     /// The `mem` forms count bytes per PE: fcollect gathers `num_bytes` from every PE into
     /// `dest` [team size x num_bytes]; alltoall sends block q of `source` [team size x
     /// num_bytes] to PE q; broadcast copies `root`'s `source` [num_bytes] into every `dest`.
+    /// Collective over `team`: no member goes on until every member has arrived (no completion
+    /// of puts). OpenSHMEM's collectives ask that every destination be ready before any PE
+    /// calls them; this is how a caller says so.
+    fn team_sync_on_stream = "nvshmemx_team_sync_on_stream"(team: Team, stream: CudaStream) -> c_int;
     fn fcollectmem_on_stream = "nvshmemx_fcollectmem_on_stream"(team: Team, dest: *mut c_void, source: *const c_void, num_bytes: usize, stream: CudaStream) -> c_int;
     fn alltoallmem_on_stream = "nvshmemx_alltoallmem_on_stream"(team: Team, dest: *mut c_void, source: *const c_void, num_bytes: usize, stream: CudaStream) -> c_int;
     fn broadcastmem_on_stream = "nvshmemx_broadcastmem_on_stream"(team: Team, dest: *mut c_void, source: *const c_void, num_bytes: usize, root: c_int, stream: CudaStream) -> c_int;

@@ -137,6 +137,13 @@ pub fn enqueue_team<W: Deref<Target = World>>(
 /// The NVSHMEM call of `call` over `team` on `stream`: `root` is a PE number of the team
 /// (broadcast only). Every member of the team must make the same call.
 ///
+/// NVSHMEM's collectives write into their peers' `out` (and read their `input`) as soon as
+/// they start, and OpenSHMEM leaves it to the caller to make sure every member is ready for
+/// that. Chapter 4's kernels wait for each peer to enter the call; here a team sync on the
+/// stream does it, so that a PE still reading its last result, or still writing its input,
+/// is not overwritten by a faster peer. (Without it, PEs sharing a GPU got wrong bytes at
+/// 64 KiB and up, 2026-11-26.)
+///
 /// # Safety
 /// `out` and `input` must be symmetric device addresses of at least `call.out_bytes` and
 /// `call.in_bytes` bytes; `call` must come from [`team_call`] with the team's size; `stream`
@@ -154,6 +161,14 @@ pub unsafe fn enqueue_on_team(
     let (dest, source) = (out as *mut _, input as *const _);
     let stream = stream as nvshmem_sys::CudaStream;
     let count = call.count;
+    // SAFETY: NVSHMEM is initialised (a World exists); `team` is a team of this PE.
+    let status = unsafe { (nv.team_sync_on_stream)(team, stream) };
+    if status != 0 {
+        return Err(CollError::Nvshmem {
+            function: "nvshmemx_team_sync_on_stream",
+            status,
+        });
+    }
     // SAFETY: NVSHMEM is initialised (a World exists); the caller vouches for the rest.
     let status = unsafe {
         match call.collective {
