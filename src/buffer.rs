@@ -300,6 +300,25 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         Ok(unsafe { self.kernels.launch(&spec, stream, args) }?)
     }
 
+    /// As `launch`, for a kernel whose blocks never wait for each other or for a peer: no
+    /// residency check ([`ch04_collectives::Kernels::launch_independent`]).
+    ///
+    /// # Safety
+    /// As `launch`; the kernel's blocks must be independent.
+    pub(crate) unsafe fn launch_independent(
+        &self,
+        spec: LaunchSpec,
+        stream: sys::CUstream,
+        args: &mut [*mut c_void],
+    ) -> Result<(), BufferError> {
+        self.world()
+            .context()
+            .bind_to_thread()
+            .map_err(BufferError::cuda("binding the context"))?;
+        // SAFETY: forwarded to the caller.
+        Ok(unsafe { self.kernels.launch_independent(&spec, stream, args) }?)
+    }
+
     /// A dispatch or combine kernel: two blocks per channel (a sender and a receiver), the
     /// communicator's workspace and the kernel's argument struct.
     ///

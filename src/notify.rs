@@ -187,9 +187,9 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         p: &NotifyPlan,
         stream: sys::CUstream,
     ) -> Result<(), BufferError> {
-        // SAFETY: the caller's.
+        // SAFETY: the caller's; each block counts one destination on its own.
         unsafe {
-            self.launch(
+            self.launch_independent(
                 notify_kernel("moe_notify_prepare", p.n_pes as u32),
                 stream,
                 &mut [

@@ -177,4 +177,24 @@ impl Kernels {
         .map_err(CollError::cuda("launching a kernel"))
     }
     // ANCHOR_END: launch
+
+    /// Launches `spec` on `stream` as an ordinary kernel: for kernels whose blocks never wait
+    /// for another block (a count, a prefix sum), which need no residency check and may run
+    /// a few blocks at a time on a PE's small share of a shared GPU.
+    ///
+    /// # Safety
+    /// As [`Self::launch`]; the kernel's blocks must not wait for each other or for a peer's.
+    pub unsafe fn launch_independent(
+        &self,
+        spec: &LaunchSpec,
+        stream: sys::CUstream,
+        args: &mut [*mut c_void],
+    ) -> Result<(), CollError> {
+        let f = self.kernel(spec.kernel)?.function.cu_function();
+        let (grid, block) = ((spec.num_blocks, 1, 1), (spec.threads_per_block, 1, 1));
+        let smem = spec.shared_mem_bytes;
+        // SAFETY: the caller vouches for `args` and for the kernel's blocks.
+        unsafe { cudarc::driver::result::launch_kernel(f, grid, block, smem, stream, args) }
+            .map_err(CollError::cuda("launching a kernel"))
+    }
 }
