@@ -48,14 +48,14 @@ CALLS = 20
 BENCH_TOKENS, BENCH_K, BENCH_COLS = 8192, 8192, 28672
 SAMPLES, CALLS_PER_SAMPLE = 7, 5
 ROUNDS = 5  # --bench's interleaved rounds of the four main contenders
-TIMELINE_CHUNKS = 2  # the overlapped schedule's best chunk count in --bench (2x H100)
+TIMELINE_CHUNKS = 1  # the overlapped schedule's best chunk count in --bench (2x H100)
 TIMELINE_STEPS = 3  # profiled calls; the figure draws the last
 
 
 class AgMatmul:
     """all_gather(shard) @ w with a put and a signal per chunk (chapter 6's AgGemm)."""
 
-    def __init__(self, rows: int, k: int, chunks: int) -> None:
+    def __init__(self, rows: int, k: int, chunks: int, *, side_gemms: bool = False) -> None:
         n = nv.n_pes()
         if rows % chunks:
             raise ValueError(f"rows ({rows}) must split into {chunks} equal chunks")
@@ -64,13 +64,16 @@ class AgMatmul:
         self.gathered = nv.empty((n * rows, k), torch.bfloat16)
         self.signals = nv.zeros((n * chunks,), torch.uint64)
         self.comm = torch.cuda.Stream()
+        # side_gemms: the peers' chunks' GEMMs on a stream of their own, beside our rows' GEMM
+        self.side = torch.cuda.Stream() if side_gemms else None
         self.calls = 0
         nv.barrier()  # every rank's signals are zero before anyone puts
 
-    def put_chunks(self) -> None:
-        """On the communication stream: each chunk of our shard to every peer, at our rows."""
+    def put_chunks(self, shard_ready: torch.cuda.Event) -> None:
+        """On the communication stream, after `shard_ready`: each chunk of our shard to every
+        peer, at our rows."""
         me, n, cr = nv.my_pe(), nv.n_pes(), self.rows // self.chunks
-        self.comm.wait_stream(torch.cuda.current_stream())  # the shard is written
+        self.comm.wait_event(shard_ready)
         for step in range(1, n):
             dst = (me + step) % n
             for c in range(self.chunks):
@@ -82,19 +85,29 @@ class AgMatmul:
     def overlapped(self, w: torch.Tensor, out: torch.Tensor, *, gemm: bool = True) -> None:
         me, n, cr = nv.my_pe(), nv.n_pes(), self.rows // self.chunks
         self.calls += 1
-        self.put_chunks()
         compute = torch.cuda.current_stream()
-        if gemm:  # our own rows need no communication
+        shard_ready = torch.cuda.Event()
+        shard_ready.record(compute)
+        # Our own rows need no communication: their GEMM goes first, so that the GPU starts
+        # on it while the host still enqueues the puts (each a call into the binding).
+        if gemm:
             torch.matmul(self.shard, w, out=out[me * self.rows : (me + 1) * self.rows])
+        self.put_chunks(shard_ready)
+        peers = self.side or compute
+        if self.side is not None:
+            self.side.wait_event(shard_ready)
         for step in range(1, n):
             src = (me - step) % n  # everyone sends to me + 1 first
             for c in range(self.chunks):
-                nv.wait_signal(self.signals[src * self.chunks + c], self.calls, stream=compute)
+                nv.wait_signal(self.signals[src * self.chunks + c], self.calls, stream=peers)
                 at = src * self.rows + c * cr
                 if gemm:
-                    torch.matmul(self.gathered[at : at + cr], w, out=out[at : at + cr])
+                    with torch.cuda.stream(peers):
+                        torch.matmul(self.gathered[at : at + cr], w, out=out[at : at + cr])
         nv.quiet(stream=self.comm)  # our puts are done: the shard may change
         compute.wait_stream(self.comm)
+        if peers is not compute:
+            compute.wait_stream(peers)
         nv.barrier(stream=compute)  # no peer's next call lands while our GEMMs read
 
 
@@ -142,18 +155,20 @@ def torch_fused(shard: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 def check(tally: Tally) -> List[str]:
     me, n = nv.my_pe(), nv.n_pes()
     lines = []
-    layer = AgMatmul(ROWS, K, CHUNKS)
     w = w_of(me, K, COLS)
     out = torch.empty((n * ROWS, COLS), dtype=torch.bfloat16, device="cuda")
-    for call in range(CALLS):
-        layer.shard.copy_(x_of(me, ROWS, K, call))
-        out.fill_(float("nan"))
-        layer.overlapped(w, out)
-        everyone = torch.cat([x_of(pe, ROWS, K, call) for pe in range(n)]).float()
-        bad = wrong(out, everyone @ w.float())
-        tally.check(bad == 0, f"overlapped call {call}: {bad} of {out.numel()} outputs wrong")
-        if call in (0, CALLS - 1):
-            lines.append(f"overlapped call {call}: {out.numel()} outputs, {bad} wrong")
+    for side in (False, True):
+        layer = AgMatmul(ROWS, K, CHUNKS, side_gemms=side)
+        what = "overlapped, side stream" if side else "overlapped"
+        for call in range(CALLS):
+            layer.shard.copy_(x_of(me, ROWS, K, call))
+            out.fill_(float("nan"))
+            layer.overlapped(w, out)
+            everyone = torch.cat([x_of(pe, ROWS, K, call) for pe in range(n)]).float()
+            bad = wrong(out, everyone @ w.float())
+            tally.check(bad == 0, f"{what} call {call}: {bad} of {out.numel()} outputs wrong")
+            if call in (0, CALLS - 1):
+                lines.append(f"{what} call {call}: {out.numel()} outputs, {bad} wrong")
     reference = torch.cat([x_of(pe, ROWS, K, 0) for pe in range(n)]).float() @ w.float()
     skipped = peers_available()
     if skipped:
@@ -221,6 +236,10 @@ def bench(out_csv: str) -> List[str]:
         layer = AgMatmul(rows, BENCH_K, chunks)
         layer.shard.copy_(x)
         table[f"ours_overlapped_{chunks}"] = timed(lambda: layer.overlapped(w, out))
+    for chunks in (1, 2):  # the peers' GEMMs on a side stream, beside our rows' GEMM
+        layer = AgMatmul(rows, BENCH_K, chunks, side_gemms=True)
+        layer.shard.copy_(x)
+        table[f"ours_overlapped_{chunks}_side"] = timed(lambda: layer.overlapped(w, out))
     interleaved = ""
     if not skipped:
         # The same four again, in turn, ROUNDS times: a GPU that heats up under sustained
@@ -228,22 +247,27 @@ def bench(out_csv: str) -> List[str]:
         # round's ratio compares neighbours in time; the CSV keeps each method's median.
         layer = AgMatmul(rows, BENCH_K, TIMELINE_CHUNKS)
         layer.shard.copy_(x)
+        side_layer = AgMatmul(rows, BENCH_K, TIMELINE_CHUNKS, side_gemms=True)
+        side_layer.shard.copy_(x)
         ours = f"ours_overlapped_{TIMELINE_CHUNKS}"
         contenders = {"compute": lambda: torch.matmul(gathered, w, out=out),
                       "nccl_serial": lambda: (dist.all_gather_into_tensor(gathered, x),
                                               torch.matmul(gathered, w, out=out)),
                       "torch_fused": lambda: torch_fused(x, w),
-                      ours: lambda: layer.overlapped(w, out)}
+                      ours: lambda: layer.overlapped(w, out),
+                      f"{ours}_side": lambda: side_layer.overlapped(w, out)}
         rounds: dict = {name: [] for name in contenders}
         for _ in range(ROUNDS):
             for name, call in contenders.items():
                 rounds[name].append(timed(call))
         for name, values in rounds.items():
             table[f"interleaved_{name}"] = statistics.median(values)
-        ratios = [o / f for o, f in zip(rounds[ours], rounds["torch_fused"])]
-        interleaved = (f"# interleaved: {ROUNDS} rounds of compute, nccl_serial, torch_fused and "
-                       f"{ours} in turn; per-round {ours} / torch_fused: median "
-                       f"{statistics.median(ratios):.3f}, range {min(ratios):.3f}-{max(ratios):.3f}")
+        def against_torch(name: str) -> str:
+            ratios = [o / f for o, f in zip(rounds[name], rounds["torch_fused"])]
+            return (f"per-round {name} / torch_fused: median {statistics.median(ratios):.3f}, "
+                    f"range {min(ratios):.3f}-{max(ratios):.3f}")
+        interleaved = (f"# interleaved: {ROUNDS} rounds of {', '.join(contenders)} in turn; "
+                       f"{against_torch(ours)}; {against_torch(ours + '_side')}")
     comm = table.get("nccl_communicate", table["ours_communicate"])
     serial = table.get("nccl_serial", comm + table["compute"])
     bound = (comm + table["compute"]) / max(comm, table["compute"])

@@ -87,6 +87,13 @@ fn run() -> Result<bool, AnyError> {
             let times = (serial_us, comm_us, compute_us);
             table.overlapped_row("ag_overlapped", &plan, target, us, times);
         }
+        // The peers' chunks' GEMMs on a side stream, beside our own rows' GEMM.
+        layer.set_gemm_sms(0)?;
+        layer.set_side_gemms(true);
+        // SAFETY: as above.
+        let us = timed(&world, || unsafe { layer.overlapped(w, y) })?;
+        let times = (serial_us, comm_us, compute_us);
+        table.overlapped_row("ag_overlapped_side", &plan, 0, us, times);
     }
     // GEMM + reduce-scatter at the next projection's shape (row-parallel): x is this PE's
     // K-slice of every token, [tokens, cols] (y above), w [cols, k], out [tokens / N, k].

@@ -7,7 +7,10 @@ use std::ops::Deref;
 use ch01_bootstrap::World;
 use ch02_symmetric_memory::SymmetricBuffer;
 use ch04_collectives::{CollectivesConfig, Communicator};
-use cudarc::driver::CudaEvent;
+use std::cell::Cell;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaEvent, CudaStream};
 
 use crate::{Gemm, OverlapError, Signals, TpPlan};
 
@@ -24,6 +27,12 @@ pub struct AgGemm<W: Deref<Target = World>> {
     signals: Signals<W>,
     gemm: Gemm,
     shard_ready: CudaEvent,
+    /// The peers' chunks' GEMMs when `side_gemms` is on: a stream of their own, so that they
+    /// may start on the SMs our own rows' GEMM frees in its last wave.
+    side: Arc<CudaStream>,
+    side_gemm: Gemm,
+    side_done: CudaEvent,
+    side_gemms: Cell<bool>,
 }
 
 impl<W: Deref<Target = World> + Clone> AgGemm<W> {
@@ -32,6 +41,15 @@ impl<W: Deref<Target = World> + Clone> AgGemm<W> {
         plan.check_job("AgGemm", world.n_pes())?;
         let gemm = Gemm::new(world.stream().clone())?;
         let shard_ready = world
+            .context()
+            .new_event(None)
+            .map_err(OverlapError::cuda("creating an event"))?;
+        let side = world
+            .context()
+            .new_stream()
+            .map_err(OverlapError::cuda("creating the side stream"))?;
+        let side_gemm = Gemm::new(side.clone())?;
+        let side_done = world
             .context()
             .new_event(None)
             .map_err(OverlapError::cuda("creating an event"))?;
@@ -47,6 +65,10 @@ impl<W: Deref<Target = World> + Clone> AgGemm<W> {
             signals,
             gemm,
             shard_ready,
+            side,
+            side_gemm,
+            side_done,
+            side_gemms: Cell::new(false),
         })
     }
 
@@ -64,7 +86,15 @@ impl<W: Deref<Target = World> + Clone> AgGemm<W> {
     /// Sizes this layer's GEMMs for `sms` SMs (0: all), leaving the rest to the puts
     /// ([`Gemm::set_sm_target`]).
     pub fn set_gemm_sms(&self, sms: usize) -> Result<(), OverlapError> {
-        self.gemm.set_sm_target(sms)
+        self.gemm.set_sm_target(sms)?;
+        self.side_gemm.set_sm_target(sms)
+    }
+
+    /// `on`: `overlapped` runs the peers' chunks' GEMMs on a side stream, beside our own rows'
+    /// GEMM instead of after it (the split GEMM's last, partly empty wave is what splitting
+    /// costs; a second stream may fill it).
+    pub fn set_side_gemms(&self, on: bool) {
+        self.side_gemms.set(on);
     }
 
     /// Byte address of row `row` of the gathered input.
@@ -116,15 +146,26 @@ impl<W: Deref<Target = World> + Clone> AgGemm<W> {
             self.gemm
                 .bf16(own, self.shard.device_ptr(), w, y_row(me * p.rows), p.cols)?;
         }
+        let side = self.side_gemms.get();
+        let (gemm, stream) = if side {
+            // The side stream starts after what the world's stream ordered before the call
+            // (the shard_ready event, recorded by hand_over).
+            self.side
+                .wait(&self.shard_ready)
+                .map_err(OverlapError::cuda("waiting for an event"))?;
+            (&self.side_gemm, &self.side)
+        } else {
+            (&self.gemm, self.world().stream())
+        };
         // Everyone sends to me + 1 first, so PE me - 1's chunks arrive here first.
         for step in 1..n {
             let src = (me + n - step) % n;
             for c in 0..p.chunks {
                 let row = src * p.rows + c * cr;
-                self.signals.wait(src * p.chunks + c, call);
+                self.signals.wait_on(stream, src * p.chunks + c, call);
                 // SAFETY: the signal says rows row..row + cr of `gathered` have landed.
                 unsafe {
-                    self.gemm.bf16(
+                    gemm.bf16(
                         (cr, p.cols, p.k),
                         self.gathered_row(row),
                         w,
@@ -133,6 +174,15 @@ impl<W: Deref<Target = World> + Clone> AgGemm<W> {
                     )?;
                 }
             }
+        }
+        if side {
+            self.side_done
+                .record(&self.side)
+                .map_err(OverlapError::cuda("recording an event"))?;
+            self.world()
+                .stream()
+                .wait(&self.side_done)
+                .map_err(OverlapError::cuda("joining the streams"))?;
         }
         self.signals.finish()
     }

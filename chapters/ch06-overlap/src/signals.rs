@@ -100,8 +100,13 @@ impl<W: Deref<Target = World> + Clone> Signals<W> {
 
     /// Stalls the world's stream until word `index` reaches call number `call`.
     pub fn wait(&self, index: usize, call: u64) {
+        self.wait_on(self.world.stream(), index, call)
+    }
+
+    /// Stalls `stream` (of this PE's context) until word `index` reaches call number `call`.
+    pub fn wait_on(&self, stream: &CudaStream, index: usize, call: u64) {
         let word = self.words.device_ptr() + (index * 8) as u64;
-        let stream = self.world.stream().cu_stream() as _;
+        let stream = stream.cu_stream() as _;
         // SAFETY: a u64 word of this PE's symmetric allocation; only enqueues a wait.
         unsafe {
             (self.world.nvshmem().signal_wait_until_on_stream)(word as _, CMP_GE, call, stream)
