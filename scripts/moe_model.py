@@ -229,13 +229,21 @@ def two_micro_batches(layer: MoeLayer, xs: List[torch.Tensor], overlap: bool) ->
     event of the compute stream, and the compute stream waits only where it reads the result:
     micro-batch 1's dispatch travels while the experts compute micro-batch 0, and micro-batch
     0's combine while they compute micro-batch 1. Serial, the same calls on the compute stream.
+
+    The order the host enqueues them in matters as much as the streams: a normal-mode dispatch
+    waits on the host for its receive counts, so micro-batch 0's experts are enqueued before
+    micro-batch 1's dispatch, and the GPU computes while the host waits.
     """
     buffer, experts = layer.buffer, layer.shape.experts
     streams = dict(async_finish=overlap, allocate_on_comm_stream=overlap)
 
-    def dispatch(x: torch.Tensor) -> tuple:
+    def route(x: torch.Tensor) -> tuple:
+        """Top-k on the compute stream, and an event after it for the dispatch to start from."""
         topk_idx, topk_w = layer.route(x)
-        before = Buffer.capture() if overlap else None
+        return x, topk_idx, topk_w, Buffer.capture() if overlap else None
+
+    def dispatch(routed: tuple) -> tuple:
+        x, topk_idx, topk_w, before = routed
         per_rank, _, per_expert, in_rank, event = buffer.get_dispatch_layout(
             topk_idx, experts, previous_event=before, **streams)
         recv_x, recv_idx, recv_w, counts, handle, event = buffer.dispatch(
@@ -251,16 +259,17 @@ def two_micro_batches(layer: MoeLayer, xs: List[torch.Tensor], overlap: bool) ->
         return combined, event
 
     with torch.no_grad():
-        sent = [dispatch(xs[0])]
+        sent = [dispatch(route(xs[0]))]
+        routed = route(xs[1])  # before the experts: its dispatch need not wait for them
         outs, alive = [], []  # what the communication stream may still read
         for i in range(2):
             recv_x, recv_idx, recv_w, counts, handle, event = sent[i]
             if overlap:
                 event.current_stream_wait()  # micro-batch i's rows are here
-            if i == 0:
-                sent.append(dispatch(xs[1]))  # travels while the experts below compute
             y = layer.experts(recv_x, recv_idx, recv_w, counts)
             alive.append(y)
+            if i == 0:
+                sent.append(dispatch(routed))  # travels while the experts above compute
             outs.append(combine(y, handle))
         for combined, event in outs:
             if overlap:
