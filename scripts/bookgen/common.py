@@ -78,11 +78,13 @@ MANIFEST: Dict[str, Dict[str, str]] = {
     # Chapter 6: ch06-overlap-bench and scripts/ch06_overlap.py --bench (DEVICE_BENCH=overlap).
     "overlap_n2": {
         "csv": "benchmarks/results/overlap_h100_2gpu.csv",
-        "python": "benchmarks/results/overlap_py_h100_2gpu.csv",
+        "python": "benchmarks/results/overlap_py_h200_2gpu.csv",
+        "timeline": "benchmarks/results/timeline_ch06_overlap_h200_2gpu_overlapped.svg",
     },
     # The MoE layer: scripts/moe_layer.py --bench (DEVICE_BENCH=moe).
     "moe_n2": {
-        "csv": "benchmarks/results/moe_layer_h100_2gpu.csv",
+        "csv": "benchmarks/results/moe_layer_h200_2gpu.csv",
+        "timeline": "benchmarks/results/timeline_moe_layer_h200_2gpu_overlapped.svg",
     },
     # The PyTorch page: scripts/ch03_put_get.py --bench (2 GPUs).
     "py_exchange": {

@@ -146,17 +146,7 @@ impl<W: Deref<Target = World> + Clone> AgGemm<W> {
             self.gemm
                 .bf16(own, self.shard.device_ptr(), w, y_row(me * p.rows), p.cols)?;
         }
-        let side = self.side_gemms.get();
-        let (gemm, stream) = if side {
-            // The side stream starts after what the world's stream ordered before the call
-            // (the shard_ready event, recorded by hand_over).
-            self.side
-                .wait(&self.shard_ready)
-                .map_err(OverlapError::cuda("waiting for an event"))?;
-            (&self.side_gemm, &self.side)
-        } else {
-            (&self.gemm, self.world().stream())
-        };
+        let (gemm, stream) = self.peers_gemm()?;
         // Everyone sends to me + 1 first, so PE me - 1's chunks arrive here first.
         for step in 1..n {
             let src = (me + n - step) % n;
@@ -175,18 +165,37 @@ impl<W: Deref<Target = World> + Clone> AgGemm<W> {
                 }
             }
         }
-        if side {
-            self.side_done
-                .record(&self.side)
-                .map_err(OverlapError::cuda("recording an event"))?;
-            self.world()
-                .stream()
-                .wait(&self.side_done)
-                .map_err(OverlapError::cuda("joining the streams"))?;
-        }
+        self.join_side()?;
         self.signals.finish()
     }
     // ANCHOR_END: overlapped
+
+    /// The handle and stream of the peers' chunks' GEMMs: the world's, or with `side_gemms`
+    /// the side stream, which first waits for what the world's stream ordered before the call
+    /// (the `shard_ready` event, recorded by `hand_over`).
+    fn peers_gemm(&self) -> Result<(&Gemm, &CudaStream), OverlapError> {
+        if !self.side_gemms.get() {
+            return Ok((&self.gemm, self.world().stream()));
+        }
+        self.side
+            .wait(&self.shard_ready)
+            .map_err(OverlapError::cuda("waiting for an event"))?;
+        Ok((&self.side_gemm, &self.side))
+    }
+
+    /// With `side_gemms`: the world's stream waits for the side stream's GEMMs.
+    fn join_side(&self) -> Result<(), OverlapError> {
+        if !self.side_gemms.get() {
+            return Ok(());
+        }
+        self.side_done
+            .record(&self.side)
+            .map_err(OverlapError::cuda("recording an event"))?;
+        self.world()
+            .stream()
+            .wait(&self.side_done)
+            .map_err(OverlapError::cuda("joining the streams"))
+    }
 
     // ANCHOR: put_chunks
     /// On the communication stream: each chunk of our shard to every peer's `gathered`, at our
