@@ -152,6 +152,11 @@ __device__ __forceinline__ void combine_send(const Workspace& ws, const LlCombin
     }
     const int warp = threadIdx.x / WARP_SIZE, warps = blockDim.x / WARP_SIZE;
     finish_sends(a.topo, a.state, [&](int s) {
+        if (same_node(a.topo, s)) {  // the rows are there: the words, a thread each
+            publish_node_words(ws, a.topo, a.region, h, s, L, k, [&](int e) { return min(max(runs.count[s * L + e], 0), T); });
+            return;
+        }
+        // Another node: our runs for s, a put-with-signal each, a warp each.
         for (int e = warp; e < L; e += warps) {
             const int count = min(max(runs.count[s * L + e], 0), T);
             publish_run(ws, a.topo, a.region, h, s, e, L, (k << 32) | static_cast<uint32_t>(count),

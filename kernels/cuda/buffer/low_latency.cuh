@@ -137,7 +137,8 @@ __device__ __forceinline__ uint8_t* area(const LlRegion& region, int h, int x) {
 // area of d's half h (stored through node_peer); the word follows by a release store. Another
 // node: the rows wait in area d of our other half; one put-with-signal carries them into our
 // area of d's half h and sets the word after them (a run of zero rows: the word alone). Run by
-// a whole warp (the put copies with all its lanes).
+// a whole warp (the put copies with all its lanes). The kernels publish a rank of this node
+// with publish_node_words instead (its words a thread each, not a lane per warp).
 __device__ __forceinline__ void publish_run(const Workspace& ws, const LlTopology& topo, const LlRegion& region, int h, int d,
                                             int e, int L, uint64_t word, uint64_t offset, size_t bytes, int lane) {
     uint64_t* signal = region.counts[h] + topo.rank * L + e;
@@ -152,6 +153,25 @@ __device__ __forceinline__ void publish_run(const Workspace& ws, const LlTopolog
     }
 }
 // ANCHOR_END: publish_run
+
+// ANCHOR: publish_node_words
+// Publishes rank d of this node: its rows are already in our area of d's half h (stored
+// through node_peer), so only its L count words remain, `count(e)` rows for its local expert
+// e. A thread per word, the whole block: each release store is a system-scope fence, and a
+// warp's store instruction fences once for its 32 lanes, so the L words cost one fence per
+// warp, all warps at once. (publish_run's warp per run, a lane's release store each, put
+// L / warps fences in a row on every warp: issue 31's 2x slower send phases on one node.)
+// Run by every thread of the block; count(e) runs once per e, null pointer or not.
+template <typename Count>
+__device__ __forceinline__ void publish_node_words(const Workspace& ws, const LlTopology& topo, const LlRegion& region, int h,
+                                                   int d, int L, uint64_t k, Count count) {
+    uint64_t* words = node_peer(ws, topo, region.counts[h] + topo.rank * L, d);
+    for (int e = threadIdx.x; e < L; e += blockDim.x) {
+        const uint64_t word = (k << 32) | static_cast<uint32_t>(count(e));
+        if (words != nullptr) st_release_sys(words + e, word);
+    }
+}
+// ANCHOR_END: publish_node_words
 
 // After this block's stores to every rank: the grid's last block to get here for rank d
 // publishes d's part of the call (`publish(d)`, run by the whole block). Counting blocks
