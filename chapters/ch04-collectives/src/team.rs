@@ -141,8 +141,10 @@ pub fn enqueue_team<W: Deref<Target = World>>(
 /// they start, and OpenSHMEM leaves it to the caller to make sure every member is ready for
 /// that. Chapter 4's kernels wait for each peer to enter the call; here a team sync on the
 /// stream does it, so that a PE still reading its last result, or still writing its input,
-/// is not overwritten by a faster peer. (Without it, PEs sharing a GPU got wrong bytes at
-/// 64 KiB and up, 2026-11-26.)
+/// is not overwritten by a faster peer. A second sync after the call keeps a fast PE from
+/// rewriting its `input` (chapter 5's next step, or the next call) while a slower peer may
+/// still read it. (Without the first, PEs sharing a GPU got wrong bytes at 64 KiB and up on
+/// 2026-11-26; with it alone, a reduce-scatter of 2 nodes of 4 still did, once.)
 ///
 /// # Safety
 /// `out` and `input` must be symmetric device addresses of at least `call.out_bytes` and
@@ -161,14 +163,7 @@ pub unsafe fn enqueue_on_team(
     let (dest, source) = (out as *mut _, input as *const _);
     let stream = stream as nvshmem_sys::CudaStream;
     let count = call.count;
-    // SAFETY: NVSHMEM is initialised (a World exists); `team` is a team of this PE.
-    let status = unsafe { (nv.team_sync_on_stream)(team, stream) };
-    if status != 0 {
-        return Err(CollError::Nvshmem {
-            function: "nvshmemx_team_sync_on_stream",
-            status,
-        });
-    }
+    team_sync(nv, team, stream)?;
     // SAFETY: NVSHMEM is initialised (a World exists); the caller vouches for the rest.
     let status = unsafe {
         match call.collective {
@@ -189,9 +184,27 @@ pub unsafe fn enqueue_on_team(
             status,
         });
     }
-    Ok(())
+    team_sync(nv, team, stream)
 }
 // ANCHOR_END: enqueue_team
+
+/// Enqueues a sync of `team` on `stream`: no member's later work starts before every member
+/// has reached it.
+fn team_sync(
+    nv: &nvshmem_sys::Nvshmem,
+    team: nvshmem_sys::Team,
+    stream: nvshmem_sys::CudaStream,
+) -> Result<(), CollError> {
+    // SAFETY: NVSHMEM is initialised (the caller holds a World); `team` is a team of this PE.
+    let status = unsafe { (nv.team_sync_on_stream)(team, stream) };
+    if status != 0 {
+        return Err(CollError::Nvshmem {
+            function: "nvshmemx_team_sync_on_stream",
+            status,
+        });
+    }
+    Ok(())
+}
 
 #[cfg(test)]
 mod tests {
