@@ -205,18 +205,13 @@ __device__ __forceinline__ void token_slots(const int64_t* topk_idx, int t, int 
     if (static_cast<int>(threadIdx.x) < K) slots[threadIdx.x] = 0;
     __syncthreads();
     const int before = t * K;  // the entries of the tokens before t
-    // One pass: each entry loaded once (a thread each) and held against all K ids, a warp's
-    // matches for each k counted by a ballot (a pass per k reloaded every entry K times, a
-    // load-reduce chain each). The bound is the block's, so every lane takes every ballot.
-    for (int base = 0; base < before; base += blockDim.x) {
-        const int j = base + static_cast<int>(threadIdx.x);
-        const int64_t v = j < before ? __ldg(topk_idx + j) : -1;
-        for (int k = 0; k < K; ++k) {
-            const int e = experts[k];
-            if (e < 0) continue;  // the same for every thread: a shared value
-            const int c = __popc(__ballot_sync(ALL_LANES, v == e));
-            if (threadIdx.x % WARP_SIZE == 0 && c > 0) atomicAdd(slots + k, c);
-        }
+    for (int k = 0; k < K; ++k) {
+        const int e = experts[k];
+        if (e < 0) continue;  // the same for every thread: a shared value
+        int c = 0;
+        for (int j = threadIdx.x; j < before; j += blockDim.x) c += __ldg(topk_idx + j) == e;
+        c = __reduce_add_sync(ALL_LANES, c);
+        if (threadIdx.x % WARP_SIZE == 0 && c > 0) atomicAdd(slots + k, c);
     }
     __syncthreads();
     const int k = threadIdx.x;
