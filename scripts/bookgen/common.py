@@ -64,6 +64,9 @@ MANIFEST: Dict[str, Dict[str, str]] = {
         "ours_test": "benchmarks/results/deepep_compat_ll_h100_ep2.log",
         "deepep_test": "benchmarks/results/deepep_test_low_latency_deepep_h100_ep2.log",
         "plot": "benchmarks/results/buffer_ll_h100_ep2.svg",
+        "caveat": "Both runs timed the kernels as they were before the across-nodes change (6f3d08e: "
+                  "token-ordered slots, count words for combine). The kernels on main have not been timed yet; "
+                  "benchmarks/notes/buffer.md holds what is known.",
     },
     "ll_ep4": {
         "csv": "benchmarks/results/buffer_ll_h100_ep4.csv",

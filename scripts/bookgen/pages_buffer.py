@@ -130,7 +130,8 @@ def gen_ch08(book: Book) -> None:
     r2, r4 = cells[2][0], cells[4][0]
     s.add("table", table(header, ["l"] + ["r"] * (len(header) - 1), rows) +
           f"\n\n*Microseconds, means over the ranks; 128 tokens x 7168 per rank, top-8 of 288 experts, fp8 dispatch, "
-          f"bf16 combine. `{r2.path}`: {r2.provenance()}; `{r4.path}`: {r4.provenance()}.*")
+          f"bf16 combine. `{r2.path}`: {r2.provenance()}; `{r4.path}`: {r4.provenance()}.*"
+          + book.caveat("ll_ep2"))
     s.add("ep2_run", r2.provenance())
     s.add("ep4_run", r4.provenance())
     s.add("plot", book.figure(MANIFEST["ll_ep2"]["plot"], "Low-latency times, ours and DeepEP v1, EP2",
