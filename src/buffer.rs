@@ -292,12 +292,17 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         stream: sys::CUstream,
         args: &mut [*mut c_void],
     ) -> Result<(), BufferError> {
+        self.bind()?;
+        // SAFETY: forwarded to the caller.
+        Ok(unsafe { self.kernels.launch(&spec, stream, args) }?)
+    }
+
+    /// Makes the buffer's context current on this thread (a launch needs it).
+    fn bind(&self) -> Result<(), BufferError> {
         self.world()
             .context()
             .bind_to_thread()
-            .map_err(BufferError::cuda("binding the context"))?;
-        // SAFETY: forwarded to the caller.
-        Ok(unsafe { self.kernels.launch(&spec, stream, args) }?)
+            .map_err(BufferError::cuda("binding the context"))
     }
 
     /// As `launch`, for a kernel whose blocks never wait for each other or for a peer: no
@@ -311,10 +316,7 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         stream: sys::CUstream,
         args: &mut [*mut c_void],
     ) -> Result<(), BufferError> {
-        self.world()
-            .context()
-            .bind_to_thread()
-            .map_err(BufferError::cuda("binding the context"))?;
+        self.bind()?;
         // SAFETY: forwarded to the caller.
         Ok(unsafe { self.kernels.launch_independent(&spec, stream, args) }?)
     }
