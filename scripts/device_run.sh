@@ -131,6 +131,7 @@ for bench in ${DEVICE_BENCH:-}; do
           torchrun --standalone --nproc_per_node="$n" scripts/ch06_overlap.py --bench \
             "$logs/overlap_py_${gpu}_${n}gpu.csv"
           echo "device_run: ch06_overlap.py --bench n=$n exit $?"
+          python3 benchmarks/plot_overlap.py "$logs/overlap_py_${gpu}_${n}gpu.csv"
         } >"$logs/overlap_n$n.log" 2>&1
         pack
       done ;;

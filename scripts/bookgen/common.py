@@ -82,6 +82,7 @@ MANIFEST: Dict[str, Dict[str, str]] = {
     "overlap_n2": {
         "csv": "benchmarks/results/overlap_h100_2gpu.csv",
         "python": "benchmarks/results/overlap_py_h200_2gpu.csv",
+        "plot": "benchmarks/results/overlap_py_h200_2gpu.svg",
         "timeline": "benchmarks/results/timeline_ch06_overlap_h200_2gpu_overlapped.svg",
     },
     # The MoE layer: scripts/moe_layer.py --bench (DEVICE_BENCH=moe).

@@ -140,6 +140,10 @@ def gen_ch06(book: Book) -> None:
               f"({label(tours)}; medians of five rounds in turn)")
         claim(turns[tours] < turns["torch_fused"], "ch06-overlap.md",
               "timed in turn, ours is faster than torch's fused op")
+    s.add("py_plot", book.figure(
+        MANIFEST["overlap_n2"]["plot"], "Time per call of each all-gather + GEMM method from PyTorch",
+        f"`{MANIFEST['overlap_n2']['plot']}`, drawn by `benchmarks/plot_overlap.py` from `{py.path}`: "
+        f"{py.device}, {py.date}."))
     s.add("timeline", book.figure(
         MANIFEST["overlap_n2"]["timeline"],
         "Timeline of one overlapped all-gather + GEMM call on rank 0: the put on the communication "
