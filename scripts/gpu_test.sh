@@ -84,11 +84,11 @@ node_sizes() {
     *) echo - ;;
   esac
 }
-ll_pairs=${GPU_TEST_LL_PAIRS:-1000}
-[[ "$ll_pairs" =~ ^[1-9][0-9]*$ ]] || die "GPU_TEST_LL_PAIRS: '$ll_pairs' is not a positive integer"
-
 step() { printf '\n== gpu_test: %s\n' "$*"; }
 die() { printf 'gpu_test: error: %s\n' "$*" >&2; exit 1; }
+
+ll_pairs=${GPU_TEST_LL_PAIRS:-1000}
+[[ "$ll_pairs" =~ ^[1-9][0-9]*$ ]] || die "GPU_TEST_LL_PAIRS: '$ll_pairs' is not a positive integer"
 
 if (($# > 0)); then
   bins=("$@")
