@@ -9,7 +9,7 @@
 #
 # Usage: benchmarks/run_buffer.sh DEEPEP_DIR [N]       (default N: 2)
 # Environment: BUFFER_OUT (default benchmarks/results), BUFFER_LOGS (default: a temp dir),
-#   BUFFER_MODES (default "normal ll").
+#   BUFFER_MODES (default "normal ll"), BUFFER_SWEEP=0 (normal mode: DeepEP's test only, no sweep).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 deepep=$(cd "${1:?usage: benchmarks/run_buffer.sh DEEPEP_DIR [N]}" && pwd)
@@ -41,12 +41,16 @@ if [[ " $modes " == *" normal "* ]]; then
   COMPAT_TIMEOUT_S=300 bash benchmarks/deepep_compat.sh "$deepep" "$n" >"$logs/test_intranode_ours_ep$n.log" 2>&1
   echo "run_buffer: compat exit $?"
 
-  sweep=(--num-sms 8 12 16 20 24 --chunks 8 --combine-chunks 4)
-  (cd /tmp && PYTHONPATH="$deepep${PYTHONPATH:+:$PYTHONPATH}" timeout 300 python3 "$OLDPWD/benchmarks/buffer_bench.py" \
-    --method deepep "$logs/deepep.csv" "${sweep[@]}" --num-processes "$n" >"$logs/bench_deepep.log" 2>&1)
-  (cd /tmp && PYTHONPATH="$shim${PYTHONPATH:+:$PYTHONPATH}" timeout 300 python3 "$OLDPWD/benchmarks/buffer_bench.py" \
-    --method ours "$logs/ours.csv" "${sweep[@]}" --num-processes "$n" >"$logs/bench_ours.log" 2>&1)
-  python3 benchmarks/plot_buffer.py "$out/buffer_${gpu}_ep$n.csv" "$logs/ours.csv" "$logs/deepep.csv"
+  # BUFFER_SWEEP=0 skips the SM sweep of both systems (DeepEP's test above already prints
+  # each one's bandwidth; the sweep draws buffer_<gpu>_ep<N>.csv).
+  if [[ "${BUFFER_SWEEP:-1}" != 0 ]]; then
+    sweep=(--num-sms 8 12 16 20 24 --chunks 8 --combine-chunks 4)
+    (cd /tmp && PYTHONPATH="$deepep${PYTHONPATH:+:$PYTHONPATH}" timeout 300 python3 "$OLDPWD/benchmarks/buffer_bench.py" \
+      --method deepep "$logs/deepep.csv" "${sweep[@]}" --num-processes "$n" >"$logs/bench_deepep.log" 2>&1)
+    (cd /tmp && PYTHONPATH="$shim${PYTHONPATH:+:$PYTHONPATH}" timeout 300 python3 "$OLDPWD/benchmarks/buffer_bench.py" \
+      --method ours "$logs/ours.csv" "${sweep[@]}" --num-processes "$n" >"$logs/bench_ours.log" 2>&1)
+    python3 benchmarks/plot_buffer.py "$out/buffer_${gpu}_ep$n.csv" "$logs/ours.csv" "$logs/deepep.csv"
+  fi
 fi
 
 if [[ " $modes " == *" ll "* ]]; then

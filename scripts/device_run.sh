@@ -6,7 +6,7 @@
 # Usage: scripts/device_run.sh [gpu_test.sh arguments...]
 # Environment: OUT (where results go; required), GPU_TEST_NPROCS, GPU_TEST_PYTHON (as for
 #   gpu_test.sh), DEVICE_BENCH (space-separated steps, run in the order given: buffer coll p2p
-#   deepep_n1 host_path soak dead_rank sanitizer deepep_v2 overlap moe timeline; buffer, coll,
+#   deepep_n1 host_path soak dead_rank sanitizer deepep_v2 overlap moe timeline ab; buffer, coll,
 #   overlap (chapter 6's two benchmarks, Rust and Python), moe (scripts/moe_layer.py --bench),
 #   timeline (scripts/ch06_overlap.py and scripts/moe_layer.py --timeline: torch.profiler
 #   traces of serial and overlapped, drawn by benchmarks/plot_timeline.py as
@@ -163,6 +163,14 @@ for bench in ${DEVICE_BENCH:-}; do
       for n in $bench_nprocs; do
         bash benchmarks/deepep_v2.sh "$carry" "$n" "$logs/deepep_v2_n$n" >"$logs/deepep_v2_n$n.log" 2>&1
         echo "device_run: deepep_v2 n=$n exit $?"
+        pack
+      done ;;
+    ab)
+      old=${AB_OLD:-$(compgen -G "$carry/ab/*/*.whl" | head -1)}
+      for n in $bench_nprocs; do
+        bash benchmarks/ab_wheels.sh "$old" "$(compgen -G "$carry/wheels/*.whl" | head -1)" "$logs/ab_n$n" \
+          "${AB_ROUNDS:-3}" "$n" >"$logs/ab_n$n.log" 2>&1
+        echo "device_run: ab n=$n exit $?"
         pack
       done ;;
     *) echo "device_run: unknown benchmark '$bench'" ;;

@@ -230,6 +230,13 @@ mps_stop() {
   echo quit | nvidia-cuda-mps-control || true
   # The daemon exits once its clients are gone; later runs must not connect to it.
   for _ in $(seq 50); do pgrep -f nvidia-cuda-mps-control >/dev/null || break; sleep 0.1; done
+  # A server that a faulted or killed client left behind does not quit: it would fail every
+  # later run ("could not open the GPU"), so it goes by force.
+  if pgrep -f 'nvidia-cuda-mps-(control|server)' >/dev/null; then
+    echo "MPS daemon did not quit: killed"
+    pkill -9 -f 'nvidia-cuda-mps-(control|server)' || true
+    sleep 1
+  fi
   unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
   mps_on=0
 }
@@ -306,6 +313,8 @@ for bin in "${bins[@]}"; do
         why="exit code $rc"
       fi
       results+=("FAIL  $label ($why; $took; log $log)")
+      # A failed run under MPS can leave the server faulted: a fresh one for the next run.
+      mps_stop
     fi
   done
 done

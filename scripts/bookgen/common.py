@@ -19,10 +19,11 @@ CAPTURES = "book/src/output/captures.tsv"
 # every table from that entry: say there what the reader must know about the run (a kernel that
 # changed since), and drop it when the entry points at a run of the current code.
 #
-# Chapters 4, 7 and 8 quote two H100 calls of 2026-11-26: N = 2 / EP2 from the 2x H100 call at
+# Chapters 4 and 7 quote two H100 calls of 2026-11-26: N = 2 / EP2 from the 2x H100 call at
 # 15:17-15:50 UTC (binaries of 9787572, NVSHMEM's team rows of b534934), N = 4 / EP4 from the
 # 4x H100 call at 12:33-12:55 UTC (binaries of 79ad531, before the combine fix 8819e2b: its
-# caveat says so). Chapter 3 and the PyTorch page have one run each (2x H200). Chapter 6 and
+# caveat says so), with DeepEP's EP4 test printouts from the 4x H100 call at 21:36 UTC
+# (217c9a3). Chapter 8 quotes that call at EP2 and EP4 (21:39-21:41 UTC, 217c9a3). Chapter 3 and the PyTorch page have one run each (2x H200). Chapter 6 and
 # the MoE layer: the 2x H100 call of 15:46-15:48 UTC (b534934). The earlier H200 runs of
 # chapters 4, 7 and 8 (coll_h200_*, buffer_h200_*, buffer_ll_h200_*) stay in
 # benchmarks/results/ with their notes.
@@ -55,8 +56,10 @@ MANIFEST: Dict[str, Dict[str, str]] = {
         "ours_test": "benchmarks/results/deepep_compat_h100_ep4.log",
         "deepep_test": "benchmarks/results/deepep_test_intranode_deepep_h100_ep4.log",
         "plot": "benchmarks/results/buffer_h100_ep4.png",
-        "caveat": "EP4 ran before the combine fix of 8819e2b (the kernel's bad-handle guards out of its "
-                  "inner loop), which took EP2's combine from 399 to 502 GB/s at 24 SMs in buffer_bench.",
+        "caveat": "DeepEP's test printouts (both rows) come from the 4x H100 call of 2026-11-26 21:36 UTC on "
+                  "binaries of 217c9a3. The buffer_bench rows and the plot ran earlier, before the combine fix of "
+                  "8819e2b (the kernel's bad-handle guards out of its inner loop), which took EP2's combine from "
+                  "399 to 502 GB/s at 24 SMs in buffer_bench.",
     },
     # Chapter 8: benchmarks/run_buffer.sh (buffer_ll_bench.py and DeepEP's test_low_latency.py).
     "ll_ep2": {
@@ -64,9 +67,6 @@ MANIFEST: Dict[str, Dict[str, str]] = {
         "ours_test": "benchmarks/results/deepep_compat_ll_h100_ep2.log",
         "deepep_test": "benchmarks/results/deepep_test_low_latency_deepep_h100_ep2.log",
         "plot": "benchmarks/results/buffer_ll_h100_ep2.svg",
-        "caveat": "Both runs timed the kernels as they were before the across-nodes change (6f3d08e: "
-                  "token-ordered slots, count words for combine). The kernels on main have not been timed yet; "
-                  "benchmarks/notes/buffer.md holds what is known.",
     },
     "ll_ep4": {
         "csv": "benchmarks/results/buffer_ll_h100_ep4.csv",
