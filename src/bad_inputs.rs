@@ -5,6 +5,7 @@
 use crate::config::Config;
 use crate::error::BufferError;
 use crate::spec::{BufferOptions, BufferSpec};
+use crate::test_views::{matrix, vector};
 use crate::view::{ElemType, View};
 use crate::*;
 
@@ -16,16 +17,6 @@ const TOPK: usize = 8;
 const EXPERTS: usize = 32;
 const ROWS: usize = 150;
 
-/// Distinct made-up device addresses, 256-byte aligned.
-fn at(i: u64) -> u64 {
-    0x1_0000_0000 + i * 0x100_0000
-}
-fn matrix(i: u64, rows: usize, cols: usize, elem: ElemType) -> View {
-    View::matrix(at(i), rows, cols, elem)
-}
-fn vector(i: u64, len: usize, elem: ElemType) -> View {
-    View::vector(at(i), len, elem)
-}
 
 fn normal_spec() -> BufferSpec {
     let config = config();

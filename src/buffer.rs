@@ -75,6 +75,17 @@ pub fn node_pes_from_env(world: &World) -> Result<usize, BufferError> {
 }
 // ANCHOR_END: node_pes
 
+/// How a buffer kernel's blocks behave, which decides how it is launched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Blocks {
+    /// They may wait for each other or for a peer, so every block must be resident at once:
+    /// `Kernels::launch` checks that first (a grid that cannot be would hang).
+    MayWait,
+    /// They never wait for each other or for a peer: no residency check
+    /// ([`ch04_collectives::Kernels::launch_independent`]).
+    Independent,
+}
+
 // ANCHOR: buffer
 pub struct NvshmemBuffer<W: Deref<Target = World>> {
     pub(crate) comm: Communicator<W>,
@@ -280,21 +291,28 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         self.comm.workspace()
     }
 
-    /// Launches a buffer kernel. Its blocks may wait for peers: see `Kernels::launch`.
+    /// Launches a buffer kernel, its residency checked first or not as `blocks` says.
     ///
     /// # Safety
     /// `args` must be the kernel's parameters, in order, pointing at live values; every
     /// device address in them must be checked (a plan) and `stream` a live stream of this
-    /// buffer's context.
+    /// buffer's context. With `Blocks::Independent` the kernel's blocks must never wait for
+    /// each other or for a peer.
     pub(crate) unsafe fn launch(
         &self,
         spec: LaunchSpec,
+        blocks: Blocks,
         stream: sys::CUstream,
         args: &mut [*mut c_void],
     ) -> Result<(), BufferError> {
         self.bind()?;
         // SAFETY: forwarded to the caller.
-        Ok(unsafe { self.kernels.launch(&spec, stream, args) }?)
+        Ok(unsafe {
+            match blocks {
+                Blocks::MayWait => self.kernels.launch(&spec, stream, args),
+                Blocks::Independent => self.kernels.launch_independent(&spec, stream, args),
+            }
+        }?)
     }
 
     /// Makes the buffer's context current on this thread (a launch needs it).
@@ -303,22 +321,6 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
             .context()
             .bind_to_thread()
             .map_err(BufferError::cuda("binding the context"))
-    }
-
-    /// As `launch`, for a kernel whose blocks never wait for each other or for a peer: no
-    /// residency check ([`ch04_collectives::Kernels::launch_independent`]).
-    ///
-    /// # Safety
-    /// As `launch`; the kernel's blocks must be independent.
-    pub(crate) unsafe fn launch_independent(
-        &self,
-        spec: LaunchSpec,
-        stream: sys::CUstream,
-        args: &mut [*mut c_void],
-    ) -> Result<(), BufferError> {
-        self.bind()?;
-        // SAFETY: forwarded to the caller.
-        Ok(unsafe { self.kernels.launch_independent(&spec, stream, args) }?)
     }
 
     /// A dispatch or combine kernel: two blocks per channel (a sender and a receiver), the
@@ -354,7 +356,7 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
             num_channels: channels,
         };
         // SAFETY: forwarded to the caller.
-        unsafe { self.launch(spec, stream, &mut [arg(&ws), arg(args)]) }
+        unsafe { self.launch(spec, Blocks::MayWait, stream, &mut [arg(&ws), arg(args)]) }
     }
 
     /// Threads per block of a dispatch or combine grid of `num_blocks`: `CHANNEL_THREADS`,

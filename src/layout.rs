@@ -9,7 +9,7 @@ use ch04_collectives::LaunchSpec;
 use cudarc::driver::sys;
 use kernels::contract::{InputError, LAYOUT_THREADS};
 
-use crate::buffer::{NvshmemBuffer, arg};
+use crate::buffer::{Blocks, NvshmemBuffer, arg};
 use crate::checks;
 use crate::error::BufferError;
 use crate::regions::MAX_EXPERTS;
@@ -122,6 +122,7 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         unsafe {
             self.launch(
                 p.launch,
+                Blocks::MayWait,
                 stream,
                 &mut [
                     arg(&p.topk_idx),

@@ -64,6 +64,8 @@ pub mod view;
 
 #[cfg(test)]
 mod bad_inputs;
+#[cfg(test)]
+mod test_views;
 
 pub use buffer::NvshmemBuffer;
 pub use ch01_bootstrap as bootstrap;

@@ -10,7 +10,7 @@ use ch04_collectives::LaunchSpec;
 use cudarc::driver::sys;
 use kernels::contract::{InputError, NOTIFY_THREADS};
 
-use crate::buffer::{NvshmemBuffer, arg};
+use crate::buffer::{Blocks, NvshmemBuffer, arg};
 use crate::checks;
 use crate::config::Config;
 use crate::error::BufferError;
@@ -189,8 +189,9 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
     ) -> Result<(), BufferError> {
         // SAFETY: the caller's; each block counts one destination on its own.
         unsafe {
-            self.launch_independent(
+            self.launch(
                 notify_kernel("moe_notify_prepare", p.n_pes as u32),
+                Blocks::Independent,
                 stream,
                 &mut [
                     arg(&p.inputs.is_token_in_rank.ptr),
@@ -222,6 +223,7 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         unsafe {
             self.launch(
                 notify_kernel("moe_notify_finish", 1),
+                Blocks::MayWait,
                 stream,
                 &mut [
                     arg(&p.rows),

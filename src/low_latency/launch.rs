@@ -12,7 +12,7 @@ use ch04_collectives::{CollError, LaunchSpec};
 use cudarc::driver::sys;
 use kernels::contract::{LL_THREADS, LlBarrierArgs};
 
-use crate::buffer::{NvshmemBuffer, arg};
+use crate::buffer::{Blocks, NvshmemBuffer, arg};
 use crate::error::BufferError;
 use crate::low_latency::phases::{PendingReceive, Phases};
 use crate::low_latency::regions::{COUNTS_BYTES, LlShape, check_shape, invalid};
@@ -144,7 +144,7 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         let phases = plan.phases as i32;
         let args = &mut [arg(&ws), arg(&plan.args), arg(&phases)];
         // SAFETY: forwarded to the caller.
-        unsafe { self.launch(spec, stream, args) }?;
+        unsafe { self.launch(spec, Blocks::MayWait, stream, args) }?;
         *self.ll_pending() = plan.pending_after;
         Ok(())
     }
@@ -234,6 +234,6 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         };
         let ws = self.workspace();
         // SAFETY: the barrier kernel's parameters, in order; its words are this buffer's.
-        unsafe { self.launch(spec, stream, &mut [arg(&ws), arg(&args)]) }
+        unsafe { self.launch(spec, Blocks::MayWait, stream, &mut [arg(&ws), arg(&args)]) }
     }
 }

@@ -7,6 +7,7 @@ use kernels::contract::{MAX_LL_RANKS, MAX_PES};
 use crate::config::MAX_NORMAL_RANKS;
 use crate::low_latency::regions::{LlRegions, get_low_latency_rdma_size_hint};
 use crate::spec::{BufferOptions, BufferSpec, node_members};
+use crate::test_views::{at, matrix};
 use crate::view::{ElemType, View};
 use crate::*;
 
@@ -15,12 +16,6 @@ const HIDDEN: usize = 7168;
 const TOPK: usize = 8;
 const TOKENS: usize = 100;
 
-fn at(i: u64) -> u64 {
-    0x1_0000_0000 + i * 0x1000_0000
-}
-fn matrix(i: u64, rows: usize, cols: usize, elem: ElemType) -> View {
-    View::matrix(at(i), rows, cols, elem)
-}
 
 /// A low-latency buffer of `n` ranks in nodes of `g`, as rank `me` sees it, sized by the hint
 /// for `num_experts`.
