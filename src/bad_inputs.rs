@@ -17,7 +17,6 @@ const TOPK: usize = 8;
 const EXPERTS: usize = 32;
 const ROWS: usize = 150;
 
-
 fn normal_spec() -> BufferSpec {
     let config = config();
     BufferSpec::for_tests(

@@ -16,7 +16,6 @@ const HIDDEN: usize = 7168;
 const TOPK: usize = 8;
 const TOKENS: usize = 100;
 
-
 /// A low-latency buffer of `n` ranks in nodes of `g`, as rank `me` sees it, sized by the hint
 /// for `num_experts`.
 fn spec(n: usize, g: usize, me: usize, num_experts: usize) -> BufferSpec {
