@@ -44,6 +44,7 @@ from moe_model import (
     DEEPSEEK_V3,
     Dispatch,
     Experts,
+    LEAN_CONFIG,
     ll_experts,
     LL_TOKENS,
     MoeLayer,
@@ -209,11 +210,14 @@ def bench_micro_batches(buffer: Buffer) -> List[str]:
     xs = [torch.randn(half, shape.hidden, device="cuda").to(torch.bfloat16) for _ in range(2)]
     serial = timed_ms(lambda: two_micro_batches(layer, xs, overlap=False))
     overlapped = timed_ms(lambda: two_micro_batches(layer, xs, overlap=True))
+    # The same with the exchanges on fewer SMs, the rest left to the experts' GEMMs.
+    lean = timed_ms(lambda: two_micro_batches(layer, xs, overlap=True, config=LEAN_CONFIG))
     # The parts alone: the experts on what arrived, and the exchanges with identity experts.
     recv = [layer.buffer.dispatch(x, handle=None, **_layout(layer, x)) for x in xs]
     compute = timed_ms(lambda: [layer.experts(r[0], r[1], r[2], r[3]) for r in recv])
-    return [overlap_line(f"two micro-batches of {half} tokens, forward", serial, overlapped,
-                         compute)]
+    what = f"two micro-batches of {half} tokens, forward"
+    return [overlap_line(what, serial, overlapped, compute),
+            overlap_line(f"{what}, exchanges on {LEAN_CONFIG.num_sms} SMs", serial, lean, compute)]
 
 
 def bench_decode(buffer: Buffer) -> List[str]:

@@ -40,6 +40,8 @@ class Shape:
 SMALL = Shape(tokens=256, hidden=1024, experts=16, top_k=4, ffn=256)
 DEEPSEEK_V3 = Shape(tokens=4096, hidden=7168, experts=256, top_k=8, ffn=2048)
 CONFIG = Config(24, 8, 256)  # SMs, NVL chunk, NVL ring tokens (DeepEP's defaults at EP2-8)
+# The exchanges beside compute (two micro-batches): a third of the SMs, the rest to the GEMMs.
+LEAN_CONFIG = Config(8, 8, 256)
 FP8_GROUP = 128  # channels per fp8 scale
 
 
@@ -223,12 +225,14 @@ class MoeLayer(torch.nn.Module):
 
 
 # ANCHOR: micro_batches
-def two_micro_batches(layer: MoeLayer, xs: List[torch.Tensor], overlap: bool) -> List[torch.Tensor]:
+def two_micro_batches(layer: MoeLayer, xs: List[torch.Tensor], overlap: bool,
+                      config: Config = CONFIG) -> List[torch.Tensor]:
     """The layer's forward on two micro-batches. Overlapped, every dispatch and combine runs on
     the buffer's communication stream (`async_finish`, `allocate_on_comm_stream`), each after an
     event of the compute stream, and the compute stream waits only where it reads the result:
     micro-batch 1's dispatch travels while the experts compute micro-batch 0, and micro-batch
     0's combine while they compute micro-batch 1. Serial, the same calls on the compute stream.
+    `config` sets the SMs the exchanges take from the experts' GEMMs while both run.
 
     The order the host enqueues them in matters as much as the streams: a normal-mode dispatch
     waits on the host for its receive counts, so micro-batch 0's experts are enqueued before
@@ -249,12 +253,12 @@ def two_micro_batches(layer: MoeLayer, xs: List[torch.Tensor], overlap: bool) ->
         recv_x, recv_idx, recv_w, counts, handle, event = buffer.dispatch(
             x, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
             num_tokens_per_expert=per_expert, topk_idx=topk_idx, topk_weights=topk_w,
-            config=CONFIG, previous_event=event if overlap else None, **streams)
+            config=config, previous_event=event if overlap else None, **streams)
         return recv_x, recv_idx, recv_w, counts, handle, event
 
     def combine(y: torch.Tensor, handle: tuple) -> tuple:
         before = Buffer.capture() if overlap else None
-        combined, _, event = buffer.combine(y, handle, config=CONFIG, previous_event=before,
+        combined, _, event = buffer.combine(y, handle, config=config, previous_event=before,
                                             **streams)
         return combined, event
 
