@@ -29,7 +29,13 @@ from collections import defaultdict
 
 import torch
 
-from ch00_common import Tally, job_seed, main, nv, print_by_pe, start
+# NVSHMEM's team reduce-scatter stages its whole input in half of the team's reduction
+# scratch (512 KiB by default in NVSHMEM 3.4.5) and does not split larger calls: the
+# nvshmem_teams rows at 65537 elements need more, set before NVSHMEM starts (the Rust
+# programs do the same: chapter 4's team::default_reduce_scratch).
+os.environ.setdefault("NVSHMEM_REDUCE_SCRATCH_SIZE", "16M")
+
+from ch00_common import Tally, job_seed, main, nv, print_by_pe, start  # noqa: E402
 
 COUNTS = (0, 1, 13, 1000, 65_537)
 MOVERS = ("all_gather", "broadcast", "all_to_all")

@@ -19,6 +19,15 @@ COLL_LABEL = {
 PEER_LABEL = {"nccl": "NCCL", "torch_symm": "torch", "nvshmem": "NVSHMEM"}
 
 
+def reduce_scatter_room(text: str) -> int:
+    """The input bytes NVSHMEM's team reduce-scatter can take in the run whose CSV is `text`:
+    half of its reduction scratch, which its header names (chapter 4's team.rs); runs that do
+    not name it had NVSHMEM 3.4.5's default, 512 KiB. Rows past it timed a call that wrote past
+    the scratch: not valid calls."""
+    found = re.search(r"NVSHMEM_REDUCE_SCRATCH_SIZE=(\d+) bytes", text)
+    return (int(found.group(1)) if found else 512 << 10) // 2
+
+
 def size_table() -> List[Tuple[str, int, str]]:
     """(collective, up to bytes, algorithm) rows of chapter 4's SIZE_TABLE, from the Rust source."""
     text = read_text(SIZE_TABLE_SOURCE)

@@ -4,9 +4,10 @@ scripts/gen_book.py."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import List, Optional, Sequence
 
-from .collectives import COLL_LABEL, COLLECTIVES, Coll, size_table
+from .collectives import COLL_LABEL, COLLECTIVES, Coll, reduce_scatter_room, size_table
 from .common import (
     Book,
     claim,
@@ -72,12 +73,17 @@ def gen_ch04(book: Book) -> None:
         # NVSHMEM's own team collectives: measured rows, or a plain statement that there are none.
         if c.has_nvshmem():
             rows = []
+            room = reduce_scatter_room(Path(r.path).read_text())
             for size in TABLE_SIZES:
                 cells = [size_label(size)]
                 for collective in COLLECTIVES:
                     nv = c.us(collective, size, "nvshmem")
                     ours, _ = c.ours(collective, size)
-                    cells.append(f"{us(ours)} / {us(nv)}" if nv is not None else f"{us(ours)} / -")
+                    if collective == "reduce_scatter" and size > room:
+                        nv_cell = "x"
+                    else:
+                        nv_cell = us(nv) if nv is not None else "-"
+                    cells.append(f"{us(ours)} / {nv_cell}")
                 rows.append(cells)
             setting = next((line for line in r.comments if line.startswith("nvshmem peer:")), "")
             timed_to = re.search(r"timed up to (\d+ MiB)", setting)
@@ -86,7 +92,8 @@ def gen_ch04(book: Book) -> None:
                   "NVSHMEM's row was timed with NVSHMEM_DISABLE_NCCL=1 (its CSV header says so)")
             s.add(f"{key}_nvshmem", table(["size"] + [f"{COLL_LABEL[x]}: ours / NVSHMEM" for x in COLLECTIVES], ["r"] * 6, rows)
                   + f"\n\n*NVSHMEM's team collectives on the stream over the world team, NVSHMEM_DISABLE_NCCL=1; "
-                  f"time per call in us{cap}. `{r.path}`: {r.device}, {r.date}.*")
+                  f"time per call in us{cap}; x: a reduce-scatter past half of NVSHMEM's reduction scratch "
+                  f"({room >> 10} KiB), which it does not split: not a valid call. `{r.path}`: {r.device}, {r.date}.*")
         else:
             s.add(f"{key}_nvshmem", f"*Not measured yet at N = {c.n}: `{r.path}` ({r.device}, {r.date}) has no "
                   "`nvshmem` rows. `benchmarks/run_coll.sh` records them (`ch04-coll-bench --nvshmem`, with "

@@ -92,6 +92,88 @@ pub fn team_call(collective: Collective, size: usize, n_pes: usize) -> Result<Te
 }
 // ANCHOR_END: team_call
 
+/// The variable that sizes NVSHMEM's reduction scratch, one area per team, read once by
+/// `nvshmem_init`, and its default in NVSHMEM 3.4.5 (`env_defs.h`).
+pub const REDUCE_SCRATCH_VAR: &str = "NVSHMEM_REDUCE_SCRATCH_SIZE";
+pub const DEFAULT_REDUCE_SCRATCH_BYTES: usize = 512 << 10;
+
+/// The bytes `NVSHMEM_REDUCE_SCRATCH_SIZE` (its value, if set) gives each team's reduction
+/// scratch: a count with an optional k, m, g or t (any case), as NVSHMEM reads sizes.
+pub fn reduce_scratch_bytes(value: Option<&str>) -> Result<usize, CollError> {
+    let Some(text) = value.map(str::trim) else {
+        return Ok(DEFAULT_REDUCE_SCRATCH_BYTES);
+    };
+    let bad = || CollError::InvalidArgument {
+        collective: "reduce_scatter",
+        what: format!(
+            "{REDUCE_SCRATCH_VAR}={text:?} is not a size (a count, e.g. 16M or 16777216)"
+        ),
+    };
+    let (digits, shift) = match text.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let shift = match c.to_ascii_lowercase() {
+                'k' => 10,
+                'm' => 20,
+                'g' => 30,
+                't' => 40,
+                _ => return Err(bad()),
+            };
+            (&text[..i], shift)
+        }
+        _ => (text, 0),
+    };
+    let count: usize = digits.parse().map_err(|_| bad())?;
+    count.checked_mul(1 << shift).ok_or_else(bad)
+}
+
+// ANCHOR: reduce_scratch
+/// NVSHMEM 3.4.5's reduce-scatter (its own, NCCL off or unloadable, which is every folded run)
+/// copies every peer's share into the team's scratch, half of `scratch_bytes`, and then
+/// reduces there. It does not split a larger call, and its bound check is an `assert` compiled
+/// out of the shipped library: a call past it overwrites the next team's barrier flags, and
+/// another team's collective then returns wrong bytes or never ends. So it is refused here.
+pub fn check_reduce_scratch(call: &TeamCall, scratch_bytes: usize) -> Result<(), CollError> {
+    let room = scratch_bytes / 2;
+    if call.collective != Collective::ReduceScatter || call.in_bytes <= room {
+        return Ok(());
+    }
+    Err(CollError::InvalidArgument {
+        collective: call.collective.name(),
+        what: format!(
+            "NVSHMEM's reduce-scatter stages its whole input ({} bytes per PE) in half of the \
+             team's reduction scratch ({room} of {scratch_bytes} bytes) and does not split larger \
+             calls: set {REDUCE_SCRATCH_VAR} to at least {} before NVSHMEM starts (e.g. 16M), or \
+             call with less",
+            call.in_bytes,
+            2 * call.in_bytes
+        ),
+    })
+}
+// ANCHOR_END: reduce_scratch
+
+/// The scratch this process's NVSHMEM was given (the variable as it is now: NVSHMEM read it at
+/// `nvshmem_init`, and nothing here changes it after).
+pub fn process_reduce_scratch_bytes() -> Result<usize, CollError> {
+    reduce_scratch_bytes(std::env::var(REDUCE_SCRATCH_VAR).ok().as_deref())
+}
+
+/// The scratch the programs that call NVSHMEM's team reduce-scatter ask for (chapter 5's
+/// checks reach 8.4 MB; each team slot costs this much symmetric memory, about 0.5 GiB per PE
+/// over NVSHMEM's 32 team slots).
+pub const PROGRAM_REDUCE_SCRATCH: &str = "16M";
+
+/// Gives NVSHMEM `PROGRAM_REDUCE_SCRATCH` of reduction scratch unless the user chose a size.
+///
+/// # Safety
+/// Call it first in `main`, before NVSHMEM starts and before any other thread exists: it writes
+/// the environment.
+pub unsafe fn default_reduce_scratch() {
+    if std::env::var_os(REDUCE_SCRATCH_VAR).is_none() {
+        // SAFETY: the caller's: no other thread reads or writes the environment.
+        unsafe { std::env::set_var(REDUCE_SCRATCH_VAR, PROGRAM_REDUCE_SCRATCH) };
+    }
+}
+
 /// Whether `NVSHMEM_DISABLE_NCCL` (its value, if set) makes NVSHMEM run its own collectives.
 /// NVSHMEM reads it as a boolean at initialisation: 1, y, yes, t, true (any case).
 pub fn nccl_disabled(value: Option<&str>) -> bool {
@@ -159,6 +241,7 @@ pub unsafe fn enqueue_on_team(
     root: usize,
     stream: cudarc::driver::sys::CUstream,
 ) -> Result<(), CollError> {
+    check_reduce_scratch(call, process_reduce_scratch_bytes()?)?;
     let nv = world.nvshmem();
     let (dest, source) = (out as *mut _, input as *const _);
     let stream = stream as nvshmem_sys::CudaStream;
@@ -254,6 +337,37 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("no on-stream team call"), "{err}");
+    }
+
+    #[test]
+    fn the_reduce_scratch_is_read_as_nvshmem_reads_sizes() {
+        assert_eq!(reduce_scratch_bytes(None).unwrap(), 512 << 10);
+        assert_eq!(reduce_scratch_bytes(Some("16M")).unwrap(), 16 << 20);
+        assert_eq!(reduce_scratch_bytes(Some("64k")).unwrap(), 64 << 10);
+        assert_eq!(reduce_scratch_bytes(Some(" 1048576 ")).unwrap(), 1 << 20);
+        for bad in ["", "M", "16x", "-1", "1.5M"] {
+            let err = reduce_scratch_bytes(Some(bad)).unwrap_err().to_string();
+            assert!(err.contains(REDUCE_SCRATCH_VAR), "{bad:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_reduce_scatter_past_half_the_scratch_is_refused_with_the_size_to_set() {
+        // Chapter 5's failing case: 2 nodes of 4, 262147 bf16 per PE on the node team.
+        let call = team_call(Collective::ReduceScatter, 4 * 262147 * 2, 4).unwrap();
+        let err = check_reduce_scratch(&call, DEFAULT_REDUCE_SCRATCH_BYTES)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("2097176 bytes per PE") && err.contains("at least 4194352"),
+            "{err}"
+        );
+        assert!(check_reduce_scratch(&call, 16 << 20).is_ok());
+        // Exactly half fits; other collectives do not use this scratch.
+        let half = team_call(Collective::ReduceScatter, 256 << 10, 4).unwrap();
+        assert!(check_reduce_scratch(&half, DEFAULT_REDUCE_SCRATCH_BYTES).is_ok());
+        let ar = team_call(Collective::AllReduce, 64 << 20, 4).unwrap();
+        assert!(check_reduce_scratch(&ar, DEFAULT_REDUCE_SCRATCH_BYTES).is_ok());
     }
 
     #[test]

@@ -33,6 +33,8 @@ const COUNTS: [usize; 6] = [0, 1, 13, 1000, 65_537, 262_147];
 const BYTES_PER_PE: usize = 4 * 262_147;
 
 fn main() -> ExitCode {
+    // SAFETY: first in main, one thread, before NVSHMEM starts.
+    unsafe { ch04_collectives::team::default_reduce_scratch() };
     ch01_bootstrap::checks::exit_code("ch05-inter-node", run())
 }
 

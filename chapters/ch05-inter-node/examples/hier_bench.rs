@@ -43,6 +43,8 @@ const COLLECTIVES: [&str; 5] = [
 ];
 
 fn main() -> ExitCode {
+    // SAFETY: first in main, one thread, before NVSHMEM starts.
+    unsafe { ch04_collectives::team::default_reduce_scratch() };
     ch01_bootstrap::checks::exit_code("ch05-hier-bench", run())
 }
 
@@ -131,6 +133,7 @@ fn run() -> Result<bool, AnyError> {
         true => &[Method::NvshmemTeams],
         false => &[Method::Hierarchical, Method::Flat],
     };
+    let scratch = ch04_collectives::team::process_reduce_scratch_bytes()?;
     let sizes = std::iter::successors(Some(1usize << 10), |&s| Some(s * 4));
     let mut rows = Vec::new();
     for size in sizes.take_while(|&s| s <= MAX_BYTES) {
@@ -138,6 +141,17 @@ fn run() -> Result<bool, AnyError> {
             for &method in methods {
                 if method == Method::NvshmemTeams && collective == "all_to_all" {
                     continue; // NVSHMEM has no hierarchical all-to-all (chapter 4 times its own)
+                }
+                // The node step of both reductions is a team reduce-scatter of the whole
+                // buffer, which NVSHMEM stages in half of its scratch (chapter 4's team.rs).
+                let staged = matches!(collective, "all_reduce" | "reduce_scatter");
+                if method == Method::NvshmemTeams && staged && size > scratch / 2 {
+                    if world.my_pe() == 0 {
+                        println!(
+                            "pe 0: {collective} nvshmem_teams {size} B: past NVSHMEM's reduction scratch, not timed"
+                        );
+                    }
+                    continue;
                 }
                 let (us, timing) = timed(&world, size, || match collective {
                     "all_reduce" => topo.all_reduce_raw(method, o, i, size / 2, DType::Bf16, s),
@@ -196,8 +210,10 @@ fn header(world: &World, topo: &Topology<&World>) -> Result<String, AnyError> {
             kernels::BUILT_ARCHS
         ),
         format!(
-            "nvshmem: {}; NVSHMEM_DISABLE_NCCL={nccl}",
-            world.nvshmem().version()
+            "nvshmem: {}; NVSHMEM_DISABLE_NCCL={nccl}; NVSHMEM_REDUCE_SCRATCH_SIZE={} bytes \
+             (its team reductions timed up to half of it)",
+            world.nvshmem().version(),
+            ch04_collectives::team::process_reduce_scratch_bytes()?
         ),
         format!(
             "layout: {} ({} PE(s) per GPU)",

@@ -9,7 +9,9 @@ use ch01_bootstrap::World;
 use ch02_symmetric_memory::{check_sizes_agree, size_checks_enabled};
 use ch03_put_get::check_symmetric_range;
 use ch04_collectives::config::COLL_THREADS;
-use ch04_collectives::team::{enqueue_on_team, team_call};
+use ch04_collectives::team::{
+    TeamCall, check_reduce_scratch, enqueue_on_team, process_reduce_scratch_bytes, team_call,
+};
 use ch04_collectives::{Collective, DType, LaunchSpec};
 use cudarc::driver::sys;
 
@@ -92,6 +94,9 @@ impl<W: Deref<Target = World> + Clone> Topology<W> {
         stream: sys::CUstream,
     ) -> Result<(), InterNodeError> {
         plan.check_fits(&self.config)?;
+        if method == Method::NvshmemTeams {
+            self.check_team_steps(plan)?;
+        }
         for step in &plan.steps {
             match (step.scope(), method) {
                 (Scope::Local, _) => self.local_step(step, &call, stream)?,
@@ -411,6 +416,23 @@ impl<W: Deref<Target = World> + Clone> Topology<W> {
         call: &Call,
         stream: sys::CUstream,
     ) -> Result<(), InterNodeError> {
+        let (team, team_call, out, input, root) = self.team_call_of(collective, step)?;
+        // ANCHOR: team_enqueue
+        debug_assert_ne!(call.dtype, Some(DType::F32), "check_call refuses f32 teams");
+        let (out, input) = (self.address(out, call), self.address(input, call));
+        // SAFETY: symmetric addresses checked by `prepare` (or the topology's stages) holding
+        // the bytes the plan's extents say; a team of this PE; the caller's stream.
+        Ok(unsafe { enqueue_on_team(self.world(), team, &team_call, out, input, root, stream) }?)
+        // ANCHOR_END: team_enqueue
+    }
+    // ANCHOR_END: team_step
+
+    /// The team and NVSHMEM call of a node or rail step, with its buffers and root.
+    fn team_call_of(
+        &self,
+        collective: &'static str,
+        step: &Step,
+    ) -> Result<(nvshmem_sys::Team, TeamCall, Buf, Buf, usize), InterNodeError> {
         let (team, team_pes) = match step.scope() {
             Scope::Node => (self.teams.node, self.layout.node_pes),
             _ => (self.teams.rail, self.layout.num_nodes()),
@@ -457,16 +479,20 @@ impl<W: Deref<Target = World> + Clone> Topology<W> {
                 return Err(InterNodeError::invalid(collective, what));
             }
         };
-        // ANCHOR: team_enqueue
-        debug_assert_ne!(call.dtype, Some(DType::F32), "check_call refuses f32 teams");
-        let team_call = team_call(c, size, team_pes)?;
-        let (out, input) = (self.address(out, call), self.address(input, call));
-        // SAFETY: symmetric addresses checked by `prepare` (or the topology's stages) holding
-        // the bytes the plan's extents say; a team of this PE; the caller's stream.
-        Ok(unsafe { enqueue_on_team(self.world(), team, &team_call, out, input, root, stream) }?)
-        // ANCHOR_END: team_enqueue
+        Ok((team, team_call(c, size, team_pes)?, out, input, root))
     }
-    // ANCHOR_END: team_step
+
+    /// Every team step of `plan`, checked before the first is enqueued: a call NVSHMEM cannot
+    /// take (its reduce-scatter past the team's scratch) stops every PE before any step runs,
+    /// so the PEs' call counts stay in step.
+    fn check_team_steps(&self, plan: &Plan) -> Result<(), InterNodeError> {
+        let scratch = process_reduce_scratch_bytes()?;
+        for step in plan.steps.iter().filter(|s| s.scope() != Scope::Local) {
+            let (_, call, ..) = self.team_call_of(plan.collective, step)?;
+            check_reduce_scratch(&call, scratch)?;
+        }
+        Ok(())
+    }
 
     /// A step of this PE alone: a permutation, a copy, a fill.
     pub(crate) fn local_step(

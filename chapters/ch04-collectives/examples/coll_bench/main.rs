@@ -38,6 +38,8 @@ const NUM_SAMPLES: usize = 7;
 const FLUSH_BYTES: usize = 256 << 20;
 const MAX_BYTES: usize = 256 << 20;
 fn main() -> ExitCode {
+    // SAFETY: first in main, one thread, before NVSHMEM starts.
+    unsafe { ch04_collectives::team::default_reduce_scratch() };
     ch01_bootstrap::checks::exit_code("ch04-coll-bench", run())
 }
 

@@ -37,8 +37,12 @@ pub(crate) fn nvshmem_team_peer(
     let out = SymmetricBuffer::<_, u8>::new(world, MAX_BYTES)?;
     let stream = world.stream();
     let (mut rows, mut failed) = (Vec::new(), 0usize);
+    let scratch = team::process_reduce_scratch_bytes()?;
     for size in sizes().into_iter().filter(|&s| s <= NVSHMEM_PEER_MAX_BYTES) {
         for collective in TEAM_COLLECTIVES.into_iter().filter(|c| wanted(c.name())) {
+            if past_scratch(collective, size, n, scratch, me)? {
+                continue;
+            }
             if size <= MAX_CHECKED_BYTES && !check_team_call(world, collective, &out, &input, size)?
             {
                 failed += 1;
@@ -68,7 +72,8 @@ pub(crate) fn nvshmem_team_peer(
             "# nvshmem peer: team collectives on stream over NVSHMEM_TEAM_WORLD (method nvshmem), \
              NVSHMEM_DISABLE_NCCL={} (NVSHMEM's own implementation, not NCCL); bf16 sum \
              reductions; broadcast from PE 0, out of place; checked against the host reference \
-             up to {} MiB; timed up to {} MiB\n",
+             up to {} MiB; timed up to {} MiB; reduce-scatter up to half of \
+             NVSHMEM_REDUCE_SCRATCH_SIZE={scratch} bytes\n",
             std::env::var("NVSHMEM_DISABLE_NCCL").unwrap_or_default(),
             MAX_CHECKED_BYTES >> 20,
             NVSHMEM_PEER_MAX_BYTES >> 20
@@ -80,6 +85,25 @@ pub(crate) fn nvshmem_team_peer(
     Ok(failed == 0)
 }
 // ANCHOR_END: nvshmem_team_peer
+
+/// Whether NVSHMEM cannot take `collective` at `size` bytes: a reduce-scatter past half of its
+/// reduction scratch (chapter 4's team.rs, `check_reduce_scratch`). PE 0 says so.
+fn past_scratch(
+    collective: Collective,
+    size: usize,
+    n: usize,
+    scratch: usize,
+    me: usize,
+) -> Result<bool, AnyError> {
+    let past = team::check_reduce_scratch(&team::team_call(collective, size, n)?, scratch).is_err();
+    if past && me == 0 {
+        println!(
+            "pe 0: nvshmem {} {size} B: past its reduction scratch, not timed",
+            collective.name()
+        );
+    }
+    Ok(past)
+}
 
 /// One call of NVSHMEM's `collective` on fresh data, compared with the host reference. The
 /// inputs show where they came from (PE, index); the output is poisoned first. Reductions use
