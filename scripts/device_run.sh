@@ -168,7 +168,7 @@ for bench in ${DEVICE_BENCH:-}; do
     ab)
       old=${AB_OLD:-$(compgen -G "$carry/ab/*/*.whl" | head -1)}
       for n in $bench_nprocs; do
-        bash benchmarks/ab_wheels.sh "$old" "$(compgen -G "$carry/wheels/*.whl" | head -1)" "$logs/ab_n$n" \
+        bash benchmarks/ab_wheels.sh "$old" "${AB_NEW:-$(compgen -G "$carry/wheels/*.whl" | head -1)}" "$logs/ab_n$n" \
           "${AB_ROUNDS:-3}" "$n" >"$logs/ab_n$n.log" 2>&1
         echo "device_run: ab n=$n exit $?"
         pack
