@@ -18,7 +18,9 @@
 #   DeepEP's test_low_latency.py at N = 1 for DeepEP and for ours, and our test_intranode.py
 #   as far as N = 1 goes; host_path runs benchmarks/host_path.py for both; soak runs the
 #   chapter programs with --pairs SOAK_PAIRS (default 10000) and --create-destroy 100 at N = 1
-#   and folded N = 2; dead_rank runs scripts/dead_rank.py with DEAD_RANK_ARGS),
+#   and folded N = 2; dead_rank runs scripts/dead_rank.py with DEAD_RANK_ARGS; ab runs
+#   benchmarks/ab_wheels.sh per process count in BENCH_NPROCS, AB_ROUNDS rounds (default 3), of
+#   the wheel AB_OLD (default the first in CARRY/ab/*/) against AB_NEW (default the carried one)),
 #   DEVICE_GPU_TEST=0 (skip gpu_test.sh), DEVICE_LOGS (folder
 #   for logs and results, default a fresh temporary one), CARRY (default .carry, as
 #   scripts/build_carry.sh makes it: bins.tar.xz with the release binaries, unpacked here into
