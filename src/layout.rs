@@ -7,7 +7,7 @@ use std::ops::Deref;
 use ch01_bootstrap::World;
 use ch04_collectives::LaunchSpec;
 use cudarc::driver::sys;
-use kernels::contract::{InputError, LAYOUT_THREADS};
+use kernels::contract::{InputError, LAYOUT_THREADS, MAX_LAYOUT_RANKS};
 
 use crate::buffer::{Blocks, NvshmemBuffer, arg};
 use crate::checks;
@@ -52,6 +52,16 @@ pub fn plan_layout(
 ) -> Result<LayoutPlan, BufferError> {
     const WHAT: &str = "get_dispatch_layout";
     let n = spec.n_pes;
+    if n > MAX_LAYOUT_RANKS {
+        return Err(BufferError::invalid(
+            WHAT,
+            format!(
+                "a buffer of {n} ranks: the layout step handles at most MAX_LAYOUT_RANKS = \
+                 {MAX_LAYOUT_RANKS} (a token's ranks are a 32-bit mask in moe_layout); route \
+                 low-latency mode without it (its dispatch takes topk_idx alone)"
+            ),
+        ));
+    }
     checks::num_experts(WHAT, "num_experts", num_experts, n, MAX_EXPERTS)?;
     topk_idx.expect(WHAT, "topk_idx", ElemType::I64, &[None, None])?;
     let (num_tokens, num_topk) = (topk_idx.rows(), topk_idx.cols());

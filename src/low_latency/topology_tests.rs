@@ -83,6 +83,39 @@ fn plan_round_trip(
     Ok((dispatch, combine))
 }
 
+/// A low-latency buffer may span more ranks than the layout step's rank mask holds: the
+/// step is refused with its limit, never run with ranks past the mask (they would read as no
+/// tokens).
+#[test]
+fn the_layout_step_refuses_more_ranks_than_its_mask_holds() {
+    for (n, fits) in [(8, true), (32, true), (64, false), (256, false)] {
+        let num_experts = 2 * n;
+        let spec = spec(n, 8, 0, num_experts);
+        let out = LayoutOutputs {
+            num_tokens_per_rank: View::vector(at(1), n, ElemType::I32),
+            num_tokens_per_expert: View::vector(at(2), num_experts, ElemType::I32),
+            is_token_in_rank: matrix(3, TOKENS, n, ElemType::Bool),
+        };
+        let plan = plan_layout(
+            &spec,
+            &matrix(4, TOKENS, TOPK, ElemType::I64),
+            num_experts,
+            &out,
+        );
+        match plan {
+            Ok(_) => assert!(fits, "{n} ranks planned past the mask"),
+            Err(e) => {
+                let e = e.to_string();
+                assert!(!fits, "{n} ranks refused: {e}");
+                assert!(
+                    e.contains("MAX_LAYOUT_RANKS = 32") && e.contains(&format!("{n} ranks")),
+                    "{e}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn plans_hold_at_16_64_and_256_ranks_in_nodes_of_8_4_2_and_1() {
     for n in [16, 64, 256] {

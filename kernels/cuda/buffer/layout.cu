@@ -5,6 +5,9 @@
 
 using namespace moe;
 
+// A token's ranks are one bit each of a 32-bit mask; the plan refuses more ranks.
+static_assert(MAX_LAYOUT_RANKS <= 32, "moe_layout's rank mask is a uint32_t");
+
 // ANCHOR: layout
 // topk_idx: local int64 [num_tokens, num_topk]; num_tokens_per_rank: local int32 [n_pes],
 // num_tokens_per_expert: local int32 [num_experts], both zeroed before launch;
