@@ -151,10 +151,16 @@ pub fn check_reduce_scratch(call: &TeamCall, scratch_bytes: usize) -> Result<(),
 }
 // ANCHOR_END: reduce_scratch
 
-/// The scratch this process's NVSHMEM was given (the variable as it is now: NVSHMEM read it at
-/// `nvshmem_init`, and nothing here changes it after).
+/// The scratch this process's NVSHMEM was given. NVSHMEM reads the variable once, at
+/// `nvshmem_init`, and so does this (on first use, after `default_reduce_scratch`): every
+/// team call asks, and the environment is not read again on that path.
 pub fn process_reduce_scratch_bytes() -> Result<usize, CollError> {
-    reduce_scratch_bytes(std::env::var(REDUCE_SCRATCH_VAR).ok().as_deref())
+    static VALUE: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    reduce_scratch_bytes(
+        VALUE
+            .get_or_init(|| std::env::var(REDUCE_SCRATCH_VAR).ok())
+            .as_deref(),
+    )
 }
 
 /// The scratch the programs that call NVSHMEM's team reduce-scatter ask for (chapter 5's
