@@ -146,13 +146,38 @@ fn build() -> Result<(), String> {
         extra_flags: &extra_flags,
     };
     let toolchain = &toolchain;
-    let results: Vec<Result<PathBuf, String>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = jobs
-            .iter()
-            .map(|&(source, arch)| scope.spawn(move || toolchain.compile(source, arch)))
+    // At most cargo's job count at once (NUM_JOBS, else the cores): each nvcc holds about
+    // 0.6 GB, and every pair at once (72 for two archs) outgrows a small machine's memory.
+    let width = std::env::var("NUM_JOBS")
+        .ok()
+        .and_then(|n| n.parse::<usize>().ok())
+        .or_else(|| std::thread::available_parallelism().ok().map(|n| n.get()))
+        .unwrap_or(1)
+        .clamp(1, jobs.len().max(1));
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut done: Vec<(usize, Result<PathBuf, String>)> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..width)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(&(source, arch)) = jobs.get(i) else {
+                            break;
+                        };
+                        mine.push((i, toolchain.compile(source, arch)));
+                    }
+                    mine
+                })
+            })
             .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap())
+            .collect()
     });
+    done.sort_by_key(|(i, _)| *i);
+    let results: Vec<Result<PathBuf, String>> = done.into_iter().map(|(_, r)| r).collect();
 
     let mut table = String::new();
     for ((source, arch), result) in jobs.iter().zip(results) {
