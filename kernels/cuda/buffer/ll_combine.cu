@@ -145,26 +145,35 @@ __device__ __forceinline__ void combine_send(const Workspace& ws, const LlCombin
             if (lane == 0) moe::record_input_error(a.bad_input, BAD_HANDLE, packed, static_cast<uint64_t>(t), T);
             continue;  // s's words still come: completion counts blocks, not rows
         }
-        const uint64_t offset = (static_cast<uint64_t>(e) * T + j) * row_bytes;
-        uint8_t* row = same_node(a.topo, s) ? node_peer(ws, a.topo, area(a.region, h, me) + offset, s)
-                                            : area(a.region, h ^ 1, s) + offset;
+        // Same node: the row's slot is its token, where s reads it without token_slots.
+        // Another node: its place in the run, which leaves as one put.
+        const bool near = same_node(a.topo, s);
+        const uint64_t offset = (static_cast<uint64_t>(e) * T + (near ? t : j)) * row_bytes;
+        uint8_t* row = near ? node_peer(ws, a.topo, area(a.region, h, me) + offset, s) : area(a.region, h ^ 1, s) + offset;
         if (row != nullptr) warp_copy<false>(row, a.x + packed * row_bytes, row_bytes, lane);
     }
     const int warp = threadIdx.x / WARP_SIZE, warps = blockDim.x / WARP_SIZE;
-    finish_sends(a.topo, a.state, [&](int s) {
-        if (same_node(a.topo, s)) {  // the rows are there: the words, a thread each
-            publish_node_words(ws, a.topo, a.region, h, s, L, k, [&](int e) { return min(max(runs.count[s * L + e], 0), T); });
-            return;
-        }
+    auto count = [&](int s, int e) { return min(max(runs.count[s * L + e], 0), T); };
+    finish_sends(ws, a.topo, a.region, a.state, h, L, k, count, [&](int s) {
         // Another node: our runs for s, a put-with-signal each, a warp each.
         for (int e = warp; e < L; e += warps) {
-            const int count = min(max(runs.count[s * L + e], 0), T);
-            publish_run(ws, a.topo, a.region, h, s, e, L, (k << 32) | static_cast<uint32_t>(count),
-                        static_cast<uint64_t>(e) * T * row_bytes, static_cast<size_t>(count) * row_bytes, lane);
+            publish_run(ws, a.topo, a.region, h, s, e, L, (k << 32) | static_cast<uint32_t>(count(s, e)),
+                        static_cast<uint64_t>(e) * T * row_bytes, static_cast<size_t>(count(s, e)) * row_bytes, lane);
         }
     });
 }
 // ANCHOR_END: combine_send
+
+// Where token t's rows wait, into slot[]: a same-node expert's at slot t, another node's at
+// its place in the run (token_slots, a scan of the tokens before t: run only when needed).
+// expert[] holds the token's checked ids; every thread of the block calls it.
+__device__ __forceinline__ void row_slots(const LlCombineArgs& a, int t, int K, int L, const int* expert, int* slot) {
+    bool remote = false;  // the same for every thread: shared values
+    for (int i = 0; i < K; ++i) remote |= expert[i] >= 0 && !same_node(a.topo, expert[i] / L);
+    if (remote) token_slots(a.topk_idx, t, K, expert, slot);
+    if (threadIdx.x < K && expert[threadIdx.x] >= 0 && same_node(a.topo, expert[threadIdx.x] / L)) slot[threadIdx.x] = t;
+    __syncthreads();
+}
 
 // ANCHOR: combine_recv
 // Receive phase: token t's result is the sum over its top-k of weight x the row its expert
@@ -186,7 +195,7 @@ __device__ __forceinline__ void combine_recv(const Workspace& ws, const LlCombin
             weight[threadIdx.x] = __ldg(a.topk_weights + t * K + threadIdx.x);
         }
         __syncthreads();
-        token_slots(a.topk_idx, t, K, expert, slot);  // where each row waits in its run
+        row_slots(a, t, K, L, expert, slot);  // where each row waits in its area
         for (int v = threadIdx.x; v < vectors; v += blockDim.x) {
             float acc[BF16_PER_VECTOR] = {};
             for (int first = 0; first < K; first += kRowsInFlight) {

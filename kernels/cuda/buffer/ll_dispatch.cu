@@ -296,21 +296,18 @@ __device__ __forceinline__ void dispatch_send(const Workspace& ws, const LlDispa
         }
     }
     const int warp = threadIdx.x / WARP_SIZE, warps = blockDim.x / WARP_SIZE;
-    finish_sends(a.topo, a.state, [&](int d) {
+    finish_sends(
+        ws, a.topo, a.region, a.state, h, sh.L, k,
         // Each of rank d's counters is read and reset in one step.
-        if (same_node(a.topo, d)) {  // the rows are there: the words, a thread each
-            publish_node_words(ws, a.topo, a.region, h, d, sh.L, k,
-                               [&](int e) { return min(atomicExch(a.state->slots + d * sh.L + e, 0), sh.T); });
-            return;
-        }
-        // Another node: rank d's experts' runs, a put-with-signal each, a warp each.
-        for (int e = warp; e < sh.L; e += warps) {
-            int count = lane == 0 ? min(atomicExch(a.state->slots + d * sh.L + e, 0), sh.T) : 0;
-            count = __shfl_sync(ALL_LANES, count, 0);
-            publish_run(ws, a.topo, a.region, h, d, e, sh.L, (k << 32) | static_cast<uint32_t>(count),
-                        static_cast<uint64_t>(e) * sh.T * sh.msg_bytes, static_cast<size_t>(count) * sh.msg_bytes, lane);
-        }
-    });
+        [&](int d, int e) { return min(atomicExch(a.state->slots + d * sh.L + e, 0), sh.T); },
+        [&](int d) {  // another node: rank d's experts' runs, a put-with-signal each, a warp each
+            for (int e = warp; e < sh.L; e += warps) {
+                int count = lane == 0 ? min(atomicExch(a.state->slots + d * sh.L + e, 0), sh.T) : 0;
+                count = __shfl_sync(ALL_LANES, count, 0);
+                publish_run(ws, a.topo, a.region, h, d, e, sh.L, (k << 32) | static_cast<uint32_t>(count),
+                            static_cast<uint64_t>(e) * sh.T * sh.msg_bytes, static_cast<size_t>(count) * sh.msg_bytes, lane);
+            }
+        });
 }
 // ANCHOR_END: dispatch_send
 

@@ -25,7 +25,8 @@
 //                 [src token: i32, pad x 3][row: hidden bf16 or fp8][scales: f32 x hidden/128],
 //                 the whole rounded up to 16 bytes (every slot 16-byte aligned)
 //     combine:  area r, row (e, i) at (e * T + i) * 2 * hidden: the bf16 result of r's local
-//                 expert e for the token that took slot i of run (e, us) in the dispatch
+//                 expert e for our token i (r on our node), or for the token that took slot
+//                 i of run (e, us) in the dispatch (r on another node: runs leave as one put)
 //   staging   the last third: L x (n_pes x T) x hidden bf16, get_next_low_latency_combine_buffer
 //
 // ANCHOR: ll_route
@@ -66,9 +67,12 @@
 //   benchmarks/notes/buffer.md, "GPU-scope block fences").
 // - Slots are token-ordered: slot i of token t's entry for expert e counts the entries before
 //   it, in (token, k) order, that name e (token_slots). Both sides compute it from topk_idx,
-//   so combine sends each run back compacted, in one piece, and the token's rank finds its row
-//   without an index. LlState::slots only counts: the publisher reads and zeroes each
-//   destination's counters in one atomicExch, which is also the reset for the next call.
+//   so combine sends each run to another node back compacted, in one piece, and the token's
+//   rank finds its row without an index. A same-node rank needs no run: combine stores each
+//   row at its token's slot, and the receiver skips the scan (a token dropped from a full
+//   run then has no row: its result is undefined, as the dispatch's SLOTS_FULL reports).
+//   LlState::slots only counts: the publisher reads and zeroes each destination's counters in
+//   one atomicExch, which is also the reset for the next call.
 // - Staging in the idle half needs no cleaning either: during call k, area x of our other half
 //   is written in call k + 1 by rank x alone, and x starts call k + 1 only after its call k
 //   received our put to it, which by then has read the staged run. The areas sit where the
@@ -137,8 +141,8 @@ __device__ __forceinline__ uint8_t* area(const LlRegion& region, int h, int x) {
 // area of d's half h (stored through node_peer); the word follows by a release store. Another
 // node: the rows wait in area d of our other half; one put-with-signal carries them into our
 // area of d's half h and sets the word after them (a run of zero rows: the word alone). Run by
-// a whole warp (the put copies with all its lanes). The kernels publish a rank of this node
-// with publish_node_words instead (its words a thread each, not a lane per warp).
+// a whole warp (the put copies with all its lanes). The kernels publish the ranks of this node
+// with publish_node_words instead (their words a thread each, not a lane per warp).
 __device__ __forceinline__ void publish_run(const Workspace& ws, const LlTopology& topo, const LlRegion& region, int h, int d,
                                             int e, int L, uint64_t word, uint64_t offset, size_t bytes, int lane) {
     uint64_t* signal = region.counts[h] + topo.rank * L + e;
@@ -155,29 +159,33 @@ __device__ __forceinline__ void publish_run(const Workspace& ws, const LlTopolog
 // ANCHOR_END: publish_run
 
 // ANCHOR: publish_node_words
-// Publishes rank d of this node: its rows are already in our area of d's half h (stored
-// through node_peer), so only its L count words remain, `count(e)` rows for its local expert
-// e. A thread per word, the whole block: each release store is a system-scope fence, and a
-// warp's store instruction fences once for its 32 lanes, so the L words cost one fence per
-// warp, all warps at once. (publish_run's warp per run, a lane's release store each, put
-// L / warps fences in a row on every warp: issue 31's 2x slower send phases on one node.)
-// Run by every thread of the block; count(e) runs once per e, null pointer or not.
+// Publishes the ranks of this node whose last block this is (`last[d]`): their rows are
+// already in our areas of their halves h (stored through node_peer), so only their count words
+// remain, `count(d, e)` rows for rank d's local expert e. One pass of the whole block, a thread
+// per word over every such rank: each release store is a system-scope fence, a warp's store
+// instruction fences once for its 32 lanes, and in one pass each thread waits for one fence
+// whatever the number of ranks (a pass per rank would wait for one fence per rank in a row).
+// Run by every thread of the block; count(d, e) runs once per word, null pointer or not.
 template <typename Count>
 __device__ __forceinline__ void publish_node_words(const Workspace& ws, const LlTopology& topo, const LlRegion& region, int h,
-                                                   int d, int L, uint64_t k, Count count) {
-    uint64_t* words = node_peer(ws, topo, region.counts[h] + topo.rank * L, d);
-    for (int e = threadIdx.x; e < L; e += blockDim.x) {
-        const uint64_t word = (k << 32) | static_cast<uint32_t>(count(e));
+                                                   const int* last, int L, uint64_t k, Count count) {
+    for (int j = threadIdx.x; j < topo.num_ranks * L; j += blockDim.x) {
+        const int d = j / L, e = j % L;
+        if (!last[d] || !same_node(topo, d)) continue;
+        uint64_t* words = node_peer(ws, topo, region.counts[h] + topo.rank * L, d);
+        const uint64_t word = (k << 32) | static_cast<uint32_t>(count(d, e));
         if (words != nullptr) st_release_sys(words + e, word);
     }
 }
 // ANCHOR_END: publish_node_words
 
 // After this block's stores to every rank: the grid's last block to get here for rank d
-// publishes d's part of the call (`publish(d)`, run by the whole block). Counting blocks
-// rather than messages means no block needs the call's totals.
-template <typename Publish>
-__device__ __forceinline__ void finish_sends(const LlTopology& topo, LlState* state, Publish publish) {
+// publishes d's part of the call, the ranks of this node together (publish_node_words, with
+// `count`), then each rank of another node (`remote(d)`, run by the whole block). Counting
+// blocks rather than messages means no block needs the call's totals.
+template <typename Count, typename Remote>
+__device__ __forceinline__ void finish_sends(const Workspace& ws, const LlTopology& topo, const LlRegion& region, LlState* state,
+                                             int h, int L, uint64_t k, Count count, Remote remote) {
     __shared__ int last[MAX_LL_RANKS];
     __syncthreads();  // every store of the block is issued (and ordered before the fence below)
     for (int d = threadIdx.x; d < topo.num_ranks; d += blockDim.x) {
@@ -190,8 +198,9 @@ __device__ __forceinline__ void finish_sends(const LlTopology& topo, LlState* st
         last[d] = is_last;
     }
     __syncthreads();
+    publish_node_words(ws, topo, region, h, last, L, k, count);
     for (int p = 0; p < topo.num_ranks; ++p) {
-        if (last[p]) publish(p);
+        if (last[p] && !same_node(topo, p)) remote(p);
     }
 }
 
@@ -205,13 +214,18 @@ __device__ __forceinline__ void token_slots(const int64_t* topk_idx, int t, int 
     if (static_cast<int>(threadIdx.x) < K) slots[threadIdx.x] = 0;
     __syncthreads();
     const int before = t * K;  // the entries of the tokens before t
-    for (int k = 0; k < K; ++k) {
-        const int e = experts[k];
-        if (e < 0) continue;  // the same for every thread: a shared value
-        int c = 0;
-        for (int j = threadIdx.x; j < before; j += blockDim.x) c += __ldg(topk_idx + j) == e;
-        c = __reduce_add_sync(ALL_LANES, c);
-        if (threadIdx.x % WARP_SIZE == 0 && c > 0) atomicAdd(slots + k, c);
+    // One pass: each entry loaded once (a thread each) and held against all K ids, a warp's
+    // matches for each k counted by a ballot (a pass per k reloaded every entry K times, a
+    // load-reduce chain each). The bound is the block's, so every lane takes every ballot.
+    for (int base = 0; base < before; base += blockDim.x) {
+        const int j = base + static_cast<int>(threadIdx.x);
+        const int64_t v = j < before ? __ldg(topk_idx + j) : -1;
+        for (int k = 0; k < K; ++k) {
+            const int e = experts[k];
+            if (e < 0) continue;  // the same for every thread: a shared value
+            const int c = __popc(__ballot_sync(ALL_LANES, v == e));
+            if (threadIdx.x % WARP_SIZE == 0 && c > 0) atomicAdd(slots + k, c);
+        }
     }
     __syncthreads();
     const int k = threadIdx.x;
