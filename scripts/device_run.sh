@@ -21,7 +21,8 @@
 #   and folded N = 2; dead_rank runs scripts/dead_rank.py with DEAD_RANK_ARGS; ab runs
 #   benchmarks/ab_wheels.sh per process count in BENCH_NPROCS, AB_ROUNDS rounds (default 3), of
 #   the wheel AB_OLD (default the first in CARRY/ab/*/) against AB_NEW (default the carried one)),
-#   DEVICE_GPU_TEST=0 (skip gpu_test.sh), DEVICE_LOGS (folder
+#   DEVICE_GPU_TEST=0 (skip gpu_test.sh), DEVICE_WHEEL and DEVICE_BINS (a wheel and a
+#   bins.tar.xz to use instead of the carry's, e.g. a patched build under CARRY/ab/), DEVICE_LOGS (folder
 #   for logs and results, default a fresh temporary one), CARRY (default .carry, as
 #   scripts/build_carry.sh makes it: bins.tar.xz with the release binaries, unpacked here into
 #   bin/; wheels/ with the nvshmem_tutorial wheel; deepep/ with DeepEP's source).
@@ -41,15 +42,20 @@ trap 'pack; echo "device_run: logs in $OUT/logs.tgz"' EXIT
 
 # scripts/build_carry.sh packs the binaries (each embeds every cubin: unpacked they exceed the
 # carry limit).
-if [[ -f "$carry/bins.tar.xz" ]]; then
-  python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$carry/bins.tar.xz" "$carry"
+bins=${DEVICE_BINS:-$carry/bins.tar.xz}
+if [[ -f "$bins" ]]; then
+  rm -rf "${carry:?}/bin"
+  python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$bins" "$carry"
 fi
 
-if compgen -G "$carry/wheels/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site "$carry"/wheels/*.whl
+wheel=${DEVICE_WHEEL:-$(compgen -G "$carry/wheels/*.whl" | head -1)}
+if [[ -n "$wheel" ]]; then
+  # --upgrade: a later call on the same warm machine may bring another build of the same version.
+  python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site "$wheel"
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
-{ date -u; nvidia-smi -L; nvidia-smi topo -m; git log -1 --format='commit %H %s' 2>/dev/null; } >"$logs/machine.txt" 2>&1
+{ date -u; nvidia-smi -L; nvidia-smi topo -m; git log -1 --format='commit %H %s' 2>/dev/null
+  echo "wheel: ${wheel:-none}; bins: $bins"; } >"$logs/machine.txt" 2>&1
 
 deepep_build=
 if [[ " ${DEVICE_BENCH:-} " =~ \ (buffer|deepep_n1|host_path)\  && -d "$carry/deepep" ]] && ! compgen -G "$carry/deepep/deep_ep_cpp*.so" >/dev/null; then
