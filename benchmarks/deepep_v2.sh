@@ -46,6 +46,7 @@ test_timeout=${V2_TEST_TIMEOUT_S:-300}
 cuda=${V2_CUDA_HOME:-/usr/local/cuda}
 die() { echo "deepep_v2: FAILED at step '$1': $2" >&2; exit 1; }
 echo "deepep_v2: carry $carry, EP$n, logs in $out, work dir $work"
+echo "deepep_v2: $(date -u '+%Y-%m-%d %H:%M UTC'), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -"$n" | sort | uniq -c | xargs)"
 
 # 1. Inputs: NCCL unpacked, source copied (the carried folder itself stays as it came).
 [[ -f "$carry/nccl.tar.xz" ]] || die inputs "no $carry/nccl.tar.xz"

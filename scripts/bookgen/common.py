@@ -23,7 +23,10 @@ CAPTURES = "book/src/output/captures.tsv"
 # 15:17-15:50 UTC (binaries of 9787572, NVSHMEM's team rows of b534934), N = 4 / EP4 from the
 # 4x H100 call at 12:33-12:55 UTC (binaries of 79ad531, before the combine fix 8819e2b: its
 # caveat says so), with DeepEP's EP4 test printouts from the 4x H100 call at 21:36 UTC
-# (217c9a3). Chapter 8 quotes that call at EP2 and EP4 (21:39-21:41 UTC, 217c9a3). Chapter 3 and the PyTorch page have one run each (2x H200). Chapter 6 and
+# (217c9a3). Chapter 7's EP2 rows (buffer_ep2) come from GPUs 0-1 of the 4x H100 call of
+# 2026-11-27 01:15 UTC (4232e2a's normal-mode kernels, unchanged since). Chapter 8 quotes the
+# 4x H100 call of 2026-11-27 01:05-01:14 UTC at EP2 and EP4 (main + the two low-latency patches
+# of 2270782, DeepEP v1 built in the call). Chapter 3 and the PyTorch page have one run each (2x H200). Chapter 6 and
 # the MoE layer: the 2x H100 call of 15:46-15:48 UTC (b534934). The earlier H200 runs of
 # chapters 4, 7 and 8 (coll_h200_*, buffer_h200_*, buffer_ll_h200_*) stay in
 # benchmarks/results/ with their notes.
@@ -60,6 +63,11 @@ MANIFEST: Dict[str, Dict[str, str]] = {
                   "binaries of 217c9a3. The buffer_bench rows and the plot ran earlier, before the combine fix of "
                   "8819e2b (the kernel's bad-handle guards out of its inner loop), which took EP2's combine from "
                   "399 to 502 GB/s at 24 SMs in buffer_bench.",
+    },
+    # Chapters 7 and 8: DeepEP V2 (benchmarks/deepep_v2.sh, its tests/elastic/test_ep.py, profiler
+    # kernel times) on the GPUs and in the call of buffer_ep2.
+    "deepep_v2_ep2": {
+        "log": "benchmarks/results/deepep_v2_h100_ep2.log",
     },
     # Chapter 8: benchmarks/run_buffer.sh (buffer_ll_bench.py and DeepEP's test_low_latency.py).
     "ll_ep2": {

@@ -29,6 +29,37 @@ def test_best(log: str, path: str) -> Dict[str, float]:
     return best
 
 
+def v2_runs(log: str, path: str) -> Dict[str, Dict[str, float]]:
+    """benchmarks/deepep_v2.sh's log: per run (analytical, sm24, ll), V2's SM count and its
+    profiler kernel times in us, means over ranks: dispatch and its copy into the outputs per
+    dtype (fp8, bf16), combine and its reduce (bf16, every mode's lines)."""
+    runs: Dict[str, Dict[str, List[float]]] = {}
+    run, dtype = None, None
+    for line in log.splitlines():
+        if m := re.match(r"== deepep_v2: run (\w+)", line):
+            run = m.group(1)
+            runs[run] = {}
+        elif run is None:
+            continue
+        elif m := re.search(r"> #SM: (\d+)", line):
+            runs[run]["sms"] = [float(m.group(1))]
+        elif m := re.search(r"use_fp8_dispatch=(\d)", line):
+            dtype = "fp8" if m.group(1) == "1" else "bf16"
+        elif m := re.search(r"dispatch: .*?([\d.]+) us, \d+ bytes \| copy: .*?([\d.]+) us", line):
+            runs[run].setdefault(f"dispatch_{dtype}", []).append(float(m.group(1)))
+            runs[run].setdefault(f"copy_{dtype}", []).append(float(m.group(2)))
+        elif m := re.search(r"combine: .*?([\d.]+) us, \d+ bytes \| reduce: .*?([\d.]+) us", line):
+            runs[run].setdefault("combine", []).append(float(m.group(1)))
+            runs[run].setdefault("reduce", []).append(float(m.group(2)))
+    out = {name: {k: sum(v) / len(v) for k, v in parts.items()} for name, parts in runs.items()}
+    for name, need in (("analytical", ("sms", "dispatch_bf16", "dispatch_fp8", "combine")),
+                       ("sm24", ("sms", "dispatch_bf16", "dispatch_fp8", "combine")), ("ll", ("dispatch_fp8", "combine"))):
+        missing = [k for k in need if k not in out.get(name, {})]
+        if missing:
+            raise GenError(f"{path}: run {name} lacks {missing}")
+    return out
+
+
 def gen_ch07(book: Book) -> None:
     s = Snippets("ch07")
     summary = {}
@@ -79,6 +110,34 @@ def gen_ch07(book: Book) -> None:
     claim(all(o2[k] > d2[k] for k in ("fp8", "bf16", "combine")), "ch07-measuring.md", "at EP2 ours beats DeepEP in its own test")
     claim(all(o4[k] > d4[k] for k in ("fp8", "bf16")), "ch07-measuring.md", "at EP4 dispatch beats DeepEP in its own test")
     claim(0.9 < o4["combine"] / d4["combine"] < 1.1, "ch07-measuring.md", "EP4 combine is level with DeepEP's in its test")
+    # DeepEP V2 at EP2, in the same call as buffer_ep2: its kernel times (with the copy into its
+    # outputs and its combine's reduce, its own test's split) against ours in buffer_bench.
+    _, _, r2, bench2 = summary[2]
+    v2 = v2_runs(book.log("deepep_v2_ep2", "log"), MANIFEST["deepep_v2_ep2"]["log"])
+    def v2_us(run: str, op: str) -> float:
+        v = v2[run]
+        return v["combine"] + v["reduce"] if op == "combine" else v[f"dispatch_{op}"] + v[f"copy_{op}"]
+    rows, faster = [], {}
+    for op, dt, label in (("dispatch", "bf16", "dispatch bf16"), ("dispatch", "fp8", "dispatch fp8"), ("combine", "bf16", "combine")):
+        key = dt if op == "dispatch" else "combine"
+        ours_us = r2.value("us", method="ours", op=op, dtype=dt, num_sms=24)
+        faster[key] = v2_us("sm24", key) / ours_us
+        rows.append([label, us(v2_us("analytical", key)), us(v2_us("sm24", key)), us(ours_us), ratio(faster[key])])
+    s.add("v2_table", table(
+        ["EP2, us", f"V2, {v2['analytical']['sms']:.0f} SMs (its own count)", "V2, 24 SMs", "ours, 24 SMs",
+         "V2's time / ours, 24 SMs"], ["l", "r", "r", "r", "r"], rows) +
+        f"\n\n*V2: profiler kernel times from its `tests/elastic/test_ep.py` (dispatch plus its copy into the "
+        f"outputs; combine plus its reduce), 4096 tokens x 7168, top-8 of 256 experts, `{MANIFEST['deepep_v2_ep2']['log']}`. "
+        f"Ours: `buffer_bench` (DeepEP v1's eager bench: the whole call, host and notify included), `{r2.path}`. "
+        f"The same call: {r2.device}, {r2.date}.*")
+    s.add("v2_faster", ", ".join(f"{label} {ratio(faster[k])}" for k, label in
+                                (("bf16", "bf16 dispatch"), ("fp8", "fp8 dispatch"), ("combine", "combine"))))
+    claim(faster["bf16"] > 1 and faster["combine"] > 1, "ch07-measuring.md",
+          "with 24 SMs ours takes less time than V2's kernels for bf16 dispatch and combine")
+    claim(0.9 < faster["fp8"] < 1.1, "ch07-measuring.md", "fp8 dispatch is level with V2 (within 10%)")
+    claim(v2["analytical"]["sms"] < 24 and all(abs(v2_us("analytical", k) / v2_us("sm24", k) - 1) < 0.05
+                                              for k in ("bf16", "fp8", "combine")), "ch07-measuring.md",
+          "V2 at its own (smaller) SM count is within 5% of its times at 24 SMs")
     s.add("ep4_combine_ratio", ratio(o4["combine"] / d4["combine"]))
     s.add("ep4_combine", f"{gbs(o4['combine'])} against {gbs(d4['combine'])} GB/s")
     book.write(s)
@@ -151,6 +210,15 @@ def gen_ch08(book: Book) -> None:
     claim(rr(v2, "dispatch", "kernel") < 1 and rr(v4, "dispatch", "kernel") < 1.05, "ch08-python-graphs.md",
           "dispatch is faster than DeepEP's at EP2 and within 5% at EP4")
     claim(rr(v4, "dispatch_send", "kernel") > 1, "ch08-python-graphs.md", "at EP4 our dispatch send is slower than DeepEP's")
+    # DeepEP V2 has no separate low-latency kernels: its one dispatch and combine at the decode
+    # shape (128 tokens x 7168, top-8 of 288, fp8 dispatch), profiler kernel times as ours.
+    dv2 = v2_runs(book.log("deepep_v2_ep2", "log"), MANIFEST["deepep_v2_ep2"]["log"])["ll"]
+    v2_d, v2_c = dv2["dispatch_fp8"] + dv2["copy_fp8"], dv2["combine"] + dv2["reduce"]
+    s.add("v2_decode", f"dispatch {us(v2_d)} us (its copy into the outputs included) against our "
+          f"{us(v2('ours', 'dispatch', 'kernel'))}, combine {us(v2_c)} us (its reduce included) against our "
+          f"{us(v2('ours', 'combine', 'kernel'))}")
+    claim(v2_d < v2("ours", "dispatch", "kernel") and v2_c < v2("ours", "combine", "kernel"), "ch08-python-graphs.md",
+          "at the decode shape V2's kernels take less time than our low-latency kernels at EP2")
     # The eager path: ours is slower, with the host time per pair as the reason.
     eager = []
     for ep in sorted(cells):
