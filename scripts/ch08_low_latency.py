@@ -38,6 +38,27 @@ def inputs(num_tokens: int, hidden: int, seed: int) -> tuple:
     return x, idx, weights
 
 
+def check_layout(buffer: Buffer, tally: Tally, num_experts: int) -> None:
+    """get_dispatch_layout against torch on this buffer's topology: per rank, per node (None on
+    one node, as DeepEP's), per expert and the routing; with -1 entries and experts sharing a
+    rank or a node, so that each counts once."""
+    n, _, num_nodes = nv.inter_node_layout()[:3]
+    _, idx, _ = inputs(MAX_TOKENS, 8, 21)
+    per_rank, per_node, per_expert, in_rank, _ = buffer.get_dispatch_layout(idx, num_experts)
+    ranks = torch.where(idx >= 0, idx // EXPERTS_PER_RANK, torch.full_like(idx, n))
+    want_in_rank = torch.nn.functional.one_hot(ranks, n + 1)[..., :n].amax(1).bool()
+    tally.check(torch.equal(in_rank, want_in_rank), "layout: is_token_in_rank differs from torch's")
+    tally.check(torch.equal(per_rank, want_in_rank.sum(0).int()), f"layout: num_tokens_per_rank {per_rank.tolist()}")
+    want_expert = torch.bincount(idx[idx >= 0], minlength=num_experts).int()
+    tally.check(torch.equal(per_expert, want_expert), "layout: num_tokens_per_expert differs from torch's")
+    if num_nodes == 1:
+        tally.check(per_node is None, "layout: num_tokens_per_rdma_rank on one node should be None")
+        return
+    want_node = want_in_rank.view(-1, num_nodes, n // num_nodes).any(2).sum(0).int()
+    tally.check(per_node is not None and torch.equal(per_node, want_node),
+                f"layout: num_tokens_per_rdma_rank {None if per_node is None else per_node.tolist()}, expected {want_node.tolist()}")
+
+
 def expected_scales(rows: torch.Tensor, round_scale: bool) -> torch.Tensor:
     """DeepEP's fp8 scales of bf16 rows [M, H]: f32 [M, H / 128]."""
     amax = rows.float().view(rows.shape[0], -1, 128).abs().amax(2).clamp(min=1e-4)
@@ -271,6 +292,7 @@ def run() -> bool:
     print_by_pe(f"{tally.passed} checks passed")
     bad_input(buffer, tally)
     pair(buffer, tally, MAX_TOKENS, 2048, 12, what="after bad input")
+    check_layout(buffer, tally, num_experts)
     def normal_buffer():
         return Buffer(dist.group.WORLD, 1 << 22, explicitly_destroy=True, timeout_ms=5000)
 

@@ -44,6 +44,7 @@ fn normal() -> Normal {
     let c = config().num_channels();
     let layout = LayoutOutputs {
         num_tokens_per_rank: vector(1, N, ElemType::I32),
+        num_tokens_per_rdma_rank: None,
         num_tokens_per_expert: vector(2, EXPERTS, ElemType::I32),
         is_token_in_rank: matrix(3, TOKENS, N, ElemType::Bool),
     };

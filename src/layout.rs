@@ -1,13 +1,13 @@
 //! The layout step (kernels/cuda/buffer/layout.cu, `moe_layout`): from each token's top-k
-//! experts, how many tokens go to each rank and to each expert, and which ranks each token
-//! goes to. Local: no communication. DeepEP's `get_dispatch_layout`.
+//! experts, how many tokens go to each rank, to each node and to each expert, and which ranks
+//! each token goes to. Local: no communication. DeepEP's `get_dispatch_layout`.
 
 use std::ops::Deref;
 
 use ch01_bootstrap::World;
 use ch04_collectives::LaunchSpec;
 use cudarc::driver::sys;
-use kernels::contract::{InputError, LAYOUT_THREADS, MAX_LAYOUT_RANKS};
+use kernels::contract::{InputError, LAYOUT_THREADS};
 
 use crate::buffer::{Blocks, NvshmemBuffer, arg};
 use crate::checks;
@@ -16,11 +16,13 @@ use crate::regions::MAX_EXPERTS;
 use crate::spec::BufferSpec;
 use crate::view::{ElemType, View};
 
-/// What `get_dispatch_layout` fills: tokens per rank [R] i32, per expert [E] i32, and the
-/// routing [N, R] bool.
+/// What `get_dispatch_layout` fills: tokens per rank [R] i32, per node [R / G] i32 (DeepEP's
+/// `num_tokens_per_rdma_rank`: a token counts once per node it has an expert on; `None` when the
+/// buffer spans one node, as DeepEP's), per expert [E] i32, and the routing [N, R] bool.
 #[derive(Debug, Clone, Copy)]
 pub struct LayoutOutputs {
     pub num_tokens_per_rank: View,
+    pub num_tokens_per_rdma_rank: Option<View>,
     pub num_tokens_per_expert: View,
     pub is_token_in_rank: View,
 }
@@ -29,13 +31,17 @@ pub struct LayoutOutputs {
 #[derive(Debug, Clone, Copy)]
 pub struct LayoutPlan {
     pub launch: LaunchSpec,
-    /// The counts the kernel adds into: (address, bytes), zeroed on the stream first.
-    pub zeroed: [(u64, usize); 2],
+    /// The counts the kernel adds into: (address, bytes), zeroed on the stream first (bytes 0:
+    /// none, the per-node counts of a one-node buffer).
+    pub zeroed: [(u64, usize); 3],
     pub topk_idx: u64,
     pub num_tokens: i32,
     pub num_topk: i32,
     pub num_experts: i32,
     pub n_pes: i32,
+    pub node_pes: i32,
+    /// The per-node counts' address, 0 when the buffer spans one node.
+    pub per_node: u64,
     pub out: LayoutOutputs,
     pub input_error: InputError,
 }
@@ -43,7 +49,8 @@ pub struct LayoutPlan {
 // ANCHOR: plan_layout
 /// Checks a layout step of `topk_idx` [N, K] i64 (global expert ids, -1 for none) over
 /// `num_experts` experts into `out`, and plans it: a grid of one thread per token, at most
-/// one block per SM of this PE.
+/// one block per SM of this PE. Any number of ranks the buffer holds: a token's ranks are not a
+/// mask but found among its K experts.
 pub fn plan_layout(
     spec: &BufferSpec,
     topk_idx: &View,
@@ -52,22 +59,39 @@ pub fn plan_layout(
 ) -> Result<LayoutPlan, BufferError> {
     const WHAT: &str = "get_dispatch_layout";
     let n = spec.n_pes;
-    if n > MAX_LAYOUT_RANKS {
-        return Err(BufferError::invalid(
-            WHAT,
-            format!(
-                "a buffer of {n} ranks: the layout step handles at most MAX_LAYOUT_RANKS = \
-                 {MAX_LAYOUT_RANKS} (a token's ranks are a 32-bit mask in moe_layout); route \
-                 low-latency mode without it (its dispatch takes topk_idx alone)"
-            ),
-        ));
-    }
+    let num_nodes = n / spec.node_pes;
     checks::num_experts(WHAT, "num_experts", num_experts, n, MAX_EXPERTS)?;
     topk_idx.expect(WHAT, "topk_idx", ElemType::I64, &[None, None])?;
     let (num_tokens, num_topk) = (topk_idx.rows(), topk_idx.cols());
     checks::num_topk(WHAT, num_topk)?;
     out.num_tokens_per_rank
         .expect(WHAT, "num_tokens_per_rank", ElemType::I32, &[Some(n)])?;
+    match (num_nodes, &out.num_tokens_per_rdma_rank) {
+        (1, None) => {}
+        (1, Some(_)) => {
+            return Err(BufferError::invalid(
+                WHAT,
+                "num_tokens_per_rdma_rank given for a buffer of one node: there are no per-node \
+                 counts to fill; pass none",
+            ));
+        }
+        (_, None) => {
+            return Err(BufferError::invalid(
+                WHAT,
+                format!(
+                    "num_tokens_per_rdma_rank missing: the buffer spans {num_nodes} nodes of {} \
+                     ranks; pass an int32 tensor of {num_nodes} entries",
+                    spec.node_pes
+                ),
+            ));
+        }
+        (_, Some(view)) => view.expect(
+            WHAT,
+            "num_tokens_per_rdma_rank",
+            ElemType::I32,
+            &[Some(num_nodes)],
+        )?,
+    }
     out.num_tokens_per_expert.expect(
         WHAT,
         "num_tokens_per_expert",
@@ -80,6 +104,10 @@ pub fn plan_layout(
         ElemType::Bool,
         &[Some(num_tokens), Some(n)],
     )?;
+    let (per_node, per_node_bytes) = match out.num_tokens_per_rdma_rank {
+        Some(view) => (view.ptr, num_nodes * 4),
+        None => (0, 0),
+    };
     let num_blocks = num_tokens
         .div_ceil(LAYOUT_THREADS as usize)
         .clamp(1, spec.num_sms as usize) as u32;
@@ -88,17 +116,20 @@ pub fn plan_layout(
             kernel: "moe_layout",
             num_blocks,
             threads_per_block: LAYOUT_THREADS,
-            shared_mem_bytes: ((n + num_experts) * 4) as u32,
+            shared_mem_bytes: ((n + num_experts + per_node_bytes / 4) * 4) as u32,
         },
         zeroed: [
             (out.num_tokens_per_rank.ptr, n * 4),
             (out.num_tokens_per_expert.ptr, num_experts * 4),
+            (per_node, per_node_bytes),
         ],
         topk_idx: topk_idx.ptr,
         num_tokens: num_tokens as i32,
         num_topk: num_topk as i32,
         num_experts: num_experts as i32,
         n_pes: n as i32,
+        node_pes: spec.node_pes as i32,
+        per_node,
         out: *out,
         input_error: spec.input_error,
     })
@@ -123,7 +154,7 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
     ) -> Result<(), BufferError> {
         self.check()?;
         let p = plan_layout(&self.spec, topk_idx, num_experts, out)?;
-        for (ptr, bytes) in p.zeroed {
+        for (ptr, bytes) in p.zeroed.into_iter().filter(|&(_, bytes)| bytes > 0) {
             // SAFETY: the plan checked that the views hold these many bytes.
             unsafe { self.memset_zero(ptr, bytes, stream, "zeroing the layout counts") }?;
         }
@@ -140,7 +171,9 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
                     arg(&p.num_topk),
                     arg(&p.num_experts),
                     arg(&p.n_pes),
+                    arg(&p.node_pes),
                     arg(&p.out.num_tokens_per_rank.ptr),
+                    arg(&p.per_node),
                     arg(&p.out.num_tokens_per_expert.ptr),
                     arg(&p.out.is_token_in_rank.ptr),
                     arg(&p.input_error),

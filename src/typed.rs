@@ -194,6 +194,8 @@ pub struct TopK<'a> {
 /// `get_dispatch_layout`'s results: tokens per rank [R], per expert [E], routing [N, R].
 pub struct Layout {
     pub num_tokens_per_rank: DeviceArray<i32>,
+    /// Tokens per node (DeepEP's `num_tokens_per_rdma_rank`), when the buffer spans several.
+    pub num_tokens_per_rdma_rank: Option<DeviceArray<i32>>,
     pub num_tokens_per_expert: DeviceArray<i32>,
     pub is_token_in_rank: DeviceArray<bool>,
 }
@@ -258,13 +260,18 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         num_experts: usize,
     ) -> Result<Layout, BufferError> {
         let (n, num_tokens) = (self.world().n_pes(), topk_idx.rows());
+        let num_nodes = n / self.spec().node_pes;
         let layout = Layout {
             num_tokens_per_rank: self.output(n, 0)?,
+            num_tokens_per_rdma_rank: (num_nodes > 1)
+                .then(|| self.output(num_nodes, 0))
+                .transpose()?,
             num_tokens_per_expert: self.output(num_experts, 0)?,
             is_token_in_rank: self.output(num_tokens, n)?,
         };
         let out = LayoutOutputs {
             num_tokens_per_rank: layout.num_tokens_per_rank.view(),
+            num_tokens_per_rdma_rank: layout.num_tokens_per_rdma_rank.as_ref().map(|a| a.view()),
             num_tokens_per_expert: layout.num_tokens_per_expert.view(),
             is_token_in_rank: layout.is_token_in_rank.view(),
         };

@@ -37,8 +37,6 @@ contract! {
         DISPATCH_SLOT_HEADER_BYTES: usize = 8 => "int";
         /// Threads per block of the layout step (`moe_layout`): one token per thread.
         LAYOUT_THREADS: u32 = 256 => "int";
-        /// Most ranks of a layout step: `moe_layout` keeps a token's ranks as a 32-bit mask.
-        MAX_LAYOUT_RANKS: usize = 32 => "int";
         /// Threads per block of both notify kernels (`moe_notify_prepare`, `moe_notify_finish`).
         NOTIFY_THREADS: u32 = 256 => "int";
         /// u64 words of the input-error record: kind, token, value, limit.

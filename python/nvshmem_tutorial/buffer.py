@@ -249,11 +249,13 @@ class Buffer:
         async_finish: bool = False,
         allocate_on_comm_stream: bool = False,
     ) -> Tuple[Any, Optional[Any], Any, Any, EventOverlap]:
-        """``(num_tokens_per_rank [R] int32, None, num_tokens_per_expert [E] int32,
-        is_token_in_rank [N, R] bool, event)``."""
+        """``(num_tokens_per_rank [R] int32, num_tokens_per_rdma_rank [R / G] int32 or None,
+        num_tokens_per_expert [E] int32, is_token_in_rank [N, R] bool, event)``: the per-node
+        counts (a token once per node it has an expert on) when the buffer spans several nodes
+        of G ranks, else None, as DeepEP's."""
         streams = (previous_event, async_finish, allocate_on_comm_stream)
-        per_rank, per_expert, in_rank, event = self.runtime.get_dispatch_layout(topk_idx, num_experts, streams)
-        return per_rank, None, per_expert, in_rank, EventOverlap(event)
+        per_rank, per_node, per_expert, in_rank, event = self.runtime.get_dispatch_layout(topk_idx, num_experts, streams)
+        return per_rank, per_node, per_expert, in_rank, EventOverlap(event)
 
     def dispatch(
         self,

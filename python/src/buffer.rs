@@ -291,8 +291,8 @@ impl BufferCore {
         Ok((capsule, (handle.num_experts / n, n * t, hidden)))
     }
 
-    /// DeepEP's `get_dispatch_layout`: (num_tokens_per_rank, num_tokens_per_expert,
-    /// is_token_in_rank, event). `streams`: (previous_event, async_finish,
+    /// DeepEP's `get_dispatch_layout`: (num_tokens_per_rank, num_tokens_per_rdma_rank (None
+    /// on one node), num_tokens_per_expert, is_token_in_rank, event). `streams`: (previous_event, async_finish,
     /// allocate_on_comm_stream), as every normal-mode call takes them.
     fn get_dispatch_layout<'py>(
         &self,
@@ -303,8 +303,14 @@ impl BufferCore {
     ) -> Result<Bound<'py, PyTuple>, Error> {
         let call = Call::enter(&self.shared)?;
         let topk = topk_idx.view("topk_idx", self.device)?;
-        let shape = (call.buffer.world().n_pes(), num_experts, topk.rows());
-        let (streams, [per_rank, per_expert, in_rank], out) = self.plan_and_allocate(
+        let spec = call.buffer.spec();
+        let shape = (
+            spec.n_pes,
+            spec.n_pes / spec.node_pes,
+            num_experts,
+            topk.rows(),
+        );
+        let (streams, ([per_rank, per_expert, in_rank], per_node), out) = self.plan_and_allocate(
             py,
             &call,
             streams,
@@ -317,8 +323,10 @@ impl BufferCore {
             call.buffer
                 .get_dispatch_layout_raw(&topk, num_experts, &out, cu(streams.launch))
         }?;
-        let event = streams.finish(&call, &[&topk_idx.obj, &per_rank, &per_expert, &in_rank])?;
-        Ok((per_rank, per_expert, in_rank, event).into_pyobject(py)?)
+        let mut used = vec![&topk_idx.obj, &per_rank, &per_expert, &in_rank];
+        used.extend(per_node.as_ref());
+        let event = streams.finish(&call, &used)?;
+        Ok((per_rank, per_node, per_expert, in_rank, event).into_pyobject(py)?)
     }
 
     /// DeepEP's intranode dispatch without a handle: the notify step, the host's wait for

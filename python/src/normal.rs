@@ -131,13 +131,16 @@ impl Layout<'_> {
     }
 }
 
-/// get_dispatch_layout's outputs: tokens per rank [R] i32, per expert [E] i32, and the
-/// routing [N, R] bool.
+/// get_dispatch_layout's tensors: per rank, per expert, routing; and per node, if made.
+pub(crate) type LayoutTensors<'py> = ([Bound<'py, PyAny>; 3], Option<Bound<'py, PyAny>>);
+
+/// get_dispatch_layout's outputs: tokens per rank [R] i32, per node [R / G] i32 (several
+/// nodes only), per expert [E] i32, and the routing [N, R] bool.
 pub(crate) fn layout_outputs<'py>(
     py: Python<'py>,
     make: &Outputs<'_>,
-    (num_ranks, num_experts, num_tokens): (usize, usize, usize),
-) -> PyResult<([Bound<'py, PyAny>; 3], LayoutOutputs)> {
+    (num_ranks, num_nodes, num_experts, num_tokens): (usize, usize, usize, usize),
+) -> PyResult<(LayoutTensors<'py>, LayoutOutputs)> {
     let per_rank = (&[num_ranks][..], ElemType::I32);
     let per_expert = (&[num_experts][..], ElemType::I32);
     let (tensors, views) = make.make_all(
@@ -148,10 +151,15 @@ pub(crate) fn layout_outputs<'py>(
             (&[num_tokens, num_ranks], ElemType::Bool),
         ],
     )?;
+    let per_node = (num_nodes > 1)
+        .then(|| make.make(py, &[num_nodes], ElemType::I32))
+        .transpose()?;
+    let per_node_view = per_node.as_ref().map(|(_, view)| *view);
     Ok((
-        tensors,
+        (tensors, per_node.map(|(tensor, _)| tensor)),
         LayoutOutputs {
             num_tokens_per_rank: views[0],
+            num_tokens_per_rdma_rank: per_node_view,
             num_tokens_per_expert: views[1],
             is_token_in_rank: views[2],
         },

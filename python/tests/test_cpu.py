@@ -458,7 +458,7 @@ class _Scales:
 
 
 _NATIVE_RESULTS = {
-    "get_dispatch_layout": ("per_rank", "per_expert", "in_rank", None),
+    "get_dispatch_layout": ("per_rank", "per_node", "per_expert", "in_rank", None),
     "dispatch": ("recv_x", None, "recv_idx", "recv_w", [3], ("handle",), "event"),
     "dispatch_cached": ("recv_x", "recv_scales", None),
     "combine": ("combined", None, None),
@@ -499,7 +499,7 @@ def test_buffer_passes_every_argument_to_the_native_parameter_of_its_name():
     buffer = _recording_buffer(calls)
     deep_ep.Buffer.set_num_sms(24)
     layout = buffer.get_dispatch_layout("topk", 64, previous_event="prev", async_finish=True)
-    assert layout[:4] == ("per_rank", None, "per_expert", "in_rank")
+    assert layout[:4] == ("per_rank", "per_node", "per_expert", "in_rank")
     assert calls[-1] == ("get_dispatch_layout", {"topk_idx": "topk", "num_experts": 64, "streams": ("prev", True, False)})
 
     out = buffer.dispatch(("x", "scales"), num_tokens_per_rank="r", is_token_in_rank="m", num_tokens_per_expert="e", topk_idx="i",

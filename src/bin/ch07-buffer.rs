@@ -361,6 +361,7 @@ fn check_mistakes(buffer: &mut NvshmemBuffer<&World>, tally: &mut Tally) -> Resu
     let routing = upload(&stream, &vec![false; 16 * n], 16, n)?;
     let layout = LayoutOutputs {
         num_tokens_per_rank: View::vector(counts.view().ptr, n, counts.view().elem),
+        num_tokens_per_rdma_rank: None,
         num_tokens_per_expert: View::vector(
             counts.view().ptr,
             EXPERTS_PER_RANK * n,

@@ -83,35 +83,43 @@ fn plan_round_trip(
     Ok((dispatch, combine))
 }
 
-/// A low-latency buffer may span more ranks than the layout step's rank mask holds: the
-/// step is refused with its limit, never run with ranks past the mask (they would read as no
-/// tokens).
+/// The layout step holds every rank count a buffer may have (its ranks are found among a
+/// token's K experts, not kept in a mask): planned at 8 to 256 ranks in nodes of 8 to 1, with
+/// the per-node counts exactly when the buffer spans several nodes, and its shared counts
+/// inside a block's default 48 KiB.
 #[test]
-fn the_layout_step_refuses_more_ranks_than_its_mask_holds() {
-    for (n, fits) in [(8, true), (32, true), (64, false), (256, false)] {
-        let num_experts = 2 * n;
-        let spec = spec(n, 8, 0, num_experts);
-        let out = LayoutOutputs {
-            num_tokens_per_rank: View::vector(at(1), n, ElemType::I32),
-            num_tokens_per_expert: View::vector(at(2), num_experts, ElemType::I32),
-            is_token_in_rank: matrix(3, TOKENS, n, ElemType::Bool),
-        };
-        let plan = plan_layout(
-            &spec,
-            &matrix(4, TOKENS, TOPK, ElemType::I64),
-            num_experts,
-            &out,
-        );
-        match plan {
-            Ok(_) => assert!(fits, "{n} ranks planned past the mask"),
-            Err(e) => {
-                let e = e.to_string();
-                assert!(!fits, "{n} ranks refused: {e}");
-                assert!(
-                    e.contains("MAX_LAYOUT_RANKS = 32") && e.contains(&format!("{n} ranks")),
-                    "{e}"
-                );
+fn the_layout_step_plans_any_rank_count_with_per_node_counts_across_nodes() {
+    for n in [8, 32, 64, 256] {
+        for g in [8, 4, 2, 1] {
+            let num_experts = 2048.max(n);
+            let spec = spec(n, g, 0, num_experts);
+            let num_nodes = n / g;
+            let out = |per_node: Option<usize>| LayoutOutputs {
+                num_tokens_per_rank: View::vector(at(1), n, ElemType::I32),
+                num_tokens_per_rdma_rank: per_node
+                    .map(|len| View::vector(at(5), len, ElemType::I32)),
+                num_tokens_per_expert: View::vector(at(2), num_experts, ElemType::I32),
+                is_token_in_rank: matrix(3, TOKENS, n, ElemType::Bool),
+            };
+            let topk = matrix(4, TOKENS, TOPK, ElemType::I64);
+            let plan = |per_node| plan_layout(&spec, &topk, num_experts, &out(per_node));
+            if num_nodes == 1 {
+                let p = plan(None).unwrap_or_else(|e| panic!("n {n}, g {g}: {e}"));
+                assert_eq!((p.per_node, p.zeroed[2].1), (0, 0));
+                let e = plan(Some(1)).unwrap_err().to_string();
+                assert!(e.contains("one node") && e.contains("pass none"), "{e}");
+                continue;
             }
+            let p = plan(Some(num_nodes)).unwrap_or_else(|e| panic!("n {n}, g {g}: {e}"));
+            assert_eq!((p.per_node, p.zeroed[2]), (at(5), (at(5), num_nodes * 4)));
+            assert_eq!(p.node_pes as usize, g);
+            let shared = p.launch.shared_mem_bytes as usize;
+            assert_eq!(shared, (n + num_experts + num_nodes) * 4);
+            assert!(shared <= 48 << 10, "n {n}: {shared} B of shared counts");
+            let e = plan(None).unwrap_err().to_string();
+            assert!(e.contains(&format!("{num_nodes} nodes of {g}")), "{e}");
+            let e = plan(Some(num_nodes + 1)).unwrap_err().to_string();
+            assert!(e.contains("num_tokens_per_rdma_rank"), "{e}");
         }
     }
 }
