@@ -34,6 +34,8 @@
 #                    under a sanitizer (default 4; they run 200 and 50 without one)
 #   GPU_TEST_LL_PAIRS  round trips in a row, no cleaning, of ch08-low-latency on each virtual
 #                    topology (default 1000; its one-node runs keep their own 50)
+#   GPU_TEST_PY      the Python runs to make, by name (e.g. "pytest ch08_low_latency.py@g2";
+#                    default: all of them)
 # Chapter 5 runs once per virtual topology (NODE_SIZES below: N = 4 as 2 nodes of 2, N = 8 as
 # 2 nodes of 4 and 4 nodes of 2), logs <bin>-n<N>-g<G>.log, then across two torchrun agents on
 # this host (scripts/ch05_two_agents.sh). The buffer's low-latency mode (ch08-low-latency) runs
@@ -385,6 +387,7 @@ if [[ "${GPU_TEST_PYTHON:-1}" == 1 ]]; then
       for entry in "${py_runs[@]}"; do
         name=${entry%%:*}
         ((n >= 2)) || [[ "$runs_alone" == *" $name "* ]] || continue
+        [[ -z "${GPU_TEST_PY:-}" || " $GPU_TEST_PY " == *" $name "* ]] || continue
         read -r -a cmd <<<"${entry#*:}"
         log="$LOG_DIR/py-$name-n$n.log"
         # name@gG: the script again on virtual nodes of G PEs (at N = 4 only: 2 nodes of 2).
