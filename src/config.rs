@@ -2,8 +2,9 @@
 //! buffer's own limits, and the size hints that tell a caller how many bytes to ask for.
 
 use crate::error::BufferError;
+use crate::low_latency::regions::CONTROL_BYTES;
 use crate::regions::{combine_slot_bytes, dispatch_slot};
-use kernels::contract::{FP8_GROUP, MAX_TOPK};
+use kernels::contract::{FP8_GROUP, MAX_PES, MAX_TOPK};
 
 /// `Buffer.num_sms` before `set_num_sms`: DeepEP's default.
 pub const DEFAULT_NUM_SMS: u32 = 20;
@@ -111,6 +112,11 @@ impl Config {
     /// this config on `num_ranks` PEs: channels x ranks x ring slots x the largest slot
     /// (regions.rs has the slot formulas), for up to MAX_TOPK experts per token and fp8 scales.
     pub fn get_nvl_buffer_size_hint(&self, hidden_bytes: usize, num_ranks: usize) -> usize {
+        if num_ranks > MAX_PES {
+            // Across nodes, on DeepEP's assumption of nodes of 8 (see the _for_nodes hints).
+            let hints = self.internode_hints(hidden_bytes, num_ranks.div_ceil(MAX_PES), MAX_PES);
+            return hints.1;
+        }
         let hidden = hidden_bytes / 2; // DeepEP's callers pass H * max(element size, 2)
         let scales = hidden.div_ceil(FP8_GROUP);
         let dispatch = dispatch_slot(hidden_bytes, MAX_TOPK, scales).bytes as usize;
@@ -120,39 +126,138 @@ impl Config {
     }
     // ANCHOR_END: nvl_hint
 
-    /// Inter-node bytes: none inside one node (DeepEP returns 0 up to 8 ranks too).
-    pub fn get_rdma_buffer_size_hint(&self, _hidden_bytes: usize, num_ranks: usize) -> usize {
-        if num_ranks <= 8 { 0 } else { usize::MAX }
+    /// `num_rdma_bytes` for normal mode across nodes on DeepEP's assumption of nodes of
+    /// `MAX_PES` = 8 ranks (its signature has no node size): 0 on one node, as DeepEP's; ranks
+    /// past a multiple of 8 get the next multiple's size. `get_rdma_buffer_size_hint_for_nodes`
+    /// takes the node size.
+    pub fn get_rdma_buffer_size_hint(&self, hidden_bytes: usize, num_ranks: usize) -> usize {
+        let node_pes = num_ranks.clamp(1, MAX_PES);
+        self.internode_hints(hidden_bytes, num_ranks.div_ceil(node_pes), node_pes)
+            .0
+    }
+
+    /// `num_rdma_bytes` for normal mode across nodes of `node_pes` ranks: the low-latency
+    /// control words (the two modes share the region) and, per channel and node, a staging
+    /// and a landing ring of `num_max_rdma_chunked_recv_tokens` slots (`internode_slot_bytes`
+    /// for up to MAX_TOPK experts and fp8 scales); 0 on one node.
+    pub fn get_rdma_buffer_size_hint_for_nodes(
+        &self,
+        hidden_bytes: usize,
+        num_ranks: usize,
+        node_pes: usize,
+    ) -> Result<usize, BufferError> {
+        let num_nodes = check_nodes(num_ranks, node_pes)?;
+        Ok(self.internode_hints(hidden_bytes, num_nodes, node_pes).0)
+    }
+
+    /// `num_nvl_bytes` for normal mode across nodes of `node_pes` ranks: per channel and
+    /// local rank a ring of `num_max_nvl_chunked_recv_tokens` slots; on one node, the
+    /// intranode hint.
+    pub fn get_nvl_buffer_size_hint_for_nodes(
+        &self,
+        hidden_bytes: usize,
+        num_ranks: usize,
+        node_pes: usize,
+    ) -> Result<usize, BufferError> {
+        let num_nodes = check_nodes(num_ranks, node_pes)?;
+        Ok(match num_nodes {
+            1 => self.get_nvl_buffer_size_hint(hidden_bytes, num_ranks),
+            _ => self.internode_hints(hidden_bytes, num_nodes, node_pes).1,
+        })
+    }
+
+    /// (num_rdma_bytes, num_nvl_bytes) of normal mode across `num_nodes` nodes of `node_pes`.
+    fn internode_hints(
+        &self,
+        hidden_bytes: usize,
+        num_nodes: usize,
+        node_pes: usize,
+    ) -> (usize, usize) {
+        if num_nodes <= 1 {
+            return (0, self.get_nvl_buffer_size_hint(hidden_bytes, node_pes));
+        }
+        let hidden = hidden_bytes / 2; // DeepEP's callers pass H * max(element size, 2)
+        let slot = internode_slot_bytes(hidden, hidden * 2, MAX_TOPK, hidden.div_ceil(FP8_GROUP));
+        let c = self.num_channels();
+        let rdma = CONTROL_BYTES
+            + 2 * c * num_nodes * self.num_max_rdma_chunked_recv_tokens as usize * slot;
+        let nvl = c * node_pes * self.num_max_nvl_chunked_recv_tokens as usize * slot;
+        (rdma.next_multiple_of(128), nvl.next_multiple_of(128))
     }
 }
 
-/// DeepEP's default dispatch configs by rank count (buffer.py), with `num_sms` SMs.
+/// Bytes of one slot of normal mode's rings across nodes, which dispatch and combine share:
+/// a dispatch slot `[row: row_bytes][src node: i32, in-node mask: u32][top-k ids: i32 x K]
+/// [weights: f32 x K][scales: f32 x S]` and a combine slot `[row: bf16 x hidden][weights: f32
+/// x K]`, each part 16-byte aligned. The forwarder copies a slot on verbatim.
+pub fn internode_slot_bytes(
+    hidden: usize,
+    row_bytes: usize,
+    num_topk: usize,
+    num_scales: usize,
+) -> usize {
+    let a16 = |x: usize| x.next_multiple_of(16);
+    let dispatch = a16(row_bytes) + a16(8 + 8 * num_topk + 4 * num_scales);
+    let combine = a16(2 * hidden) + a16(4 * num_topk);
+    dispatch.max(combine)
+}
+
+/// The number of nodes of `num_ranks` in nodes of `node_pes`, or what is wrong with them.
+fn check_nodes(num_ranks: usize, node_pes: usize) -> Result<usize, BufferError> {
+    let invalid = |what: String| Err(BufferError::invalid("Config", what));
+    if node_pes == 0 || node_pes > MAX_PES || !num_ranks.is_multiple_of(node_pes) {
+        return invalid(format!(
+            "{num_ranks} ranks in nodes of {node_pes}: a node holds 1 to MAX_PES = {MAX_PES} \
+             ranks and the ranks fill whole nodes"
+        ));
+    }
+    if num_ranks / node_pes > 1 && num_ranks > MAX_NORMAL_RANKS {
+        return invalid(format!(
+            "{num_ranks} ranks: normal mode across nodes holds at most MAX_NORMAL_RANKS = \
+             {MAX_NORMAL_RANKS}"
+        ));
+    }
+    Ok(num_ranks / node_pes)
+}
+
+/// DeepEP's default dispatch configs by rank count (buffer.py), with `num_sms` SMs: NVL send
+/// and receive chunks, RDMA send chunk (its RDMA receive ring is 128 throughout).
 pub fn dispatch_config(num_ranks: usize, num_sms: u32) -> Result<Config, BufferError> {
-    let (send, recv) = match num_ranks {
-        2 => (24, 256),
-        4 | 8 => (6, 256),
-        other => return Err(unsupported_ranks(other)),
+    let (send, recv, rdma_send) = match num_ranks {
+        2 => (24, 256, 6),
+        4 | 8 => (6, 256, 6),
+        16 => (36, 288, 20),
+        24 | 32 | 48 | 64 => (32, 288, 8),
+        other => return Err(unsupported_ranks("get_dispatch_config", other)),
     };
-    Config::new(num_sms, send, recv, 6, 128)
+    Config::new(num_sms, send, recv, rdma_send, 128)
 }
 
 /// DeepEP's default combine configs by rank count.
 pub fn combine_config(num_ranks: usize, num_sms: u32) -> Result<Config, BufferError> {
-    let (send, recv) = match num_ranks {
-        2 => (10, 256),
-        4 => (9, 256),
-        8 => (4, 256),
-        other => return Err(unsupported_ranks(other)),
+    let (send, recv, rdma_send) = match num_ranks {
+        2 => (10, 256, 6),
+        4 => (9, 256, 6),
+        8 => (4, 256, 6),
+        16 => (4, 288, 12),
+        24 | 32 | 48 | 64 => (1, 288, 8),
+        other => return Err(unsupported_ranks("get_combine_config", other)),
     };
-    Config::new(num_sms, send, recv, 6, 128)
+    Config::new(num_sms, send, recv, rdma_send, 128)
 }
 
-fn unsupported_ranks(num_ranks: usize) -> BufferError {
-    BufferError::invalid(
-        "get_dispatch_config",
+fn unsupported_ranks(what: &'static str, num_ranks: usize) -> BufferError {
+    let why = if num_ranks > MAX_NORMAL_RANKS {
         format!(
-            "Unsupported number of EP ranks: {num_ranks} (this buffer runs 2, 4 or 8 ranks of one node)"
-        ),
+            "normal mode holds at most MAX_NORMAL_RANKS = {MAX_NORMAL_RANKS} (DeepEP's tables go \
+             to 160)"
+        )
+    } else {
+        "DeepEP's tables have 2, 4, 8, 16, 24, 32, 48 and 64 up to our limit; pass a Config".into()
+    };
+    BufferError::invalid(
+        what,
+        format!("Unsupported number of EP ranks: {num_ranks} ({why})"),
     )
 }
 
@@ -183,12 +288,136 @@ mod tests {
                 .num_max_nvl_chunked_send_tokens,
             10
         );
-        assert!(
-            dispatch_config(16, 24)
-                .unwrap_err()
-                .to_string()
-                .contains("Unsupported number of EP ranks: 16")
+        for (n, error) in [(12, "pass a Config"), (96, "MAX_NORMAL_RANKS = 64")] {
+            let e = dispatch_config(n, 24).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("Unsupported number of EP ranks: {n}")) && e.contains(error),
+                "{e}"
+            );
+        }
+    }
+
+    /// DeepEP 567632d's tables (deep_ep/buffer.py get_dispatch_config / get_combine_config)
+    /// up to our MAX_NORMAL_RANKS: (nvl send, nvl recv, rdma send, rdma recv).
+    #[test]
+    fn the_config_tables_are_deepeps_up_to_64_ranks() {
+        let dispatch = [
+            (16, (36, 288, 20)),
+            (24, (32, 288, 8)),
+            (32, (32, 288, 8)),
+            (48, (32, 288, 8)),
+            (64, (32, 288, 8)),
+        ];
+        let combine = [
+            (16, (4, 288, 12)),
+            (24, (1, 288, 8)),
+            (32, (1, 288, 8)),
+            (48, (1, 288, 8)),
+            (64, (1, 288, 8)),
+        ];
+        for (table, make) in [
+            (dispatch, dispatch_config as fn(usize, u32) -> _),
+            (combine, combine_config),
+        ] {
+            for (n, (send, recv, rdma_send)) in table {
+                let c = make(n, 24).unwrap();
+                assert_eq!(
+                    (
+                        c.num_max_nvl_chunked_send_tokens,
+                        c.num_max_nvl_chunked_recv_tokens,
+                        c.num_max_rdma_chunked_send_tokens
+                    ),
+                    (send, recv, rdma_send),
+                    "{n} ranks"
+                );
+                assert_eq!(
+                    c.num_max_rdma_chunked_recv_tokens,
+                    128_u32.div_ceil(rdma_send) * rdma_send
+                );
+            }
+        }
+    }
+
+    /// DeepEP's internode hints (csrc/config.hpp, nodes of 8): 128 top-k ids of 8 bytes, 128
+    /// weights and 128 scales per slot, an 8-byte source meta and a 16-byte tail per RDMA slot.
+    fn deepep_hints(c: &Config, hidden_bytes: usize, num_ranks: usize) -> (usize, usize) {
+        let (ch, n, g) = (c.num_channels(), num_ranks / 8, 8);
+        let (rr, rn) = (
+            c.num_max_rdma_chunked_recv_tokens as usize,
+            c.num_max_nvl_chunked_recv_tokens as usize,
         );
+        let per_slot = 8 + 128 * 8 + 128 * 4 + 128 * 4;
+        let rdma = ch * n * (8 * 2 + 2) * 2 * 4 + ch * n * rr * (hidden_bytes + per_slot + 16) * 2;
+        let nvl = ch * g * (2 * n + 3) * 4 + ch * g * rn * (hidden_bytes + per_slot);
+        (rdma.next_multiple_of(128), nvl.next_multiple_of(128))
+    }
+
+    /// The design's worked numbers (benchmarks/notes/buffer_internode_normal.md, section 3):
+    /// DeepEP's test config (24 SMs, R_n = 512, R_r = 128), H = 7168, in MB of 10^6 bytes.
+    #[test]
+    fn internode_hints_hold_the_designs_numbers_and_fit_in_deepeps() {
+        let h = 7168;
+        assert_eq!(internode_slot_bytes(h, 2 * h, 8, 0), 14_416); // a bf16 call at K = 8
+        assert_eq!(internode_slot_bytes(h, h, 8, h / 128), 14_368); // fp8: the combine slot wins
+        assert_eq!(internode_slot_bytes(h, 2 * h, 32, h / 128), 14_832); // the hint's
+        let c = Config::new(24, 8, 512, 16, 128).unwrap();
+        let mb = |bytes: usize| (bytes as f64 / 1e4).round() / 100.0;
+        for (n, g, rdma, nvl) in [
+            (16, 8, 91.16, 729.02),
+            (16, 4, 182.29, 364.51),
+            (64, 8, 364.55, 729.02),
+        ] {
+            let got_rdma = c.get_rdma_buffer_size_hint_for_nodes(2 * h, n, g).unwrap();
+            let got_nvl = c.get_nvl_buffer_size_hint_for_nodes(2 * h, n, g).unwrap();
+            assert_eq!(
+                (mb(got_rdma), mb(got_nvl)),
+                (rdma, nvl),
+                "EP{n} in nodes of {g}"
+            );
+        }
+        // DeepEP's signature assumes nodes of 8; one node needs no RDMA bytes, as DeepEP's.
+        assert_eq!(c.get_rdma_buffer_size_hint(2 * h, 8), 0);
+        assert_eq!(
+            c.get_rdma_buffer_size_hint(2 * h, 16),
+            c.get_rdma_buffer_size_hint_for_nodes(2 * h, 16, 8).unwrap()
+        );
+        assert_eq!(
+            c.get_nvl_buffer_size_hint(2 * h, 16),
+            c.get_nvl_buffer_size_hint_for_nodes(2 * h, 16, 8).unwrap()
+        );
+        assert_eq!(
+            c.get_nvl_buffer_size_hint(2 * h, 8),
+            c.get_nvl_buffer_size_hint_for_nodes(2 * h, 8, 8).unwrap()
+        );
+        // A buffer sized by DeepEP's hints at nodes of 8 holds ours, for every table entry.
+        for n in [16, 24, 32, 48, 64] {
+            for c in [
+                dispatch_config(n, 24).unwrap(),
+                combine_config(n, 24).unwrap(),
+                c,
+            ] {
+                let (rdma, nvl) = deepep_hints(&c, 2 * h, n);
+                assert!(
+                    c.get_rdma_buffer_size_hint(2 * h, n) <= rdma,
+                    "EP{n}: {c:?}"
+                );
+                assert!(
+                    c.get_nvl_buffer_size_hint_for_nodes(2 * h, n, 8).unwrap() <= nvl,
+                    "EP{n}: {c:?}"
+                );
+            }
+        }
+        for (n, g, error) in [
+            (16, 3, "whole nodes"),
+            (16, 16, "MAX_PES = 8"),
+            (128, 8, "MAX_NORMAL_RANKS = 64"),
+        ] {
+            let e = c
+                .get_rdma_buffer_size_hint_for_nodes(2 * h, n, g)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(error), "{n} in nodes of {g}: {e}");
+        }
     }
 
     #[test]

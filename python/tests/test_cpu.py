@@ -273,8 +273,16 @@ def test_config_checks_and_hints_are_deepeps():
     assert 12 * 8 * 256 * 7168 * 2 < hint < 2_000_000_000  # DeepEP's test asks for 2e9
     assert config.get_rdma_buffer_size_hint(7168 * 2, 8) == 0
     assert _native.dispatch_config(2, 24).num_sms == 24
-    with pytest.raises(nv.InvalidArgumentError, match="Unsupported number of EP ranks: 16"):
-        _native.combine_config(16, 24)
+    assert repr(_native.dispatch_config(16, 24)) == "Config(24, 36, 288, 20, 140)"  # DeepEP's table
+    with pytest.raises(nv.InvalidArgumentError, match="Unsupported number of EP ranks: 96"):
+        _native.combine_config(96, 24)
+    # Across nodes: DeepEP's nodes of 8 by default, any node size by name (the design's numbers).
+    test = _native.Config(24, 8, 512, 16, 128)
+    assert test.get_rdma_buffer_size_hint(7168 * 2, 16) == test.get_rdma_buffer_size_hint(7168 * 2, 16, node_pes=8)
+    assert round(test.get_rdma_buffer_size_hint(7168 * 2, 16, node_pes=4) / 1e6, 2) == 182.29
+    assert round(test.get_nvl_buffer_size_hint(7168 * 2, 16, node_pes=4) / 1e6, 2) == 364.51
+    with pytest.raises(nv.InvalidArgumentError, match="whole nodes"):
+        test.get_rdma_buffer_size_hint(7168 * 2, 16, node_pes=3)
     assert _native.buffer_heap_bytes(2, 1 << 30, 0) > 1 << 30
 
 
