@@ -113,9 +113,10 @@ impl Config {
     /// (regions.rs has the slot formulas), for up to MAX_TOPK experts per token and fp8 scales.
     pub fn get_nvl_buffer_size_hint(&self, hidden_bytes: usize, num_ranks: usize) -> usize {
         if num_ranks > MAX_PES {
-            // Across nodes, on DeepEP's assumption of nodes of 8 (see the _for_nodes hints).
+            // Across nodes, on DeepEP's assumption of nodes of 8 (get_buffer_size_hints_for_nodes
+            // takes the node size).
             let hints = self.internode_hints(hidden_bytes, num_ranks.div_ceil(MAX_PES), MAX_PES);
-            return hints.1;
+            return hints.0;
         }
         let hidden = hidden_bytes / 2; // DeepEP's callers pass H * max(element size, 2)
         let scales = hidden.div_ceil(FP8_GROUP);
@@ -128,45 +129,31 @@ impl Config {
 
     /// `num_rdma_bytes` for normal mode across nodes on DeepEP's assumption of nodes of
     /// `MAX_PES` = 8 ranks (its signature has no node size): 0 on one node, as DeepEP's; ranks
-    /// past a multiple of 8 get the next multiple's size. `get_rdma_buffer_size_hint_for_nodes`
+    /// past a multiple of 8 get the next multiple's size. `get_buffer_size_hints_for_nodes`
     /// takes the node size.
     pub fn get_rdma_buffer_size_hint(&self, hidden_bytes: usize, num_ranks: usize) -> usize {
         let node_pes = num_ranks.clamp(1, MAX_PES);
         self.internode_hints(hidden_bytes, num_ranks.div_ceil(node_pes), node_pes)
-            .0
+            .1
     }
 
-    /// `num_rdma_bytes` for normal mode across nodes of `node_pes` ranks: the low-latency
-    /// control words (the two modes share the region) and, per channel and node, a staging
-    /// and a landing ring of `num_max_rdma_chunked_recv_tokens` slots (`internode_slot_bytes`
-    /// for up to MAX_TOPK experts and fp8 scales); 0 on one node.
-    pub fn get_rdma_buffer_size_hint_for_nodes(
+    /// (num_nvl_bytes, num_rdma_bytes) for normal mode on nodes of `node_pes` ranks. Across
+    /// nodes: per channel and local rank an NVL ring of `num_max_nvl_chunked_recv_tokens`
+    /// slots; the low-latency control words (the two modes share the RDMA region) and, per
+    /// channel and node, a staging and a landing ring of `num_max_rdma_chunked_recv_tokens`
+    /// slots (`internode_slot_bytes` for up to MAX_TOPK experts and fp8 scales). On one node:
+    /// the intranode hint and 0.
+    pub fn get_buffer_size_hints_for_nodes(
         &self,
         hidden_bytes: usize,
         num_ranks: usize,
         node_pes: usize,
-    ) -> Result<usize, BufferError> {
+    ) -> Result<(usize, usize), BufferError> {
         let num_nodes = check_nodes(num_ranks, node_pes)?;
-        Ok(self.internode_hints(hidden_bytes, num_nodes, node_pes).0)
+        Ok(self.internode_hints(hidden_bytes, num_nodes, node_pes))
     }
 
-    /// `num_nvl_bytes` for normal mode across nodes of `node_pes` ranks: per channel and
-    /// local rank a ring of `num_max_nvl_chunked_recv_tokens` slots; on one node, the
-    /// intranode hint.
-    pub fn get_nvl_buffer_size_hint_for_nodes(
-        &self,
-        hidden_bytes: usize,
-        num_ranks: usize,
-        node_pes: usize,
-    ) -> Result<usize, BufferError> {
-        let num_nodes = check_nodes(num_ranks, node_pes)?;
-        Ok(match num_nodes {
-            1 => self.get_nvl_buffer_size_hint(hidden_bytes, num_ranks),
-            _ => self.internode_hints(hidden_bytes, num_nodes, node_pes).1,
-        })
-    }
-
-    /// (num_rdma_bytes, num_nvl_bytes) of normal mode across `num_nodes` nodes of `node_pes`.
+    /// (num_nvl_bytes, num_rdma_bytes) of normal mode across `num_nodes` nodes of `node_pes`.
     fn internode_hints(
         &self,
         hidden_bytes: usize,
@@ -174,7 +161,7 @@ impl Config {
         node_pes: usize,
     ) -> (usize, usize) {
         if num_nodes <= 1 {
-            return (0, self.get_nvl_buffer_size_hint(hidden_bytes, node_pes));
+            return (self.get_nvl_buffer_size_hint(hidden_bytes, node_pes), 0);
         }
         let hidden = hidden_bytes / 2; // DeepEP's callers pass H * max(element size, 2)
         let slot = internode_slot_bytes(hidden, hidden * 2, MAX_TOPK, hidden.div_ceil(FP8_GROUP));
@@ -182,7 +169,7 @@ impl Config {
         let rdma = CONTROL_BYTES
             + 2 * c * num_nodes * self.num_max_rdma_chunked_recv_tokens as usize * slot;
         let nvl = c * node_pes * self.num_max_nvl_chunked_recv_tokens as usize * slot;
-        (rdma.next_multiple_of(128), nvl.next_multiple_of(128))
+        (nvl.next_multiple_of(128), rdma.next_multiple_of(128))
     }
 }
 
@@ -298,7 +285,8 @@ mod tests {
     }
 
     /// DeepEP 567632d's tables (deep_ep/buffer.py get_dispatch_config / get_combine_config)
-    /// up to our MAX_NORMAL_RANKS: (nvl send, nvl recv, rdma send, rdma recv).
+    /// up to our MAX_NORMAL_RANKS: (nvl send, nvl recv, rdma send); rdma recv is 128, rounded up
+    /// to the send chunk as DeepEP's Config does.
     #[test]
     fn the_config_tables_are_deepeps_up_to_64_ranks() {
         let dispatch = [
@@ -340,6 +328,7 @@ mod tests {
 
     /// DeepEP's internode hints (csrc/config.hpp, nodes of 8): 128 top-k ids of 8 bytes, 128
     /// weights and 128 scales per slot, an 8-byte source meta and a 16-byte tail per RDMA slot.
+    /// (num_nvl_bytes, num_rdma_bytes), as ours.
     fn deepep_hints(c: &Config, hidden_bytes: usize, num_ranks: usize) -> (usize, usize) {
         let (ch, n, g) = (c.num_channels(), num_ranks / 8, 8);
         let (rr, rn) = (
@@ -349,7 +338,7 @@ mod tests {
         let per_slot = 8 + 128 * 8 + 128 * 4 + 128 * 4;
         let rdma = ch * n * (8 * 2 + 2) * 2 * 4 + ch * n * rr * (hidden_bytes + per_slot + 16) * 2;
         let nvl = ch * g * (2 * n + 3) * 4 + ch * g * rn * (hidden_bytes + per_slot);
-        (rdma.next_multiple_of(128), nvl.next_multiple_of(128))
+        (nvl.next_multiple_of(128), rdma.next_multiple_of(128))
     }
 
     /// The design's worked numbers (benchmarks/notes/buffer_internode_normal.md, section 3):
@@ -367,8 +356,7 @@ mod tests {
             (16, 4, 182.29, 364.51),
             (64, 8, 364.55, 729.02),
         ] {
-            let got_rdma = c.get_rdma_buffer_size_hint_for_nodes(2 * h, n, g).unwrap();
-            let got_nvl = c.get_nvl_buffer_size_hint_for_nodes(2 * h, n, g).unwrap();
+            let (got_nvl, got_rdma) = c.get_buffer_size_hints_for_nodes(2 * h, n, g).unwrap();
             assert_eq!(
                 (mb(got_rdma), mb(got_nvl)),
                 (rdma, nvl),
@@ -377,18 +365,15 @@ mod tests {
         }
         // DeepEP's signature assumes nodes of 8; one node needs no RDMA bytes, as DeepEP's.
         assert_eq!(c.get_rdma_buffer_size_hint(2 * h, 8), 0);
-        assert_eq!(
-            c.get_rdma_buffer_size_hint(2 * h, 16),
-            c.get_rdma_buffer_size_hint_for_nodes(2 * h, 16, 8).unwrap()
-        );
-        assert_eq!(
-            c.get_nvl_buffer_size_hint(2 * h, 16),
-            c.get_nvl_buffer_size_hint_for_nodes(2 * h, 16, 8).unwrap()
-        );
-        assert_eq!(
-            c.get_nvl_buffer_size_hint(2 * h, 8),
-            c.get_nvl_buffer_size_hint_for_nodes(2 * h, 8, 8).unwrap()
-        );
+        for n in [8, 16] {
+            assert_eq!(
+                (
+                    c.get_nvl_buffer_size_hint(2 * h, n),
+                    c.get_rdma_buffer_size_hint(2 * h, n)
+                ),
+                c.get_buffer_size_hints_for_nodes(2 * h, n, 8).unwrap()
+            );
+        }
         // A buffer sized by DeepEP's hints at nodes of 8 holds ours, for every table entry.
         for n in [16, 24, 32, 48, 64] {
             for c in [
@@ -396,14 +381,11 @@ mod tests {
                 combine_config(n, 24).unwrap(),
                 c,
             ] {
-                let (rdma, nvl) = deepep_hints(&c, 2 * h, n);
+                let (nvl, rdma) = deepep_hints(&c, 2 * h, n);
+                let (ours_nvl, ours_rdma) = c.get_buffer_size_hints_for_nodes(2 * h, n, 8).unwrap();
                 assert!(
-                    c.get_rdma_buffer_size_hint(2 * h, n) <= rdma,
-                    "EP{n}: {c:?}"
-                );
-                assert!(
-                    c.get_nvl_buffer_size_hint_for_nodes(2 * h, n, 8).unwrap() <= nvl,
-                    "EP{n}: {c:?}"
+                    ours_rdma <= rdma && ours_nvl <= nvl,
+                    "EP{n}: {c:?}: ours {ours_nvl} / {ours_rdma}, DeepEP {nvl} / {rdma}"
                 );
             }
         }
@@ -413,7 +395,7 @@ mod tests {
             (128, 8, "MAX_NORMAL_RANKS = 64"),
         ] {
             let e = c
-                .get_rdma_buffer_size_hint_for_nodes(2 * h, n, g)
+                .get_buffer_size_hints_for_nodes(2 * h, n, g)
                 .unwrap_err()
                 .to_string();
             assert!(e.contains(error), "{n} in nodes of {g}: {e}");

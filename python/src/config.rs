@@ -32,38 +32,25 @@ impl PyConfig {
         .map_err(Error::from)?;
         Ok(Self(config))
     }
-    /// Bytes of `num_nvl_bytes` a dispatch/combine of rows of `hidden_bytes` needs; across
-    /// nodes, of `node_pes` ranks each (None: DeepEP's 8).
-    #[pyo3(signature = (hidden_bytes, num_ranks, node_pes = None))]
-    fn get_nvl_buffer_size_hint(
-        &self,
-        hidden_bytes: usize,
-        num_ranks: usize,
-        node_pes: Option<usize>,
-    ) -> PyResult<usize> {
-        Ok(match node_pes {
-            None => self.0.get_nvl_buffer_size_hint(hidden_bytes, num_ranks),
-            Some(g) => self
-                .0
-                .get_nvl_buffer_size_hint_for_nodes(hidden_bytes, num_ranks, g)
-                .map_err(Error::from)?,
-        })
+    /// Bytes of `num_nvl_bytes` a dispatch/combine of rows of `hidden_bytes` needs.
+    fn get_nvl_buffer_size_hint(&self, hidden_bytes: usize, num_ranks: usize) -> usize {
+        self.0.get_nvl_buffer_size_hint(hidden_bytes, num_ranks)
     }
-    /// Bytes of `num_rdma_bytes` normal mode needs across nodes (0 on one node, as DeepEP's).
-    #[pyo3(signature = (hidden_bytes, num_ranks, node_pes = None))]
-    fn get_rdma_buffer_size_hint(
+    /// Bytes of `num_rdma_bytes` normal mode needs across nodes of 8 (0 on one node), as DeepEP's.
+    fn get_rdma_buffer_size_hint(&self, hidden_bytes: usize, num_ranks: usize) -> usize {
+        self.0.get_rdma_buffer_size_hint(hidden_bytes, num_ranks)
+    }
+    /// (num_nvl_bytes, num_rdma_bytes) on nodes of `node_pes` ranks, any size from 1 to 8.
+    fn get_buffer_size_hints_for_nodes(
         &self,
         hidden_bytes: usize,
         num_ranks: usize,
-        node_pes: Option<usize>,
-    ) -> PyResult<usize> {
-        Ok(match node_pes {
-            None => self.0.get_rdma_buffer_size_hint(hidden_bytes, num_ranks),
-            Some(g) => self
-                .0
-                .get_rdma_buffer_size_hint_for_nodes(hidden_bytes, num_ranks, g)
-                .map_err(Error::from)?,
-        })
+        node_pes: usize,
+    ) -> PyResult<(usize, usize)> {
+        Ok(self
+            .0
+            .get_buffer_size_hints_for_nodes(hidden_bytes, num_ranks, node_pes)
+            .map_err(Error::from)?)
     }
     #[getter]
     fn num_sms(&self) -> u32 {

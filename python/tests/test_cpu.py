@@ -278,11 +278,12 @@ def test_config_checks_and_hints_are_deepeps():
         _native.combine_config(96, 24)
     # Across nodes: DeepEP's nodes of 8 by default, any node size by name (the design's numbers).
     test = _native.Config(24, 8, 512, 16, 128)
-    assert test.get_rdma_buffer_size_hint(7168 * 2, 16) == test.get_rdma_buffer_size_hint(7168 * 2, 16, node_pes=8)
-    assert round(test.get_rdma_buffer_size_hint(7168 * 2, 16, node_pes=4) / 1e6, 2) == 182.29
-    assert round(test.get_nvl_buffer_size_hint(7168 * 2, 16, node_pes=4) / 1e6, 2) == 364.51
+    deepep = (test.get_nvl_buffer_size_hint(7168 * 2, 16), test.get_rdma_buffer_size_hint(7168 * 2, 16))
+    assert deepep == test.get_buffer_size_hints_for_nodes(7168 * 2, 16, 8)
+    nvl, rdma = test.get_buffer_size_hints_for_nodes(7168 * 2, 16, 4)
+    assert (round(nvl / 1e6, 2), round(rdma / 1e6, 2)) == (364.51, 182.29)
     with pytest.raises(nv.InvalidArgumentError, match="whole nodes"):
-        test.get_rdma_buffer_size_hint(7168 * 2, 16, node_pes=3)
+        test.get_buffer_size_hints_for_nodes(7168 * 2, 16, 3)
     assert _native.buffer_heap_bytes(2, 1 << 30, 0) > 1 << 30
 
 
