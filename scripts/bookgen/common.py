@@ -20,11 +20,13 @@ CAPTURES = "book/src/output/captures.tsv"
 # changed since), and drop it when the entry points at a run of the current code.
 #
 # Chapters 4 and 7 quote two H100 calls of 2026-11-26: N = 2 / EP2 from the 2x H100 call at
-# 15:17-15:50 UTC (binaries of 9787572, NVSHMEM's team rows of b534934), N = 4 / EP4 from the
+# 15:17-15:50 UTC (binaries of 9787572, NVSHMEM's team rows of b534934), EP4 from the
 # 4x H100 call at 12:33-12:55 UTC (binaries of 79ad531, before the combine fix 8819e2b: its
 # caveat says so), with DeepEP's EP4 test printouts from the 4x H100 call at 21:36 UTC
 # (217c9a3). Chapter 7's EP2 rows (buffer_ep2) come from GPUs 0-1 of the 4x H100 call of
-# 2026-11-27 01:15 UTC (4232e2a's normal-mode kernels, unchanged since). Chapter 8 quotes the
+# 2026-11-27 01:15 UTC (4232e2a's normal-mode kernels, unchanged since). Chapter 4's N = 4 rows
+# (coll_n4) and chapter 5's (hier_n4) come from the 4x H100 call of 2026-11-27 00:54-00:58 UTC
+# (binaries of 4232e2a, NVSHMEM's team rows included). Chapter 8 quotes the
 # 4x H100 call of 2026-11-27 01:05-01:14 UTC at EP2 and EP4 (main + the two low-latency patches
 # of 2270782, DeepEP v1 built in the call). Chapter 3 and the PyTorch page have one run each (2x H200). Chapter 6 and
 # the MoE layer: the 2x H100 call of 15:46-15:48 UTC (b534934). The earlier H200 runs of
@@ -85,6 +87,10 @@ MANIFEST: Dict[str, Dict[str, str]] = {
     # Chapter 5: ch05-hier-bench through benchmarks/run_coll.sh 2 (one node of 2, 2 nodes of 1).
     "hier_n2": {
         "csv": "benchmarks/results/hier_h100_2gpu.csv",
+    },
+    # ... and benchmarks/run_coll.sh 4 (one node of 4, 2 nodes of 2, 4 nodes of 1).
+    "hier_n4": {
+        "csv": "benchmarks/results/hier_h100_4gpu.csv",
     },
     # Chapter 6: ch06-overlap-bench and scripts/ch06_overlap.py --bench (DEVICE_BENCH=overlap).
     "overlap_n2": {
