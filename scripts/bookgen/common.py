@@ -29,7 +29,9 @@ CAPTURES = "book/src/output/captures.tsv"
 # (binaries of 4232e2a, NVSHMEM's team rows included). Chapter 8 quotes the
 # 4x H100 call of 2026-11-27 01:05-01:14 UTC at EP2 and EP4 (main + the two low-latency patches
 # of 2270782, DeepEP v1 built in the call). Chapter 3 and the PyTorch page have one run each (2x H200). Chapter 6 and
-# the MoE layer: the 2x H100 call of 15:46-15:48 UTC (b534934). The earlier H200 runs of
+# the MoE layer at N = 2: the Rust benchmark from the 2x H100 call of 2026-11-26 15:46 UTC
+# (b534934), the Python benchmark and the MoE layer from the 2x H200 call of 18:37 UTC (f9c0aec);
+# at N = 4: all three from the 4x H100 call of 2026-11-27 00:57 UTC (4232e2a). The earlier H200 runs of
 # chapters 4, 7 and 8 (coll_h200_*, buffer_h200_*, buffer_ll_h200_*) stay in
 # benchmarks/results/ with their notes.
 MANIFEST: Dict[str, Dict[str, str]] = {
@@ -99,10 +101,18 @@ MANIFEST: Dict[str, Dict[str, str]] = {
         "plot": "benchmarks/results/overlap_py_h200_2gpu.svg",
         "timeline": "benchmarks/results/timeline_ch06_overlap_h200_2gpu_overlapped.svg",
     },
+    "overlap_n4": {
+        "csv": "benchmarks/results/overlap_h100_4gpu.csv",
+        "python": "benchmarks/results/overlap_py_h100_4gpu.csv",
+        "plot": "benchmarks/results/overlap_py_h100_4gpu.svg",
+    },
     # The MoE layer: scripts/moe_layer.py --bench (DEVICE_BENCH=moe).
     "moe_n2": {
         "csv": "benchmarks/results/moe_layer_h200_2gpu.csv",
         "timeline": "benchmarks/results/timeline_moe_layer_h200_2gpu_overlapped.svg",
+    },
+    "moe_n4": {
+        "csv": "benchmarks/results/moe_layer_h100_4gpu.csv",
     },
     # The PyTorch page: scripts/ch03_put_get.py --bench (2 GPUs).
     "py_exchange": {
