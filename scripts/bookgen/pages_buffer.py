@@ -124,9 +124,9 @@ def gen_ch07(book: Book) -> None:
         faster[key] = v2_us("sm24", key) / ours_us
         rows.append([label, us(v2_us("analytical", key)), us(v2_us("sm24", key)), us(ours_us), ratio(faster[key])])
     s.add("v2_table", table(
-        ["EP2, us", f"V2, {v2['analytical']['sms']:.0f} SMs (its own count)", "V2, 24 SMs", "ours, 24 SMs",
-         "V2's time / ours, 24 SMs"], ["l", "r", "r", "r", "r"], rows) +
-        f"\n\n*V2: profiler kernel times from its `tests/elastic/test_ep.py` (dispatch plus its copy into the "
+        ["EP2, us", f"DeepEP V2, {v2['analytical']['sms']:.0f} SMs (its own count)", "DeepEP V2, 24 SMs", "ours, 24 SMs",
+         "DeepEP V2's time / ours, 24 SMs"], ["l", "r", "r", "r", "r"], rows) +
+        f"\n\n*DeepEP V2: profiler kernel times from its `tests/elastic/test_ep.py` (dispatch plus its copy into the "
         f"outputs; combine plus its reduce), 4096 tokens x 7168, top-8 of 256 experts, `{MANIFEST['deepep_v2_ep2']['log']}`. "
         f"Ours: `buffer_bench` (DeepEP v1's eager bench: the whole call, host and notify included), `{r2.path}`. "
         f"The same call: {r2.device}, {r2.date}.*")
