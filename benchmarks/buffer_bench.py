@@ -4,7 +4,10 @@ cache flush), bandwidth as it computes it (received bytes / time, "NVL GB/s"), f
 `deep_ep` is first on PYTHONPATH: DeepEP itself, or nvshmem_tutorial through
 benchmarks/deepep_shim. Sweeps num_sms and the NVL chunk size; also times an NCCL
 `all_to_all_single`-based dispatch/combine (layout on the GPU, count exchange, payload
-exchange, with the host synchronisation it needs) as context.
+exchange, with the host synchronisation it needs) as context. Rows `dispatch_gpu` and
+`combine_gpu` (at each num_sms, the first chunk) time a whole call on the GPU instead: the
+summed durations of the kernels it launches, from the torch profiler, as DeepEP V2's test
+times its calls (dispatch with its notify, not from a cached handle; no host time).
 
     python3 benchmarks/buffer_bench.py --method ours|deepep [--num-processes 2] OUT.csv
 
@@ -12,7 +15,9 @@ Data as DeepEP's test: 4096 tokens x 7168 hidden per rank, top-8 of 256 experts 
 scores, bf16 and fp8 (per-token cast) dispatch, bf16 combine.
 """
 
+import json
 import sys
+import tempfile
 import time
 
 import torch
@@ -39,6 +44,23 @@ def bench(fn, num_warmups=50, num_tests=50):
     torch.cuda.synchronize()
     times = [s.elapsed_time(e) / 1e3 for s, e in zip(start, end)][1:]
     return sum(times) / len(times)
+
+
+def gpu_time(fn, iterations=20):
+    """Mean seconds per call of the CUDA kernels `fn` launches, summed (torch profiler)."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(iterations):
+            fn()
+        torch.cuda.synchronize()
+    with tempfile.NamedTemporaryFile(suffix=".json") as trace:
+        prof.export_chrome_trace(trace.name)
+        events = json.load(open(trace.name))["traceEvents"]
+    durations = [e["dur"] for e in events if e.get("cat") == "kernel"]
+    assert durations, "the profiler saw no kernel"
+    return sum(durations) / 1e6 / iterations
 
 
 def per_token_cast_to_fp8(x):
@@ -79,11 +101,18 @@ def run(local_rank, num_ranks, args):
                 cfg = deep_ep.Config(num_sms, chunk, 256)
                 t = bench(lambda: buffer.dispatch(x=current, handle=handle, config=cfg))  # noqa: B023
                 rows.append(("dispatch", dtype, num_sms, chunk, t * 1e6, nbytes / 1e9 / t))
+            cfg = deep_ep.Config(num_sms, args.chunks[0], 256)
+            t = gpu_time(lambda: buffer.dispatch(x=current, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,  # noqa: B023
+                                                 num_tokens_per_expert=per_expert, config=cfg))  # noqa: B023
+            rows.append(("dispatch_gpu", dtype, num_sms, args.chunks[0], t * 1e6, nbytes / 1e9 / t))
         recv_x, _, _, _, handle, _ = buffer.dispatch(x=x, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert, config=config)
         for chunk in args.combine_chunks:
             cfg = deep_ep.Config(num_sms, chunk, 256)
             t = bench(lambda: buffer.combine(x=recv_x, handle=handle, config=cfg))  # noqa: B023
             rows.append(("combine", "bf16", num_sms, chunk, t * 1e6, bf16_bytes / 1e9 / t))
+        cfg = deep_ep.Config(num_sms, args.combine_chunks[0], 256)
+        t = gpu_time(lambda: buffer.combine(x=recv_x, handle=handle, config=cfg))  # noqa: B023
+        rows.append(("combine_gpu", "bf16", num_sms, args.combine_chunks[0], t * 1e6, bf16_bytes / 1e9 / t))
         if rank == 0:
             print(f"{args.method}: num_sms {num_sms} done", flush=True)
     if args.method == "ours":
@@ -92,7 +121,7 @@ def run(local_rank, num_ranks, args):
         with open(args.out, "w") as f:
             f.write(f"# gpu: {torch.cuda.get_device_name()} x {num_ranks}; torch {torch.__version__}; NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}\n")
             f.write(f"# date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n")
-            f.write("# timing: DeepEP's tests/utils.py bench (eager, 50 warm-ups, mean of 49); gb_per_s = received bytes / time (DeepEP's NVL GB/s)\n")
+            f.write("# timing: DeepEP's tests/utils.py bench (eager, 50 warm-ups, mean of 49); *_gpu rows: the call's kernels' summed durations (torch profiler, mean of 20; dispatch not cached); gb_per_s = received bytes / time (DeepEP's NVL GB/s)\n")
             f.write(HEADER + "\n")
             for op, dtype, num_sms, chunk, us, bw in rows:
                 method = "nccl_a2a" if op.startswith("nccl") else args.method
