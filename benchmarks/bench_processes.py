@@ -1,10 +1,12 @@
 """What the buffer benchmarks (buffer_bench.py, buffer_ll_bench.py) share: one process per
 GPU spawned from the command line, as DeepEP's own tests do (not torchrun: DeepEP's
 init_dist would read torchrun's WORLD_SIZE and RANK as the node count and rank), the process
-group each joins, and how a run ends."""
+group each joins, how a run ends, and the profiler's kernel records."""
 
 import argparse
+import json
 import os
+import tempfile
 
 import torch
 import torch.distributed as dist
@@ -36,6 +38,15 @@ def join(local_rank: int, num_ranks: int, port: int):
     torch.cuda.set_device(local_rank)
     dist.init_process_group("nccl", rank=local_rank, world_size=num_ranks, device_id=torch.device("cuda", local_rank))
     return dist.new_group(list(range(num_ranks)))
+
+
+def kernel_events(prof) -> list:
+    """The CUDA kernels a torch profiler recorded, as its Chrome trace lists them (name, ts,
+    dur in us), in launch order."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as trace:
+        prof.export_chrome_trace(trace.name)
+        events = json.load(open(trace.name))["traceEvents"]
+    return sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
 
 
 def leave(buffer) -> None:

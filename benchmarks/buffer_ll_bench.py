@@ -22,11 +22,9 @@ and timing for both:
 """
 
 import cProfile
-import json
 import pstats
 import time
 import sys
-import tempfile
 
 import torch
 import torch.distributed as dist
@@ -47,12 +45,10 @@ def kernel_times(fn, names, per_period, iterations=30):
         for _ in range(iterations):
             fn()
         torch.cuda.synchronize()
-    with tempfile.NamedTemporaryFile(suffix=".json") as trace:
-        prof.export_chrome_trace(trace.name)
-        events = json.load(open(trace.name))["traceEvents"]
+    events = bench_processes.kernel_events(prof)
     out = {}
     for name in names:
-        durations = [e["dur"] for e in sorted((e for e in events if f"::{name}" in e.get("name", "") and e.get("cat") == "kernel"), key=lambda e: e["ts"])]
+        durations = [e["dur"] for e in events if f"::{name}" in e.get("name", "")]
         assert durations and len(durations) % per_period == 0, f"{name}: {len(durations)} kernels"
         out[name] = [sum(durations[j::per_period]) / (len(durations) // per_period) for j in range(per_period)]
     return out

@@ -29,6 +29,8 @@
 //!   handle.rs, view.rs, error.rs    what the raw layer takes and returns
 //!   typed.rs                        the safe layer: typed device arrays, &mut self calls
 //!   low_latency/                    chapter 8: fixed slots (regions, phases, plans, launch)
+//!   internode.rs                    normal mode across nodes (issue 32): the notify step's
+//!                                   two-level arithmetic on the host, against DeepEP's definitions
 //!   bin/                            ch07-buffer, ch08-low-latency (self-checking, typed layer)
 //! kernels/cuda/buffer/            moe.cuh (ring protocol NOTES), layout.cu, notify.cu,
 //!                                 dispatch.cu (moe_scatter), combine.cu (moe_gather),
@@ -54,6 +56,7 @@ pub mod config;
 pub mod dispatch;
 pub mod error;
 pub mod handle;
+pub mod internode;
 pub mod layout;
 pub mod low_latency;
 pub mod notify;
