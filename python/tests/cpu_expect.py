@@ -1,6 +1,6 @@
-"""What the CPU suites (test_cpu.py, test_inter_node_cpu.py) check of a call that must fail
-before anything else, once: NVSHMEM is not initialised, and ``call()`` raises ``error`` with
-a message that matches ``match``."""
+"""What the CPU suites (test_cpu.py, test_buffer_cpu.py, test_inter_node_cpu.py) check of a
+call that must fail before anything else, once: NVSHMEM is not initialised, and ``call()``
+raises ``error`` with a message that matches ``match``."""
 
 from __future__ import annotations
 
