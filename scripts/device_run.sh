@@ -17,8 +17,9 @@
 #   SANITIZER_NPROCS (default 2); deepep_v2 runs benchmarks/deepep_v2.sh; deepep_n1 runs
 #   DeepEP's test_low_latency.py at N = 1 for DeepEP and for ours, and our test_intranode.py
 #   as far as N = 1 goes; host_path runs benchmarks/host_path.py for both; soak runs the
-#   chapter programs with --pairs SOAK_PAIRS (default 10000) and --create-destroy 100 at N = 1
-#   and folded N = 2; dead_rank runs scripts/dead_rank.py with DEAD_RANK_ARGS; ab runs
+#   chapter programs with --pairs SOAK_PAIRS (default 10000) and --create-destroy 100, one run
+#   per PROGRAM:N in SOAK_RUNS (default chapters 7 and 8 at N = 1, then folded N = 2);
+#   dead_rank runs scripts/dead_rank.py with DEAD_RANK_ARGS; ab runs
 #   benchmarks/ab_wheels.sh per process count in BENCH_NPROCS, AB_ROUNDS rounds (default 3), of
 #   the wheel AB_OLD (default the first in CARRY/ab/*/) against AB_NEW (default the carried one)),
 #   DEVICE_GPU_TEST=0 (skip gpu_test.sh), DEVICE_WHEEL and DEVICE_BINS (a wheel and a
@@ -106,11 +107,10 @@ for bench in ${DEVICE_BENCH:-}; do
         (cd /tmp && PYTHONPATH="$OLDPWD/$carry/deepep${PYTHONPATH:+:$PYTHONPATH}" timeout 200 python3 "$OLDPWD/benchmarks/host_path.py" --system deepep)
       } >"$logs/host_path.log" 2>&1 ;;
     soak)
-      { for n in 1 2; do
-          fold_run "$n" "$carry/bin/ch07-buffer" --pairs "${SOAK_PAIRS:-10000}" --create-destroy 100
-          echo "soak: ch07-buffer n=$n exit $?"
-          fold_run "$n" "$carry/bin/ch08-low-latency" --pairs "${SOAK_PAIRS:-10000}" --create-destroy 100
-          echo "soak: ch08-low-latency n=$n exit $?"
+      { for run in ${SOAK_RUNS:-ch07-buffer:1 ch08-low-latency:1 ch07-buffer:2 ch08-low-latency:2}; do
+          fold_run "${run#*:}" "$carry/bin/${run%%:*}" --pairs "${SOAK_PAIRS:-10000}" --create-destroy 100
+          echo "soak: ${run%%:*} n=${run#*:} exit $?"
+          pack
         done
       } >"$logs/soak.log" 2>&1 ;;
     dead_rank)
