@@ -45,10 +45,16 @@ def bench(fn, num_warmups=50, num_tests=50):
 
 
 def gpu_time(fn, iterations=20):
-    """Mean seconds per call of the CUDA kernels `fn` launches, summed (torch profiler)."""
+    """Mean seconds per call of the CUDA kernels `fn` launches, summed (torch profiler).
+
+    A call that is not cached starts with the notify kernel, which waits for every rank to
+    enter: kernel time then includes the ranks' skew. So the ranks meet (a barrier after the
+    GPU drained) before the profiler starts, and the first profiler session of the process
+    (CUPTI's set-up, tens of ms on one rank) is spent untimed by `run`."""
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
+    dist.barrier()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(iterations):
             fn()
@@ -80,6 +86,11 @@ def run(local_rank, num_ranks, args):
     topk_idx = torch.topk(scores, num_topk, dim=-1, sorted=False).indices.to(deep_ep.topk_idx_t)
     per_rank, _, per_expert, in_rank, _ = buffer.get_dispatch_layout(topk_idx, num_experts)
     rows = []
+    # The first profiler session of a process sets CUPTI up on each rank at its own pace;
+    # this one is not timed, so that gpu_time's sessions start together.
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):
+        buffer.get_dispatch_layout(topk_idx, num_experts)
+        torch.cuda.synchronize()
     t = bench(lambda: buffer.get_dispatch_layout(topk_idx, num_experts))
     rows.append(("layout", "-", 24, 0, t * 1e6, 0.0))
 

@@ -14,11 +14,13 @@ Run it on one GPU, one system per process (both load NVSHMEM), with no torchrun:
 
 `--csv` appends this system's rows to a CSV (created with `# gpu:` / `# date:` header lines),
 so one file holds both systems of one machine; compare only rows of the same GPU. `--profile`
-prints the top of a cProfile of 200 of our low-latency pairs (where the host time goes).
-Shapes: DeepEP's tests (low latency: 128 tokens x 7168, top-8 of 288 experts, fp8 dispatch;
-normal: 4096 tokens x 7168, top-8), with 32 experts in normal mode, since DeepEP's intranode
-kernels refuse 256 experts on one rank; normal mode passes Config(24, 8, 256), the config of
-DeepEP's test (neither system has a default config for one rank).
+prints the top of a cProfile of 200 of our low-latency pairs (where the host time goes);
+`--breakdown` times the torch calls a call through Python is made of, each alone (the output
+allocations, one tensor's reads). Shapes: DeepEP's tests (low latency: 128 tokens x 7168,
+top-8 of 288 experts, fp8 dispatch; normal: 4096 tokens x 7168, top-8, 32 experts). Normal
+mode runs for ours only: DeepEP's intranode kernels assert "Unsupported ranks" at one rank.
+It passes Config(24, 8, 256), the config of DeepEP's test (neither system has a default
+config for one rank).
 """
 
 from __future__ import annotations
@@ -92,6 +94,30 @@ def low_latency(deep_ep, group, report, profile: bool) -> None:
     buffer.destroy()
 
 
+def breakdown(report) -> None:
+    """The host cost of the torch calls any binding that goes through Python makes per call,
+    each timed alone: low-latency dispatch's five output allocations (DeepEP's shapes at 128
+    tokens x 7168, 288 experts, one rank) and the reads of one input tensor."""
+    x = torch.randn((128, 7168), dtype=torch.bfloat16, device="cuda")
+    device = torch.device("cuda", 0)
+    outputs = [((288, 128, 7168), torch.float8_e4m3fn), ((288, 56, 128), torch.float32), ((288,), torch.int32),
+               ((288, 128), torch.int32), ((288, 1), torch.int64)]
+
+    def allocate():
+        for shape, dtype in outputs:
+            torch.empty(shape, dtype=dtype, device=device)
+
+    def read_tensor():
+        x.data_ptr(), x.shape, x.stride(), x.dtype, x.get_device()
+
+    def stream():
+        torch._C._cuda_getCurrentRawStream(0)
+
+    report("torch.empty x 5 (dispatch's outputs)", *timed(allocate))
+    report("one tensor's reads (ptr, shape, ...)", *timed(read_tensor))
+    report("current raw stream", *timed(stream))
+
+
 def normal(deep_ep, group, report) -> None:
     tokens, hidden, topk, experts = 4096, 7168, 8, 32
     buffer = deep_ep.Buffer(group, int(2e9), 0, explicitly_destroy=True)
@@ -145,6 +171,8 @@ def main() -> None:
     parser.add_argument("--system", choices=["ours", "deepep"], required=True)
     parser.add_argument("--profile", action="store_true", help="cProfile our low-latency pair")
     parser.add_argument("--csv", type=Path, help="append the rows to this CSV")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="time the torch calls a Python-facing call is made of (allocations, tensor reads)")
     args = parser.parse_args()
     for name in ("NVSHMEM_DISABLE_NVLS", "TORCH_SYMM_MEM_DISABLE_MULTICAST"):
         os.environ.setdefault(name, "1")
@@ -167,7 +195,12 @@ def main() -> None:
         print(f"{args.system:>6}  {what:<38} host {host_us:8.1f} us   end to end {total_us:8.1f} us", flush=True)
 
     low_latency(deep_ep, group, report, args.profile and args.system == "ours")
-    normal(deep_ep, group, report)
+    if args.breakdown:
+        breakdown(report)
+    if args.system == "ours":
+        normal(deep_ep, group, report)
+    else:
+        print("deepep  normal mode: not at N = 1 (its intranode kernels assert 'Unsupported ranks' for one rank)")
     torch.cuda.synchronize()
     if args.csv:
         write_csv(args.csv, args.system, rows)

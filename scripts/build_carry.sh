@@ -10,7 +10,7 @@
 # which device_run.sh builds on the GPU machine for the steps that time it.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-BINS=(ch01-bootstrap ch01-rendezvous-probe ch02-symmetric-memory ch03-put-get ch04-collectives
+BINS=(ch01-bootstrap ch01-rendezvous-probe ch02-symmetric-memory ch03-put-get ch03-p2p-bench ch04-collectives
   ch04-coll-bench ch05-inter-node ch05-hier-bench ch06-overlap ch06-overlap-bench ch07-buffer ch08-low-latency
   moe-layer)
 carry=.carry
