@@ -21,10 +21,13 @@ use cudarc::driver::{CudaEvent, CudaSlice, DevicePtr, sys};
 
 use crate::config::{CHANNEL_THREADS, MAX_CHANNELS};
 use crate::error::{BufferError, LastRingCall, describe};
+use crate::internode_notify::NotifyArea;
 use crate::low_latency::phases::PendingReceive;
 use crate::regions::{MAX_EXPERTS, Regions};
-use crate::spec::{BufferOptions, BufferSpec, PROGRESS_WORDS, node_members};
-use kernels::contract::{Failure, InputError, LlState, MAX_LL_BLOCKS};
+use crate::spec::{
+    BufferOptions, BufferSpec, PROGRESS_WORDS, node_members, options_need_notify_area,
+};
+use kernels::contract::{Failure, InputError, InternodeNotifyState, LlState, MAX_LL_BLOCKS};
 
 const MODULES: [&str; 7] = [
     "buffer/layout",
@@ -40,14 +43,28 @@ const MODULES: [&str; 7] = [
 const COUNT_WORDS: usize = 1 + MAX_EXPERTS / 2;
 /// u64 words of the per-rank device state of low-latency mode (`LlState` of the contract).
 pub(crate) const LL_STATE_WORDS: usize = std::mem::size_of::<LlState>().div_ceil(8);
+/// u64 words of the internode notify's per-rank state (`InternodeNotifyState`).
+const INTERNODE_STATE_WORDS: usize = std::mem::size_of::<InternodeNotifyState>().div_ceil(8);
+/// The internode notify's module, loaded by buffers that span nodes in normal mode.
+const INTERNODE_NOTIFY_MODULE: &str = "buffer/internode_notify";
 
 /// Symmetric heap bytes one buffer takes on `n_pes` PEs: the communicator's own (it spans one
 /// node, at most MAX_PES of them: the most it can take), then the buffer's regions
 /// (src/regions.rs).
+///
+/// A normal-mode buffer with an rdma region spans nodes (`BufferOptions::check_nodes`), so it
+/// also gets the internode notify's area: as the node size is not an argument here, the
+/// largest any node size of `n_pes` needs (`NotifyArea::most_bytes`, a few hundred KB).
 pub fn heap_bytes(n_pes: usize, num_nvl_bytes: usize, num_rdma_bytes: usize) -> usize {
+    let spans_nodes = num_nvl_bytes > 0 && num_rdma_bytes > 0;
     let regions = Regions {
         num_nvl_bytes,
         num_rdma_bytes,
+        notify_area_bytes: if spans_nodes {
+            NotifyArea::most_bytes(n_pes)
+        } else {
+            0
+        },
     };
     let node_pes = n_pes.min(MAX_PES);
     ch04_collectives::workspace::symmetric_bytes(
@@ -104,6 +121,9 @@ pub struct NvshmemBuffer<W: Deref<Target = World>> {
     /// Low-latency mode's per-rank state (call count, finish counters, slot counters; see
     /// `LlState` in kernels/contract/defs.rs).
     _ll_state: CudaSlice<u64>,
+    /// The internode notify's per-rank state (`InternodeNotifyState`), when the buffer spans
+    /// nodes in normal mode.
+    _internode_state: Option<CudaSlice<u64>>,
     /// A low-latency send phase whose receive (the hook) has not run yet: one call in flight.
     pub(crate) ll_receive_pending: Mutex<Option<PendingReceive>>,
     /// Whether the typed calls (typed.rs) poison the outputs they allocate.
@@ -120,11 +140,20 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
     pub fn new(world: W, options: BufferOptions) -> Result<Self, BufferError> {
         let node_pes = node_pes_from_env(&world)?;
         options.check_nodes(world.n_pes(), node_pes)?;
+        let notify_area = options_need_notify_area(&options, world.n_pes(), node_pes)
+            .then(|| NotifyArea::new(world.n_pes() / node_pes, node_pes));
         let regions = Regions {
             num_nvl_bytes: options.num_nvl_bytes,
             num_rdma_bytes: options.num_rdma_bytes,
+            notify_area_bytes: notify_area.map_or(0, |area| area.bytes()),
         };
-        let kernels = Kernels::load(&world, &MODULES)?;
+        // The internode notify's module only where it can run: a buffer on one node loads what
+        // it always did.
+        let mut modules = MODULES.to_vec();
+        if notify_area.is_some() {
+            modules.push(INTERNODE_NOTIFY_MODULE);
+        }
+        let kernels = Kernels::load(&world, &modules)?;
         let num_sms = kernels.num_sms();
         if options.low_latency_mode && num_sms as usize > MAX_LL_BLOCKS {
             return Err(BufferError::invalid(
@@ -145,6 +174,14 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         let ll_state = stream
             .alloc_zeros::<u64>(LL_STATE_WORDS)
             .map_err(BufferError::cuda("allocating the low-latency state"))?;
+        let internode_state = match notify_area {
+            Some(_) => Some(
+                stream
+                    .alloc_zeros::<u64>(INTERNODE_STATE_WORDS)
+                    .map_err(BufferError::cuda("allocating the internode notify's state"))?,
+            ),
+            None => None,
+        };
         let started = world
             .context()
             .new_event(None)
@@ -170,6 +207,9 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
             base,
             progress: progress.device_ptr(&stream).0,
             ll_state: ll_state.device_ptr(&stream).0,
+            internode_state: internode_state
+                .as_ref()
+                .map_or(0, |state| state.device_ptr(&stream).0),
             input_error: InputError {
                 claim: input_claim.device_ptr(&stream).0,
                 words: input_error.device_ptr(),
@@ -185,6 +225,7 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
             input_error,
             input_claim,
             _ll_state: ll_state,
+            _internode_state: internode_state,
             ll_receive_pending: Default::default(),
             poison_outputs: false,
             last_ring_call: Default::default(),
@@ -416,6 +457,25 @@ fn input_error([kind, token, value, limit]: [u64; 4]) -> BufferError {
             counted: value,
             given: limit as i64,
         },
+        Ok(Failure::NodeCountsMismatch) => BufferError::invalid(
+            "internode_notify",
+            format!(
+                "num_tokens_per_rdma_rank[{token}] = {}, but is_token_in_rank sends {value} \
+                 tokens to node {token} (NODE_COUNTS_MISMATCH): pass the num_tokens_per_rdma_rank \
+                 and is_token_in_rank of one get_dispatch_layout call (the step followed \
+                 is_token_in_rank)",
+                limit as i64
+            ),
+        ),
+        Ok(Failure::HandleMismatch) => BufferError::invalid(
+            "internode_notify (cached)",
+            format!(
+                "the handle's send-side channel prefixes for {token} (a rank, or num_ranks + a \
+                 node) hold {} where its is_token_in_rank gives {value} (HANDLE_MISMATCH): pass \
+                 the handle one dispatch returned, unchanged",
+                limit as i64
+            ),
+        ),
         // The communicators' failures, which the kernels never write to this record.
         Ok(other) => BufferError::invalid(
             "input",

@@ -5,6 +5,28 @@ use kernels::contract::MAX_TOPK;
 
 use crate::error::BufferError;
 use crate::regions::ring_bytes;
+use crate::spec::BufferSpec;
+
+/// Chapter 7's notify, dispatch and combine reach every rank through the node's peer pointers:
+/// a buffer whose ranks span nodes (normal mode across nodes, issue 32) has only its notify
+/// step so far (`internode_notify_raw`), so they refuse it.
+pub(crate) fn one_node(what: &'static str, spec: &BufferSpec) -> Result<(), BufferError> {
+    if spec.spans_nodes() {
+        return Err(BufferError::invalid(
+            what,
+            format!(
+                "this buffer's {} ranks span {} nodes of {}: normal mode across nodes has only \
+                 its notify step yet (internode_notify_raw); dispatch and combine run inside one \
+                 node (unset NVSHMEM_TUTORIAL_NODE_PES, at most 8 ranks), or use \
+                 low_latency_mode=True",
+                spec.n_pes,
+                spec.n_pes / spec.node_pes,
+                spec.node_pes
+            ),
+        ));
+    }
+    Ok(())
+}
 
 /// `num_experts` experts spread evenly over `n_pes` ranks, at most `max`.
 pub(crate) fn num_experts(

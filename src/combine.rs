@@ -52,6 +52,7 @@ pub fn plan_combine(
     outputs: &CombineOutputs,
 ) -> Result<CombinePlan, BufferError> {
     const WHAT: &str = "combine";
+    checks::one_node(WHAT, spec)?;
     let n = spec.n_pes;
     config.check_for_launch(n)?;
     let c = config.num_channels();

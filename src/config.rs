@@ -15,10 +15,10 @@ pub const DEFAULT_NUM_SMS: u32 = 20;
 pub use kernels::contract::{CHANNEL_THREADS, MAX_CHANNELS, WINDOW_TOKENS};
 
 /// Most ranks of a normal-mode buffer once it crosses nodes (DeepEP's internode range,
-/// EP16-EP64). Until then (issue 32) normal mode runs inside one node, at most chapter 4's
-/// `MAX_PES` ranks, and refuses more than one node naming both limits (`BufferOptions::check`).
+/// EP16-EP64): the contract's, since the internode notify sizes shared arrays by it. Inside one
+/// node normal mode runs at most chapter 4's `MAX_PES` ranks (`BufferOptions::check_nodes`).
 /// Low-latency mode's limit is the contract's `MAX_LL_RANKS` (256): its arrays are on the device.
-pub const MAX_NORMAL_RANKS: usize = 64;
+pub use kernels::contract::MAX_NORMAL_RANKS;
 
 /// How many SMs (and so channels) a dispatch or combine uses, and the ring sizes. Fields as
 /// DeepEP's `Config(num_sms, num_max_nvl_chunked_send_tokens, num_max_nvl_chunked_recv_tokens,

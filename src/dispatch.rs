@@ -198,6 +198,7 @@ pub fn plan_dispatch(
     handle: &Handle,
     outputs: &DispatchOutputs,
 ) -> Result<DispatchPlan, BufferError> {
+    checks::one_node(WHAT, spec)?;
     let n = spec.n_pes;
     config.check_for_launch(n)?;
     let c = config.num_channels();

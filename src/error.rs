@@ -204,6 +204,20 @@ pub(crate) fn describe(error: CollError, last: LastRingCall, node_pes: usize) ->
                 f.timeout_ms,
             ))
         }
+        Failure::NotifyRows => BufferError::Ring(format!(
+            "rank {}: internode notify (call {} of this buffer), block {}: timed out after {} ms \
+             waiting for the rail row of {}, the rank with its local index on that node (its \
+             signal reached {} of {}): it never arrived at this call, so it is dead or stalled \
+             (a crash, a checkpoint save, a compilation), or it skipped a call. The buffer is \
+             unusable from here on: destroy it and create a new one",
+            f.me,
+            f.call,
+            f.block,
+            f.timeout_ms,
+            ll_rank(f.pe, node_pes),
+            f.seen,
+            f.expected,
+        )),
         Failure::CrossNodePointer => BufferError::Ring(format!(
             "rank {}: a low-latency kernel asked for a peer pointer to {}, which is not on its \
              node of {node_pes} ranks {:?}: a route bug (across nodes only NVSHMEM's RMA calls \

@@ -31,10 +31,12 @@
 //!   low_latency/                    chapter 8: fixed slots (regions, phases, plans, launch)
 //!   internode.rs                    normal mode across nodes (issue 32): the notify step's
 //!                                   two-level arithmetic on the host, against DeepEP's definitions
+//!   internode_notify.rs             its kernel's area, plan and launch (internode_notify_raw)
 //!   bin/                            ch07-buffer, ch08-low-latency (self-checking, typed layer)
 //! kernels/cuda/buffer/            moe.cuh (ring protocol NOTES), layout.cu, notify.cu,
 //!                                 dispatch.cu (moe_scatter), combine.cu (moe_gather),
-//!                                 low_latency.cuh, ll_dispatch.cu, ll_combine.cu;
+//!                                 low_latency.cuh, ll_dispatch.cu, ll_combine.cu,
+//!                                 internode_notify.cu;
 //!                                 kernels/cuda/ptx.cuh holds every PTX wrapper
 //!
 //! # From a call to its kernel
@@ -57,6 +59,7 @@ pub mod dispatch;
 pub mod error;
 pub mod handle;
 pub mod internode;
+pub mod internode_notify;
 pub mod layout;
 pub mod low_latency;
 pub mod notify;
@@ -80,6 +83,10 @@ pub use config::Config;
 pub use dispatch::{DispatchInputs, DispatchOutputs, DispatchPlan, plan_dispatch};
 pub use error::BufferError;
 pub use handle::Handle;
+pub use internode_notify::{
+    InternodeHandle, InternodeNotifyCall, InternodeNotifyInputs, InternodeNotifyPlan,
+    InternodeRecvCounts, plan_internode_notify,
+};
 pub use kernels;
 pub use layout::{LayoutOutputs, LayoutPlan, plan_layout};
 pub use low_latency::{

@@ -79,6 +79,7 @@ pub fn plan_notify(
     outputs: &NotifyOutputs,
 ) -> Result<NotifyPlan, BufferError> {
     const WHAT: &str = "dispatch";
+    checks::one_node(WHAT, spec)?;
     let n = spec.n_pes;
     config.check_for_launch(n)?;
     let c = config.num_channels();
@@ -244,7 +245,10 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
     /// when the step's first kernel started (an event recorded before it), not from when it
     /// was queued: a long queue of compute ahead of it is not a timeout. A queue that does not
     /// reach it within `QUEUE_BOUND` timeouts is one.
-    fn wait_for_counts(&self, num_local_experts: usize) -> Result<RecvCounts, BufferError> {
+    pub(crate) fn wait_for_counts(
+        &self,
+        num_local_experts: usize,
+    ) -> Result<RecvCounts, BufferError> {
         const QUEUE_BOUND: u32 = 10;
         let timeout_ms = self.spec.options.timeout_ms;
         let timeout = Duration::from_millis(timeout_ms);

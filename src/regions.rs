@@ -10,6 +10,8 @@
 //!                                               ring_tokens slots from PE s in channel c:
 //!                                               num_channels x n_pes x ring_tokens x slot bytes
 //! rdma     num_rdma_bytes                       the low-latency slots (chapter 8)
+//! notify   NotifyArea::bytes (normal mode across nodes only, else nothing): the internode
+//!          notify's signals, node tickets, rail rows and their staging (src/internode_notify.rs)
 //! ```
 //!
 //! A dispatch slot is a token row then its metadata; a combine slot a result row then its
@@ -78,6 +80,9 @@ const COUNTERS: usize = MAX_CHANNELS * MAX_PES;
 pub struct Regions {
     pub num_nvl_bytes: usize,
     pub num_rdma_bytes: usize,
+    /// Bytes of the internode notify's area after the rdma region (`NotifyArea::bytes`), 0 for
+    /// a buffer on one node or in low-latency mode: every other region keeps its offset.
+    pub notify_area_bytes: usize,
 }
 
 impl Regions {
@@ -100,9 +105,16 @@ impl Regions {
     pub fn rdma(&self) -> usize {
         Self::nvl() + self.num_nvl_bytes.next_multiple_of(256)
     }
+    /// The internode notify's area (when `notify_area_bytes` > 0).
+    pub fn notify_area(&self) -> usize {
+        self.rdma() + self.num_rdma_bytes.next_multiple_of(256)
+    }
     /// Bytes the buffer adds to the communicator's allocation.
     pub fn total(&self) -> usize {
-        self.rdma() + self.num_rdma_bytes
+        match self.notify_area_bytes {
+            0 => self.rdma() + self.num_rdma_bytes,
+            bytes => self.notify_area() + bytes,
+        }
     }
 }
 
@@ -115,6 +127,7 @@ mod tests {
         let r = Regions {
             num_nvl_bytes: 1000,
             num_rdma_bytes: 77,
+            notify_area_bytes: 0,
         };
         assert!(Regions::my_row() >= Regions::CONTROL_BYTES);
         assert!(Regions::gathered_rows() >= Regions::my_row() + ROW_CAPACITY * 4);
@@ -129,6 +142,15 @@ mod tests {
             assert_eq!(offset % 256, 0, "{offset}");
         }
         assert_eq!(r.total(), r.rdma() + 77);
+        // The internode notify's area comes last: every other offset stays where it was.
+        let with_area = Regions {
+            notify_area_bytes: 4096,
+            ..r
+        };
+        assert_eq!(with_area.rdma(), r.rdma());
+        assert_eq!(with_area.notify_area() % 256, 0);
+        assert!(with_area.notify_area() >= r.total());
+        assert_eq!(with_area.total(), with_area.notify_area() + 4096);
     }
 
     #[test]

@@ -9,6 +9,7 @@ use kernels::contract::{InputError, LlRegion, LlTopology, MAX_CHANNELS, MAX_LL_R
 
 use crate::config::MAX_NORMAL_RANKS;
 use crate::error::BufferError;
+use crate::internode_notify::NotifyArea;
 use crate::low_latency::regions::LlRegions;
 use crate::regions::Regions;
 
@@ -67,10 +68,10 @@ impl BufferOptions {
                 self.num_nvl_bytes, self.num_rdma_bytes
             ));
         }
-        if self.num_rdma_bytes > 0 && !self.low_latency_mode {
+        if self.num_rdma_bytes > 0 && !self.low_latency_mode && n_pes <= node_pes {
             return invalid(
                 "num_rdma_bytes > 0 outside low-latency mode asks for inter-node normal mode, \
-                 which this buffer does not have yet: pass num_rdma_bytes=0, or \
+                 which needs ranks on several nodes: on one node pass num_rdma_bytes=0, or \
                  low_latency_mode=True"
                     .into(),
             );
@@ -87,19 +88,36 @@ impl BufferOptions {
                 "{n_pes} ranks: low-latency mode runs up to MAX_LL_RANKS = {MAX_LL_RANKS} ranks"
             ));
         }
-        if !self.low_latency_mode && n_pes > node_pes {
+        // Across nodes, normal mode's notify step is built (internode_notify); its dispatch and
+        // combine are not yet, and their plans refuse such a buffer (checks::one_node).
+        if !self.low_latency_mode && n_pes > node_pes && self.num_rdma_bytes == 0 {
             return invalid(format!(
-                "{n_pes} ranks in {} nodes of {node_pes}: normal mode runs inside one node (up to \
-                 MAX_PES = {MAX_PES} ranks); across nodes (up to MAX_NORMAL_RANKS = \
-                 {MAX_NORMAL_RANKS}) it is not built yet. Use low_latency_mode=True (up to \
-                 {MAX_LL_RANKS} ranks, any nodes), or run one node (unset \
-                 NVSHMEM_TUTORIAL_NODE_PES, at most {MAX_PES} ranks)",
+                "{n_pes} ranks in {} nodes of {node_pes}: with num_rdma_bytes = 0 normal mode \
+                 runs inside one node (up to MAX_PES = {MAX_PES} ranks); across nodes (up to \
+                 MAX_NORMAL_RANKS = {MAX_NORMAL_RANKS}) it needs num_rdma_bytes > 0 \
+                 (Config::get_buffer_size_hints_for_nodes), and only its notify step is built \
+                 yet. Use low_latency_mode=True (up to {MAX_LL_RANKS} ranks, any nodes), or run \
+                 one node (unset NVSHMEM_TUTORIAL_NODE_PES, at most {MAX_PES} ranks)",
                 n_pes / node_pes
+            ));
+        }
+        if !self.low_latency_mode && n_pes > MAX_NORMAL_RANKS {
+            return invalid(format!(
+                "{n_pes} ranks: normal mode across nodes runs up to MAX_NORMAL_RANKS = \
+                 {MAX_NORMAL_RANKS} ranks (DeepEP's EP16-EP64); use low_latency_mode=True (up to \
+                 {MAX_LL_RANKS} ranks)"
             ));
         }
         check_timeout_ms(self.timeout_ms)
     }
     // ANCHOR_END: rank_limits
+}
+
+/// Whether a buffer made with `options` on `n_pes` ranks in nodes of `node_pes` has the
+/// internode notify's area: normal mode across nodes (a low-latency buffer's normal calls
+/// across nodes come with mode sharing, step 9 of the design).
+pub fn options_need_notify_area(options: &BufferOptions, n_pes: usize, node_pes: usize) -> bool {
+    !options.low_latency_mode && n_pes > node_pes
 }
 
 /// The world ranks of `my_pe`'s node in nodes of `node_pes`: the members of the buffer's
@@ -155,6 +173,8 @@ pub struct BufferSpec {
     pub progress: u64,
     /// Local `LlState` of low-latency mode.
     pub ll_state: u64,
+    /// Local `InternodeNotifyState` (normal mode across nodes; 0 otherwise).
+    pub internode_state: u64,
     /// Where the kernels record bad input.
     pub input_error: InputError,
 }
@@ -164,7 +184,22 @@ impl BufferSpec {
         Regions {
             num_nvl_bytes: self.options.num_nvl_bytes,
             num_rdma_bytes: self.options.num_rdma_bytes,
+            notify_area_bytes: self.notify_area().map_or(0, |area| area.bytes()),
         }
+    }
+    /// Whether this buffer's ranks span several nodes (of `node_pes`).
+    pub fn spans_nodes(&self) -> bool {
+        self.n_pes > self.node_pes
+    }
+    /// The internode notify's area: normal mode across nodes only (`options_need_notify_area`).
+    pub fn notify_area(&self) -> Option<NotifyArea> {
+        options_need_notify_area(&self.options, self.n_pes, self.node_pes)
+            .then(|| NotifyArea::new(self.n_pes / self.node_pes, self.node_pes))
+    }
+    /// Where the internode notify's area starts (symmetric), when there is one.
+    pub fn notify_area_base(&self) -> Option<u64> {
+        self.notify_area()
+            .map(|_| self.base + self.regions().notify_area() as u64)
     }
     /// The rings of normal mode.
     pub fn nvl(&self) -> u64 {
@@ -247,6 +282,7 @@ impl BufferSpec {
             base: 0x7f00_0000_0000,
             progress: 0x7e00_0000_0000,
             ll_state: 0x7d00_0000_0000,
+            internode_state: 0x7a00_0000_0000,
             input_error: InputError {
                 claim: 0x7c00_0000_0000,
                 words: 0x7b00_0000_0000,

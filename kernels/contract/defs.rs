@@ -74,6 +74,16 @@ contract! {
         RMA_STEPS: usize = 2 => "int";
         /// Threads per block of the RMA kernels (NVSHMEM's block-scoped puts copy with all of them).
         RMA_THREADS: u32 = 512 => "int";
+
+        // ---- the buffer across nodes: normal mode (issue 32) ----
+        /// Most ranks of a normal-mode buffer across nodes (DeepEP's internode range, EP16-EP64).
+        MAX_NORMAL_RANKS: usize = 64 => "int";
+        /// Most nodes of a normal-mode buffer (chapter 5's MAX_GROUP: a rail is an RMA group).
+        MAX_NODES: usize = MAX_GROUP => "int";
+        /// Blocks of `internode_notify`: block 0 receives, block 1 + k builds the rail row for node k.
+        MAX_NOTIFY_BLOCKS: usize = 1 + MAX_NODES => "int";
+        /// Threads per block of `internode_notify`.
+        INTERNODE_NOTIFY_THREADS: u32 = 256 => "int";
     }
 
     failures {
@@ -118,6 +128,12 @@ contract! {
         RemoteData = 21 => WAIT_REMOTE_DATA;
         /// a PE would send one node more all-to-all-v rows than the receiver's slot holds
         SlotOverflow = 22 => SLOT_OVERFLOW;
+        /// a rank's notify rail row (or its cached notify's signal) never came from another node
+        NotifyRows = 23 => WAIT_NOTIFY_ROWS;
+        /// num_tokens_per_rdma_rank disagreed with the tokens is_token_in_rank sends to a node
+        NodeCountsMismatch = 24 => NODE_COUNTS_MISMATCH;
+        /// a cached notify's handle: its channel prefixes disagree with its is_token_in_rank
+        HandleMismatch = 25 => HANDLE_MISMATCH;
     }
 
     /// The communicator as every chapter-4 kernel receives it (by value, first argument).
@@ -379,5 +395,63 @@ contract! {
         size: i32 => "int",
         /// this PE's member index
         me: i32 => "int",
+    }
+
+    /// Per-rank device state of `internode_notify` (local memory, zeroed at creation). Each
+    /// block counts calls in its own word, so no block of a launch can see another's update.
+    struct InternodeNotifyState {
+        /// calls[b]: the internode notifies block b finished, cached ones included
+        calls: [u64; MAX_NOTIFY_BLOCKS] => "unsigned long long" "[MAX_NOTIFY_BLOCKS]",
+        /// row_calls[b]: those of them that sent rail rows (not cached): their parity picks the rows
+        row_calls: [u64; MAX_NOTIFY_BLOCKS] => "unsigned long long" "[MAX_NOTIFY_BLOCKS]",
+    }
+
+    /// Normal mode's notify across nodes (`internode_notify` in buffer/internode_notify.cu):
+    /// DeepEP's handle positions 1-6 and the host's counts, through rail rows (one per
+    /// destination node, to the rank with our local index there) and a node-level read.
+    struct InternodeNotifyArgs {
+        /// local [num_tokens, n] bool: the routing (handle 0)
+        is_token_in_rank: u64 => "const bool*",
+        /// local [n] i32, or null (cached): only compared with the routing
+        num_tokens_per_rank: u64 => "const int*",
+        /// local [N] i32, or null (cached): only compared with the routing
+        num_tokens_per_rdma_rank: u64 => "const int*",
+        /// local [num_experts] i32, or null (cached)
+        num_tokens_per_expert: u64 => "const int*",
+        /// local [N, C] i32, handle 1: written, or read by a cached notify
+        rdma_channel_prefix_matrix: u64 => "int*",
+        /// local [n, C] i32, handle 2: written, or read by a cached notify
+        gbl_channel_prefix_matrix: u64 => "int*",
+        /// local [N, C] i32, handle 3 (written; not by a cached notify)
+        recv_rdma_channel_prefix_matrix: u64 => "int*",
+        /// local [N] i32, handle 4
+        recv_rdma_rank_prefix_sum: u64 => "int*",
+        /// local [n, C] i32, handle 5
+        recv_gbl_channel_prefix_matrix: u64 => "int*",
+        /// local [n] i32, handle 6
+        recv_gbl_rank_prefix_sum: u64 => "int*",
+        /// host-mapped i32 [2 + L]: [0] rows to receive (written last), [1 + e] local expert e's
+        /// rows rounded up to expert_alignment, [1 + L] rows this rank forwards
+        counts: u64 => "int*",
+        /// symmetric [MAX_NODES] u64: signals[b] = the notifies whose row came from node b's rail peer
+        signals: u64 => "uint64_t*",
+        /// symmetric [MAX_PES] u64: tickets[l] = the notifies node member l has every row of
+        tickets: u64 => "uint64_t*",
+        /// symmetric i32 [2][N][row_stride]: rows[p][b], the rail row from node b (parity p)
+        rows: u64 => "int*",
+        /// symmetric i32 [2][N][row_stride]: staging[p][k], our row for node k, read by the put
+        staging: u64 => "int*",
+        /// local
+        state: u64 => "InternodeNotifyState*",
+        bad_input: InputError => "InputError",
+        topo: LlTopology => "LlTopology",
+        /// i32 between two rows: at least the longest row's words, a multiple of 4
+        row_stride: i32 => "int",
+        num_tokens: i32 => "int",
+        num_channels: i32 => "int",
+        num_experts: i32 => "int",
+        expert_alignment: i32 => "int",
+        /// 1: the cached flavour (the barrier and the handle's check, no rows)
+        cached: i32 => "int",
     }
 }
