@@ -40,7 +40,9 @@
 # 2 nodes of 4 and 4 nodes of 2), logs <bin>-n<N>-g<G>.log, then across two torchrun agents on
 # this host (scripts/ch05_two_agents.sh). The buffer's low-latency mode (ch08-low-latency) runs
 # on the same topologies plus nodes of 1 (every peer through NVSHMEM's RMA calls), and the
-# Python script ch08_low_latency.py once as 2 nodes of 2 (at N = 4).
+# Python script ch08_low_latency.py once as 2 nodes of 2 (at N = 4). The internode notify
+# (internode-notify, issue 32 step 3) runs on every topology of several nodes: 2 x 1, 2 x 2,
+# 4 x 1, 2 x 4, 4 x 2, 8 x 1 (and at N = 1, 2 as one node, where it checks the refusal).
 # The last line printed is "<P> passed, <F> failed" over all runs; the exit code is 0 only
 # when every run passed.
 set -euo pipefail
@@ -59,6 +61,7 @@ CHAPTER_BINS=(
   ch06-overlap
   ch07-buffer
   ch08-low-latency
+  internode-notify
   moe-layer
 )
 
@@ -81,6 +84,14 @@ node_sizes() {
         2) echo - 1 ;;
         4) echo - 2 ;;
         8) echo - 4 2 1 ;;
+        *) echo - ;;
+      esac ;;
+    internode-notify)
+      # "-" (one node) checks that the buffer is refused; the others run the notify.
+      case $n in
+        2) echo - 1 ;;
+        4) echo 2 1 ;;
+        8) echo 4 2 1 ;;
         *) echo - ;;
       esac ;;
     *) echo - ;;
@@ -282,7 +293,7 @@ for bin in "${bins[@]}"; do
     fi
     if [[ -n "$sanitizer" ]]; then
       where="$where, under compute-sanitizer $sanitizer"
-      if [[ "$bin" == ch07-buffer || "$bin" == ch08-low-latency ]]; then
+      if [[ "$bin" == ch07-buffer || "$bin" == ch08-low-latency || "$bin" == internode-notify ]]; then
         args=(--pairs "$san_pairs" --timeout-ms "$san_timeout_ms")
       fi
     fi

@@ -781,6 +781,57 @@ mod tests {
         );
     }
 
+    /// The route rules of the design (2.1), on the kernel's source: a rank is turned into an
+    /// address only by node_peer (which refuses another node's rank), other nodes are reached
+    /// by put-with-signal and signal ops only (no nvshmem_ptr, no fence or quiet, no trap), and
+    /// every wait is chapter 4's bounded one, recording a kind that names what it waited for.
+    #[test]
+    fn the_kernel_reaches_other_nodes_by_signals_only_and_bounds_every_wait() {
+        let source = include_str!("../kernels/cuda/buffer/internode_notify.cu");
+        let code: String = source
+            .lines()
+            .filter(|line| !line.trim_start().starts_with("//"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        for banned in [
+            "nvshmem_ptr",
+            "peer_delta",
+            "nvshmem_quiet",
+            "nvshmem_fence",
+            "__trap",
+            "nvshmem_barrier",
+        ] {
+            assert!(!code.contains(banned), "internode_notify.cu uses {banned}");
+        }
+        assert_eq!(
+            code.matches("node_peer(").count(),
+            2,
+            "node_peer's two uses"
+        );
+        let remote: Vec<&str> = code
+            .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .filter(|word| word.starts_with("nvshmem") && *word != "nvshmem_tutorial")
+            .collect();
+        for word in &remote {
+            assert!(
+                ["nvshmemx_putmem_signal_nbi_block", "nvshmemx_signal_op"].contains(word),
+                "{word}: across nodes only put-with-signal and signal ops"
+            );
+        }
+        let waits: Vec<&str> = code.split("wait_at_least(").skip(1).collect();
+        assert_eq!(waits.len(), 2, "two waits: the rows and the tickets");
+        for (wait, kind) in waits.iter().zip(["WAIT_NOTIFY_ROWS", "WAIT_READY"]) {
+            let args = wait.split(';').next().unwrap();
+            assert!(args.contains(kind), "a wait records {kind}: {args}");
+        }
+        // One kernel, named for the profiler's `notify` row (design 2.5), and no other word.
+        assert!(code.contains(
+            "__global__ void __launch_bounds__(INTERNODE_NOTIFY_THREADS) internode_notify("
+        ));
+        assert_eq!(code.matches("__global__").count(), 1);
+        assert!(!code.contains("dispatch") && !code.contains("combine"));
+    }
+
     /// Chapter 7's notify, dispatch and combine refuse a buffer across nodes, naming this step.
     #[test]
     fn chapter_sevens_calls_refuse_a_buffer_across_nodes() {

@@ -1,0 +1,505 @@
+//! Issue 32, step 3's GPU test: the notify step across nodes (`internode_notify`) against its
+//! host reference, on virtual nodes of G ranks:
+//!
+//! ```text
+//! NVSHMEM_TUTORIAL_NODE_PES=G torchrun --standalone --nproc_per_node=N --no-python \
+//!     target/release/internode-notify [--pairs CALLS] [--timeout-ms MS] [--create-destroy K]
+//! ```
+//!
+//! Every rank rebuilds every rank's routing from the job's seed (random token counts, a rank
+//! with none, experts drawn from part of the range so that some nodes get nothing), uploads its
+//! own layout (is_token_in_rank and the counts, computed on the host), runs the full notify
+//! and compares handle positions 1-6 and the host counts with `internode::flat`, DeepEP's
+//! definitions computed from the global routing; channels, experts per rank and
+//! expert_alignment change from call to call (`--pairs`, default 24 calls). Every third call
+//! is followed by a cached notify with the handle just made, which must pass its check and
+//! leave the handle alone. Then the mistakes: counts per node that disagree with the routing
+//! (NODE_COUNTS_MISMATCH), a cached notify with an altered handle (HANDLE_MISMATCH), a handle of
+//! the wrong width and chapter 7's notify (refused on the host), and one more good call after
+//! them. On one node (no NVSHMEM_TUTORIAL_NODE_PES) it checks that the buffer is refused.
+//! Ends `N passed, M failed`.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use ch01_bootstrap::checks::{POISON_WORD, Tally};
+use ch01_bootstrap::{LaunchEnv, World};
+use cudarc::driver::CudaStream;
+use nvshmem_tutorial::buffer::{heap_bytes, node_pes_from_env};
+use nvshmem_tutorial::internode::{Job, Notified, flat};
+use nvshmem_tutorial::symmetric_memory::SYMMETRIC_SIZE_VAR;
+use nvshmem_tutorial::{
+    BufferError, BufferOptions, Config, DeviceArray, InternodeHandle, InternodeNotifyCall,
+    InternodeNotifyInputs, InternodeRecvCounts, NotifyInputs, NotifyOutputs, NvshmemBuffer,
+};
+use rand::{Rng, SeedableRng, rngs::StdRng};
+
+#[allow(dead_code)] // routing's weights are for the dispatch programs
+#[path = "../shared/mod.rs"]
+mod shared;
+
+use shared::{AnyError, routing, soak};
+
+/// The notify uses no ring: small regions (num_rdma_bytes > 0 is what makes a normal-mode
+/// buffer span nodes).
+const NUM_NVL_BYTES: usize = 1 << 20;
+const NUM_RDMA_BYTES: usize = 1 << 20;
+const NUM_CALLS: usize = 24;
+/// An output word no kernel writes: every position 1-6 value is >= 0.
+const POISON: i32 = POISON_WORD as i32;
+
+fn main() -> ExitCode {
+    ch01_bootstrap::checks::exit_code("internode-notify", run())
+}
+
+fn run() -> Result<bool, AnyError> {
+    let args = soak::soak_args()?;
+    size_the_heap()?;
+    let world = World::from_env()?;
+    let (me, n) = (world.my_pe(), world.n_pes());
+    let options = args.apply(BufferOptions {
+        num_rdma_bytes: NUM_RDMA_BYTES,
+        ..BufferOptions::normal(NUM_NVL_BYTES)
+    });
+    let mut tally = Tally::default();
+    let g = node_pes_from_env(&world)?;
+    if g == n {
+        if me == 0 {
+            println!(
+                "one node of {n}: internode_notify needs several (set NVSHMEM_TUTORIAL_NODE_PES \
+                 to a divisor of {n} below it); checking that the buffer is refused"
+            );
+        }
+        let made = NvshmemBuffer::new(&world, options).map(drop);
+        tally.expect_error(
+            me,
+            "normal mode with num_rdma_bytes on one node",
+            made,
+            "inter-node",
+        );
+        return Ok(tally.finish(&world)?);
+    }
+    let buffer = NvshmemBuffer::new(&world, options)?;
+    if me == 0 {
+        println!(
+            "topology: {n} rank(s) in {} node(s) of {g}: rail rows by NVSHMEM put-with-signal \
+             across nodes, the node's rows through peer pointers",
+            n / g
+        );
+    }
+    let seed = world.job_seed();
+    let num_calls = args.pairs.unwrap_or(NUM_CALLS);
+    let mut calls = Tally::default();
+    for i in 0..num_calls {
+        let case = Case::new(
+            seed ^ (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+            n,
+            g,
+            i,
+        );
+        let cached = i % 3 == 2;
+        let ok = full_then_cached(&buffer, &case, cached, &mut calls)?;
+        if !ok {
+            eprintln!(
+                "pe {me}: call {i} ({}) differed from the reference",
+                case.describe()
+            );
+        }
+    }
+    println!(
+        "pe {me}: {num_calls} notifies (a cached one after every third): {} checks passed, {} \
+         failed",
+        calls.passed, calls.failed
+    );
+    tally.passed += calls.passed;
+    tally.failed += calls.failed;
+
+    mistakes(&buffer, seed, &mut tally)?;
+    let after = Case::new(seed ^ 0xA11CE, n, g, 1);
+    let ok = full_then_cached(&buffer, &after, true, &mut tally)?;
+    tally.check(me, ok, || {
+        "the notify after the refused calls differed".into()
+    });
+    drop(buffer);
+    if let Some(count) = args.create_destroy {
+        soak::create_destroy(&world, count, options, &mut tally)?;
+    }
+    Ok(tally.finish(&world)?)
+}
+
+/// NVSHMEM sizes its heap at initialisation: for this program's buffer (its notify area
+/// included), unless the user chose a size.
+fn size_the_heap() -> Result<(), AnyError> {
+    if std::env::var_os(SYMMETRIC_SIZE_VAR).is_some() {
+        return Ok(());
+    }
+    let n = LaunchEnv::from_env()?.world_size;
+    let num_bytes = heap_bytes(n, NUM_NVL_BYTES, NUM_RDMA_BYTES);
+    // SAFETY: nothing else runs yet: main has started no thread and loaded no library.
+    unsafe { std::env::set_var(SYMMETRIC_SIZE_VAR, format!("{}G", (num_bytes >> 30) + 2)) };
+    Ok(())
+}
+
+/// One call's job: every rank's routing (rebuilt identically on every rank), its channels and
+/// alignment.
+struct Case {
+    job: Job,
+    config: Config,
+    expert_alignment: usize,
+}
+
+impl Case {
+    fn new(seed: u64, n: usize, g: usize, i: usize) -> Self {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let experts_per_rank = [1, 4, 8, 16][i % 4];
+        let num_experts = experts_per_rank * n;
+        // Experts from the first half or three quarters of the range on some calls: the last
+        // nodes then get nothing from anyone.
+        let choices = [num_experts, num_experts / 2, num_experts * 3 / 4][i % 3].max(1);
+        let num_topk = choices.min(8);
+        let num_sms = [24, 2, 10, 128, 48][i % 5];
+        let routing = (0..n)
+            .map(|s| {
+                let num_tokens = if s == i % n {
+                    0
+                } else {
+                    rng.random_range(1..400)
+                };
+                routing::random_topk(&mut rng, num_tokens, num_topk, choices)
+                    .chunks(num_topk)
+                    .map(<[i64]>::to_vec)
+                    .collect()
+            })
+            .collect();
+        let config = Config::new(num_sms, 8, 256, 6, 128).expect("a valid config");
+        Self {
+            job: Job {
+                n_pes: n,
+                node_pes: g,
+                num_experts,
+                num_channels: config.num_channels(),
+                routing,
+            },
+            config,
+            expert_alignment: [1, 4, 128][i % 3],
+        }
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "{} experts, {} channels, expert_alignment {}",
+            self.job.num_experts, self.job.num_channels, self.expert_alignment
+        )
+    }
+}
+
+/// This rank's layout, as `get_dispatch_layout` gives it, computed on the host from the job.
+struct HostLayout {
+    is_token_in_rank: Vec<bool>,
+    num_tokens_per_rank: Vec<i32>,
+    num_tokens_per_rdma_rank: Vec<i32>,
+    num_tokens_per_expert: Vec<i32>,
+}
+
+fn host_layout(job: &Job, me: usize) -> HostLayout {
+    let (n, g) = (job.n_pes, job.node_pes);
+    let l = (job.num_experts / n) as i64;
+    let tokens = &job.routing[me];
+    let is_token_in_rank: Vec<bool> = tokens
+        .iter()
+        .flat_map(|ids| (0..n).map(move |r| ids.iter().any(|&e| e >= 0 && e / l == r as i64)))
+        .collect();
+    let to_rank = |r: usize| {
+        (0..tokens.len())
+            .filter(|&t| is_token_in_rank[t * n + r])
+            .count()
+    };
+    let to_node = |k: usize| {
+        (0..tokens.len())
+            .filter(|&t| (k * g..(k + 1) * g).any(|r| is_token_in_rank[t * n + r]))
+            .count()
+    };
+    let num_tokens_per_expert = (0..job.num_experts as i64)
+        .map(|e| tokens.iter().flatten().filter(|&&id| id == e).count() as i32)
+        .collect();
+    HostLayout {
+        num_tokens_per_rank: (0..n).map(|r| to_rank(r) as i32).collect(),
+        num_tokens_per_rdma_rank: (0..n / g).map(|k| to_node(k) as i32).collect(),
+        num_tokens_per_expert,
+        is_token_in_rank,
+    }
+}
+
+/// The handle's positions 1-6 on the GPU, poisoned.
+struct HandleArrays {
+    arrays: Vec<DeviceArray<i32>>,
+}
+
+impl HandleArrays {
+    /// Shapes: [N, C], [n, C], [N, C], [N], [n, C], [n].
+    fn shapes(n: usize, nodes: usize, c: usize) -> [(usize, usize); 6] {
+        [(nodes, c), (n, c), (nodes, c), (nodes, 0), (n, c), (n, 0)]
+    }
+    fn new(
+        stream: &Arc<CudaStream>,
+        n: usize,
+        nodes: usize,
+        c: usize,
+    ) -> Result<Self, BufferError> {
+        let arrays = Self::shapes(n, nodes, c)
+            .iter()
+            .map(|&(rows, cols)| {
+                let len = rows * cols.max(1);
+                DeviceArray::from_host(stream, &vec![POISON; len], rows, cols)
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Self { arrays })
+    }
+    fn handle(&self) -> InternodeHandle {
+        let v = |i: usize| self.arrays[i].view();
+        InternodeHandle {
+            rdma_channel_prefix_matrix: v(0),
+            gbl_channel_prefix_matrix: v(1),
+            recv_rdma_channel_prefix_matrix: v(2),
+            recv_rdma_rank_prefix_sum: v(3),
+            recv_gbl_channel_prefix_matrix: v(4),
+            recv_gbl_rank_prefix_sum: v(5),
+        }
+    }
+    fn to_host(&self, stream: &Arc<CudaStream>) -> Result<Vec<Vec<i32>>, BufferError> {
+        self.arrays.iter().map(|a| a.to_host(stream)).collect()
+    }
+}
+
+/// The reference's positions 1-6, flattened row-major as the arrays hold them.
+fn expected_positions(want: &Notified) -> [(&'static str, Vec<i32>); 6] {
+    let flat2 = |m: &Vec<Vec<i32>>| m.iter().flatten().copied().collect::<Vec<i32>>();
+    [
+        (
+            "rdma_channel_prefix_matrix",
+            flat2(&want.rdma_channel_prefix_matrix),
+        ),
+        (
+            "gbl_channel_prefix_matrix",
+            flat2(&want.gbl_channel_prefix_matrix),
+        ),
+        (
+            "recv_rdma_channel_prefix_matrix",
+            flat2(&want.recv_rdma_channel_prefix_matrix),
+        ),
+        (
+            "recv_rdma_rank_prefix_sum",
+            want.recv_rdma_rank_prefix_sum.clone(),
+        ),
+        (
+            "recv_gbl_channel_prefix_matrix",
+            flat2(&want.recv_gbl_channel_prefix_matrix),
+        ),
+        (
+            "recv_gbl_rank_prefix_sum",
+            want.recv_gbl_rank_prefix_sum.clone(),
+        ),
+    ]
+}
+
+/// The layout's arrays on the GPU.
+struct LayoutArrays {
+    is_token_in_rank: DeviceArray<bool>,
+    num_tokens_per_rank: DeviceArray<i32>,
+    num_tokens_per_rdma_rank: DeviceArray<i32>,
+    num_tokens_per_expert: DeviceArray<i32>,
+}
+
+impl LayoutArrays {
+    fn new(stream: &Arc<CudaStream>, layout: &HostLayout, n: usize) -> Result<Self, BufferError> {
+        let vector = |v: &Vec<i32>| DeviceArray::from_host(stream, v, v.len(), 0);
+        Ok(Self {
+            is_token_in_rank: DeviceArray::from_host(
+                stream,
+                &layout.is_token_in_rank,
+                layout.is_token_in_rank.len() / n,
+                n,
+            )?,
+            num_tokens_per_rank: vector(&layout.num_tokens_per_rank)?,
+            num_tokens_per_rdma_rank: vector(&layout.num_tokens_per_rdma_rank)?,
+            num_tokens_per_expert: vector(&layout.num_tokens_per_expert)?,
+        })
+    }
+    fn inputs(&self, expert_alignment: usize) -> InternodeNotifyInputs {
+        InternodeNotifyInputs {
+            num_tokens_per_rank: self.num_tokens_per_rank.view(),
+            num_tokens_per_rdma_rank: self.num_tokens_per_rdma_rank.view(),
+            num_tokens_per_expert: self.num_tokens_per_expert.view(),
+            is_token_in_rank: self.is_token_in_rank.view(),
+            expert_alignment,
+        }
+    }
+}
+
+/// A notify of `call` on the world's stream (collective); the counts when it is the full one.
+fn notify(
+    buffer: &NvshmemBuffer<&World>,
+    call: &InternodeNotifyCall,
+    handle: &InternodeHandle,
+    config: &Config,
+) -> Result<Option<InternodeRecvCounts>, BufferError> {
+    let stream = buffer.world().stream();
+    // SAFETY: every view is a live array of this GPU, kept alive by the caller until the
+    // stream is synchronised; the world's stream belongs to the buffer's context.
+    let counts =
+        unsafe { buffer.internode_notify_raw(call, handle, config, true, stream.cu_stream()) }?;
+    stream
+        .synchronize()
+        .map_err(BufferError::cuda("synchronising after the notify"))?;
+    buffer.check()?;
+    Ok(counts)
+}
+
+/// The full notify of `case`, checked against the reference; with `cached`, a cached notify
+/// with the handle it made, which must pass and leave the handle as it was. Whether all held.
+fn full_then_cached(
+    buffer: &NvshmemBuffer<&World>,
+    case: &Case,
+    cached: bool,
+    tally: &mut Tally,
+) -> Result<bool, AnyError> {
+    let world = buffer.world();
+    let (me, stream) = (world.my_pe(), world.stream());
+    let job = &case.job;
+    let (n, nodes, c) = (job.n_pes, job.n_pes / job.node_pes, job.num_channels);
+    let layout = LayoutArrays::new(stream, &host_layout(job, me), n)?;
+    let arrays = HandleArrays::new(stream, n, nodes, c)?;
+    let handle = arrays.handle();
+    let full = InternodeNotifyCall::Full(layout.inputs(case.expert_alignment));
+    let counts = notify(buffer, &full, &handle, &case.config)?
+        .ok_or("the full notify returned no counts")?;
+    let got = arrays.to_host(stream)?;
+    let want = flat(job, me);
+    let before = tally.failed;
+    for ((name, expected), got) in expected_positions(&want).iter().zip(&got) {
+        let first = expected.iter().zip(got).position(|(e, g)| e != g);
+        tally.check(me, first.is_none() && expected.len() == got.len(), || {
+            let i = first.unwrap_or(0);
+            format!(
+                "{} ({}): {name}[{i}] = {:?}, expected {:?}",
+                case.describe(),
+                if got.get(i) == Some(&POISON) {
+                    "never written"
+                } else {
+                    "wrong"
+                },
+                got.get(i),
+                expected.get(i)
+            )
+        });
+    }
+    let align = case.expert_alignment as i32;
+    let want_counts = InternodeRecvCounts {
+        num_recv_tokens: *want.recv_gbl_rank_prefix_sum.last().unwrap() as usize,
+        num_rdma_recv_tokens: *want.recv_rdma_rank_prefix_sum.last().unwrap() as usize,
+        per_local_expert: want
+            .num_recv_tokens_per_expert
+            .iter()
+            .map(|&x| (x + align - 1) / align * align)
+            .collect(),
+    };
+    tally.check(me, counts == want_counts, || {
+        format!(
+            "{}: host counts {counts:?}, expected {want_counts:?}",
+            case.describe()
+        )
+    });
+    if cached {
+        let call = InternodeNotifyCall::Cached {
+            is_token_in_rank: layout.is_token_in_rank.view(),
+        };
+        let outcome = notify(buffer, &call, &handle, &case.config);
+        tally.check(me, matches!(outcome, Ok(None)), || {
+            format!(
+                "{}: the cached notify with its own handle: {outcome:?}",
+                case.describe()
+            )
+        });
+        let after = arrays.to_host(stream)?;
+        tally.check(me, after == got, || {
+            format!("{}: the cached notify changed the handle", case.describe())
+        });
+    }
+    Ok(tally.failed == before)
+}
+
+/// Bad input found on the GPU (the buffer stays usable) and on the host (nothing launched).
+/// Every rank makes the same mistakes, so the calls stay collective.
+fn mistakes(buffer: &NvshmemBuffer<&World>, seed: u64, tally: &mut Tally) -> Result<(), AnyError> {
+    let world = buffer.world();
+    let (me, n, stream) = (world.my_pe(), world.n_pes(), world.stream());
+    let g = buffer.spec().node_pes;
+    let case = Case::new(seed ^ 0xBAD, n, g, 0);
+    let (nodes, c) = (n / g, case.job.num_channels);
+    let mut host = host_layout(&case.job, me);
+    host.num_tokens_per_rdma_rank[nodes - 1] += 1;
+    let layout = LayoutArrays::new(stream, &host, n)?;
+    let arrays = HandleArrays::new(stream, n, nodes, c)?;
+    let full = InternodeNotifyCall::Full(layout.inputs(1));
+    let outcome = notify(buffer, &full, &arrays.handle(), &case.config);
+    tally.expect_error(
+        me,
+        "num_tokens_per_rdma_rank off by one",
+        outcome,
+        "NODE_COUNTS_MISMATCH",
+    );
+
+    // The handle the last call made, one prefix raised: the cached notify finds it.
+    let mut gbl = arrays.arrays[1].to_host(stream)?;
+    gbl[c - 1] += 1;
+    let altered = DeviceArray::from_host(stream, &gbl, n, c)?;
+    let handle = InternodeHandle {
+        gbl_channel_prefix_matrix: altered.view(),
+        ..arrays.handle()
+    };
+    let cached = InternodeNotifyCall::Cached {
+        is_token_in_rank: layout.is_token_in_rank.view(),
+    };
+    let outcome = notify(buffer, &cached, &handle, &case.config);
+    tally.expect_error(
+        me,
+        "a cached notify with an altered handle",
+        outcome,
+        "HANDLE_MISMATCH",
+    );
+
+    // Refused on the host: an [N, C] matrix where the [n] vector is due, and chapter 7's notify.
+    let narrow = HandleArrays::new(stream, n, nodes, c)?;
+    let wrong = InternodeHandle {
+        recv_gbl_rank_prefix_sum: narrow.arrays[0].view(),
+        ..narrow.handle()
+    };
+    let outcome = notify(buffer, &full, &wrong, &case.config);
+    tally.expect_error(
+        me,
+        "a handle of the wrong width",
+        outcome,
+        "recv_gbl_rank_prefix_sum",
+    );
+    let inputs = NotifyInputs {
+        num_tokens_per_rank: layout.num_tokens_per_rank.view(),
+        num_tokens_per_expert: layout.num_tokens_per_expert.view(),
+        is_token_in_rank: layout.is_token_in_rank.view(),
+        expert_alignment: 1,
+    };
+    let outputs = NotifyOutputs {
+        rank_prefix_matrix: arrays.arrays[1].view(),
+        channel_prefix_matrix: arrays.arrays[1].view(),
+        recv_channel_prefix_matrix: arrays.arrays[1].view(),
+    };
+    // SAFETY: refused by its plan before anything is launched.
+    let outcome =
+        unsafe { buffer.notify_raw(&inputs, &outputs, &case.config, true, stream.cu_stream()) };
+    tally.expect_error(
+        me,
+        "chapter 7's notify on a buffer across nodes",
+        outcome,
+        "internode_notify_raw",
+    );
+    Ok(())
+}
