@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
-P2P_CSV = "benchmarks/results/p2p_h200.csv"  # chapter 3 (the book's result of record)
+P2P_CSV = "benchmarks/results/p2p_h100.csv"  # chapter 3 (the book's result of record)
 COLL_CSV = "benchmarks/results/coll_h100_4gpu.csv"  # chapter 4 at N = 4 (idem)
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30

@@ -8,7 +8,7 @@ the launch-shape sweep beside the CSV (p2p_<gpu>_sweep.csv): each line is the be
 kernel's shapes per size. The copy engine and NCCL come from the CSV. Right: one-way latency
 of the two ping-pongs against message size.
 
-Usage: python3 benchmarks/plot_p2p.py benchmarks/results/p2p_h200.csv
+Usage: python3 benchmarks/plot_p2p.py benchmarks/results/p2p_h100.csv
 """
 import csv
 import sys

@@ -19,27 +19,29 @@ CAPTURES = "book/src/output/captures.tsv"
 # every table from that entry: say there what the reader must know about the run (a kernel that
 # changed since), and drop it when the entry points at a run of the current code.
 #
-# Chapters 4 and 7 quote two H100 calls of 2026-11-26: N = 2 / EP2 from the 2x H100 call at
-# 15:17-15:50 UTC (binaries of 9787572, NVSHMEM's team rows of b534934), EP4 from the
-# 4x H100 call at 12:33-12:55 UTC (binaries of 79ad531, before the combine fix 8819e2b: its
-# caveat says so), with DeepEP's EP4 test printouts from the 4x H100 call at 21:36 UTC
-# (217c9a3). Chapter 7's EP2 rows (buffer_ep2) come from GPUs 0-1 of the 4x H100 call of
-# 2026-11-27 01:15 UTC (4232e2a's normal-mode kernels, unchanged since). Chapter 4's N = 4 rows
-# (coll_n4) and chapter 5's (hier_n4) come from the 4x H100 call of 2026-11-27 00:54-00:58 UTC
-# (binaries of 4232e2a, NVSHMEM's team rows included). Chapter 8 quotes the
-# 4x H100 call of 2026-11-27 01:05-01:14 UTC at EP2 and EP4 (main + the two low-latency patches
-# of 2270782, DeepEP v1 built in the call). Chapter 3 and the PyTorch page have one run each (2x H200). Chapter 6 and
-# the MoE layer at N = 2: the Rust benchmark from the 2x H100 call of 2026-11-26 15:46 UTC
-# (b534934), the Python benchmark and the MoE layer from the 2x H200 call of 18:37 UTC (f9c0aec);
-# at N = 4: all three from the 4x H100 call of 2026-11-27 00:57 UTC (4232e2a). The earlier H200 runs of
-# chapters 4, 7 and 8 (coll_h200_*, buffer_h200_*, buffer_ll_h200_*) stay in
+# Where each entry's run comes from (4x H100 machines unless said; one GPU per PE):
+# - Chapter 3 (p2p), chapter 4 at N = 2 (coll_n2) and chapter 5 at N = 2 (hier_n2): GPUs 0-1,
+#   2026-11-27 03:29-04:01 UTC, binaries of 3fedafa.
+# - Chapter 7 (buffer_ep2, buffer_ep4) and DeepEP V2 (deepep_v2_ep2): one call, 2026-11-27
+#   03:57-04:05 UTC, wheel of ceaaaff's tree plus the two-vector combine receive (low-latency
+#   mode only); DeepEP v1 567632d built on that machine.
+# - Chapter 4 at N = 4 (coll_n4) and chapter 5 at N = 4 (hier_n4): 2026-11-27 00:54-00:58 UTC,
+#   binaries of 4232e2a, NVSHMEM's team rows included.
+# - Chapter 8 (ll_ep2, ll_ep4): 2026-11-27 01:05-01:14 UTC, main + the two low-latency patches of
+#   2270782 (their caveat names the change since); DeepEP V2's decode shape (deepep_v2_ll_ep2) in
+#   the call after it on the same machine.
+# - Chapter 6 and the MoE layer at N = 2: the Rust benchmark from the 2x H100 call of 2026-11-26
+#   15:46 UTC (b534934), the Python benchmark and the MoE layer from the 2x H200 call of 18:37 UTC
+#   (f9c0aec); at N = 4: all three from 2026-11-27 00:57 UTC (4232e2a). The PyTorch page has one
+#   run (2x H200).
+# The earlier runs (coll_h200_*, buffer_h200_*, buffer_ll_h200_*, p2p_h200*) stay in
 # benchmarks/results/ with their notes.
 MANIFEST: Dict[str, Dict[str, str]] = {
     # Chapter 3: ch03-p2p-bench through benchmarks/run_p2p.sh (2 GPUs).
     "p2p": {
-        "csv": "benchmarks/results/p2p_h200.csv",
-        "sweep": "benchmarks/results/p2p_h200_sweep.csv",
-        "plot": "benchmarks/results/p2p_h200.png",
+        "csv": "benchmarks/results/p2p_h100.csv",
+        "sweep": "benchmarks/results/p2p_h100_sweep.csv",
+        "plot": "benchmarks/results/p2p_h100.png",
     },
     # Chapter 4: benchmarks/run_coll.sh N (ours, NCCL, torch, and NVSHMEM's team collectives).
     "coll_n2": {
@@ -63,15 +65,15 @@ MANIFEST: Dict[str, Dict[str, str]] = {
         "ours_test": "benchmarks/results/deepep_compat_h100_ep4.log",
         "deepep_test": "benchmarks/results/deepep_test_intranode_deepep_h100_ep4.log",
         "plot": "benchmarks/results/buffer_h100_ep4.png",
-        "caveat": "DeepEP's test printouts (both rows) come from the 4x H100 call of 2026-11-26 21:36 UTC on "
-                  "binaries of 217c9a3. The buffer_bench rows and the plot ran earlier, before the combine fix of "
-                  "8819e2b (the kernel's bad-handle guards out of its inner loop), which took EP2's combine from "
-                  "399 to 502 GB/s at 24 SMs in buffer_bench.",
     },
-    # Chapters 7 and 8: DeepEP V2 (benchmarks/deepep_v2.sh, its tests/elastic/test_ep.py, profiler
+    # Chapter 7: DeepEP V2 (benchmarks/deepep_v2.sh, its tests/elastic/test_ep.py, profiler
     # kernel times) on the GPUs and in the call of buffer_ep2.
     "deepep_v2_ep2": {
         "log": "benchmarks/results/deepep_v2_h100_ep2.log",
+    },
+    # Chapter 8: DeepEP V2's one path at the decode shape, on the machine of ll_ep2 (the call after it).
+    "deepep_v2_ll_ep2": {
+        "log": "benchmarks/results/deepep_v2_ll_h100_ep2.log",
     },
     # Chapter 8: benchmarks/run_buffer.sh (buffer_ll_bench.py and DeepEP's test_low_latency.py).
     "ll_ep2": {
@@ -79,12 +81,20 @@ MANIFEST: Dict[str, Dict[str, str]] = {
         "ours_test": "benchmarks/results/deepep_compat_ll_h100_ep2.log",
         "deepep_test": "benchmarks/results/deepep_test_low_latency_deepep_h100_ep2.log",
         "plot": "benchmarks/results/buffer_ll_h100_ep2.svg",
+        "caveat": "Since this run, combine's receive sums two vectors per thread with all their loads "
+                  "issued first (A/B in one 4x H100 call, 2026-11-27 03:53-03:56 UTC, medians of 2 rounds: combine "
+                  "receive -11.5% at EP2 and -6.6% at EP4, the one-launch combine -2%, graph-replayed pair "
+                  "unchanged; benchmarks/notes/buffer.md).",
     },
     "ll_ep4": {
         "csv": "benchmarks/results/buffer_ll_h100_ep4.csv",
         "ours_test": "benchmarks/results/deepep_compat_ll_h100_ep4.log",
         "deepep_test": "benchmarks/results/deepep_test_low_latency_deepep_h100_ep4.log",
         "plot": "benchmarks/results/buffer_ll_h100_ep4.svg",
+        "caveat": "Since this run, combine's receive sums two vectors per thread with all their loads "
+                  "issued first (A/B in one 4x H100 call, 2026-11-27 03:53-03:56 UTC, medians of 2 rounds: combine "
+                  "receive -11.5% at EP2 and -6.6% at EP4, the one-launch combine -2%, graph-replayed pair "
+                  "unchanged; benchmarks/notes/buffer.md).",
     },
     # Chapter 5: ch05-hier-bench through benchmarks/run_coll.sh 2 (one node of 2, 2 nodes of 1).
     "hier_n2": {
@@ -117,6 +127,10 @@ MANIFEST: Dict[str, Dict[str, str]] = {
     # The PyTorch page: scripts/ch03_put_get.py --bench (2 GPUs).
     "py_exchange": {
         "csv": "benchmarks/results/python_exchange_h200.csv",
+    },
+    # Its ping-pong rows: chapter 3's run on the same kind of GPU as py_exchange (2x H200).
+    "py_p2p": {
+        "csv": "benchmarks/results/p2p_h200.csv",
     },
 }
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from .collectives import PUTS
@@ -98,8 +99,8 @@ def gen_ch03(book: Book) -> None:
     s.add("fence_lost_from", size_label(lost))
     best_ratios = [best_put(z) / bw("store_fenced", z) for z in sizes]
     s.add("best_put_vs_fenced", xspan(best_ratios, 3))
-    claim(min(best_ratios) > 0.99, "ch03-measuring.md",
-          "the best put is as fast as fenced stores at every size (within 1%)")
+    claim(min(best_ratios) > 0.95, "ch03-measuring.md",
+          "the best put is never more than 5% behind fenced stores")
 
     # Where NVSHMEM's own put loses.
     small = [z for z in sizes if z <= 4 * MIB]
@@ -107,8 +108,8 @@ def gen_ch03(book: Book) -> None:
     s.add("nvshmem_vs_fenced_small", xspan([bw("nvshmem_put", z) / bw("store_fenced", z) for z in small], 2))
     s.add("nvshmem_vs_fenced_large", xspan([bw("nvshmem_put", z) / bw("store_fenced", z) for z in large], 3))
     s.add("nvshmem_extra_small", f"{span([t('nvshmem_put', z) - t('store_fenced', z) for z in small], lambda v: us(v, 2))} us")
-    claim(all(bw("nvshmem_put", z) < bw("store_fenced", z) for z in sizes), "ch03-measuring.md",
-          "NVSHMEM's put is slower than fenced stores at every size")
+    claim(all(bw("nvshmem_put", z) < 1.01 * bw("store_fenced", z) for z in sizes), "ch03-measuring.md",
+          "NVSHMEM's put is nowhere faster than fenced stores (by more than 1%)")
     s.add("store_put_64k", f"{us(t('store_put', k64), 2)} us")
     s.add("nvshmem_put_64k", f"{us(t('nvshmem_put', k64), 2)} us")
     claim(t("store_put", k64) < t("store_fenced", k64) < t("nvshmem_put", k64), "ch03-measuring.md",
@@ -119,14 +120,18 @@ def gen_ch03(book: Book) -> None:
     s.add("top_size", size_label(top))
     s.add("nvshmem_top", f"{gbs(bw('nvshmem_put', top))} GB/s")
     s.add("nccl_top", f"{gbs(bw('nccl', top))} GB/s")
-    claim(all(bw("nvshmem_put", z) >= bw("nccl", z) for z in sizes), "ch03-measuring.md",
-          "NVSHMEM's put is at least as fast as NCCL at every size")
+    claim(all(bw("nvshmem_put", z) >= bw("nccl", z) for z in sizes if z != top), "ch03-measuring.md",
+          "NVSHMEM's put is at least as fast as NCCL below the largest size")
+    claim(abs(bw("nvshmem_put", top) / bw("nccl", top) - 1) < 0.01, "ch03-measuring.md",
+          "at the largest size NVSHMEM's put and NCCL are level (within 1%)")
 
     # The put written as stores.
     others = [z for z in sizes if z != top]
     s.add("store_put_top", f"{gbs(bw('store_put', top))} GB/s")
-    claim(all(bw("store_put", z) >= 0.99 * best_put(z) for z in others), "ch03-measuring.md",
-          "the put written as stores is within 1% of the best put below the largest size")
+    behind = max(1 - bw("store_put", z) / best_put(z) for z in others)
+    s.add("store_put_within", f"{math.ceil(100 * behind):.0f}%")
+    claim(behind < 0.05, "ch03-measuring.md",
+          "the put written as stores is within a few percent of the best put below the largest size")
     claim(bw("store_put", top) < 0.98 * best_put(top), "ch03-measuring.md",
           "the put written as stores falls behind at the largest size")
 
@@ -208,8 +213,9 @@ def gen_python(book: Book) -> None:
     claim(all(cell(z, "nccl_graph_us") < cell(z, "put_signal_graph_us") for z in small), "python.md",
           "up to 256 KiB NCCL's exchange is faster")
 
-    # One step and one round trip, host-initiated against device-initiated (chapter 3).
-    p2p = book.result("p2p")
+    # One step and one round trip, host-initiated against device-initiated (chapter 3's run on
+    # the exchange rows' GPU).
+    p2p = book.result("py_p2p")
     step_ps, step_nccl = cell(8, "put_signal_graph_us"), cell(8, "nccl_graph_us")
     ping_nccl = p2p.value("us", method="nccl_pingpong", num_bytes=8)
     ping_put = p2p.value("us", method="put_signal_pingpong", num_bytes=8)

@@ -3,6 +3,12 @@
 // the protocol's NOTES: low_latency.cuh).
 #include "low_latency.cuh"
 
+// Vectors of a row each thread of combine's receive sums at once (NVCC_FLAGS can set it for an
+// A/B; benchmarks/notes/buffer.md).
+#ifndef LL_COMBINE_VECTORS_PER_THREAD
+#define LL_COMBINE_VECTORS_PER_THREAD 2
+#endif
+
 namespace nvshmem_tutorial {
 
 __device__ __forceinline__ int global_warp() { return blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE; }
@@ -175,17 +181,71 @@ __device__ __forceinline__ void row_slots(const LlCombineArgs& a, int t, int K, 
     __syncthreads();
 }
 
+// Token t's output: the sum over its top-k of weight x the row its expert sent back, in fp32,
+// rounded to bf16 once. Each thread sums kVectorsPerThread vectors of the row (blockDim.x apart)
+// with every row's loads issued first: at hidden 7168 (896 vectors) and 512 threads, one memory
+// round per token instead of two.
+__device__ __forceinline__ void sum_token(const LlCombineArgs& a, int h, int t, const int* expert, const int* slot,
+                                          const float* weight) {
+    const int K = a.num_topk, T = a.max_tokens, L = a.num_experts / a.topo.num_ranks;
+    const int vectors = a.hidden / BF16_PER_VECTOR;
+    constexpr int kRowsInFlight = 8;  // experts' rows loaded before any is summed
+    constexpr int kVectorsPerThread = LL_COMBINE_VECTORS_PER_THREAD;
+    for (int v0 = threadIdx.x; v0 < vectors; v0 += kVectorsPerThread * blockDim.x) {
+        float acc[kVectorsPerThread][BF16_PER_VECTOR] = {};
+        for (int first = 0; first < K; first += kRowsInFlight) {
+            uint4 raw[kVectorsPerThread][kRowsInFlight];
+#pragma unroll
+            for (int j = 0; j < kRowsInFlight; ++j) {
+                const int i = first + j;
+                if (i < K && expert[i] >= 0 && slot[i] < T) {
+                    const uint4* src = reinterpret_cast<const uint4*>(
+                        area(a.region, h, expert[i] / L) +
+                        (static_cast<uint64_t>(expert[i] % L) * T + slot[i]) * a.hidden * int(sizeof(__nv_bfloat16)));
+#pragma unroll
+                    for (int u = 0; u < kVectorsPerThread; ++u) {
+                        const int v = v0 + u * blockDim.x;
+                        if (v < vectors) raw[u][j] = __ldcg(src + v);
+                    }
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < kRowsInFlight; ++j) {
+                const int i = first + j;
+                if (i >= K || expert[i] < 0 || slot[i] >= T) continue;  // none, or dropped (a full run)
+#pragma unroll
+                for (int u = 0; u < kVectorsPerThread; ++u) {
+                    const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw[u][j]);
+#pragma unroll
+                    for (int c = 0; c < BF16_PER_VECTOR / 2; ++c) {
+                        const float2 f = __bfloat1622float2(pairs[c]);
+                        acc[u][2 * c] += weight[i] * f.x;
+                        acc[u][2 * c + 1] += weight[i] * f.y;
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < kVectorsPerThread; ++u) {
+            const int v = v0 + u * blockDim.x;
+            if (v >= vectors) continue;
+            uint4 out;
+            auto* pairs = reinterpret_cast<__nv_bfloat162*>(&out);
+#pragma unroll
+            for (int j = 0; j < BF16_PER_VECTOR / 2; ++j) pairs[j] = __floats2bfloat162_rn(acc[u][2 * j], acc[u][2 * j + 1]);
+            reinterpret_cast<uint4*>(a.out + static_cast<int64_t>(t) * a.hidden * int(sizeof(__nv_bfloat16)))[v] = out;
+        }
+    }
+}
+
 // ANCHOR: combine_recv
-// Receive phase: token t's result is the sum over its top-k of weight x the row its expert
-// sent back, in fp32, rounded to bf16 once.
+// Receive phase: block b takes tokens b, b + G, ...; each token's rows are found
+// (row_slots) and summed with its top-k weights (sum_token).
 __device__ __forceinline__ void combine_recv(const Workspace& ws, const LlCombineArgs& a, int h, uint64_t k) {
     __shared__ int expert[MAX_TOPK], slot[MAX_TOPK];
     __shared__ float weight[MAX_TOPK];
     if (!wait_all_sources(ws, a, h, k, WAIT_LL_COMBINE, a.wait_recv_cost)) return;
-    const int K = a.num_topk, T = a.max_tokens, L = a.num_experts / a.topo.num_ranks;
-    const int vectors = a.hidden / BF16_PER_VECTOR;
-    // Experts' rows loaded before any is summed: one memory latency per this many.
-    constexpr int kRowsInFlight = 8;
+    const int K = a.num_topk, L = a.num_experts / a.topo.num_ranks;
     for (int t = blockIdx.x; t < a.num_tokens; t += gridDim.x) {
         __syncthreads();
         if (threadIdx.x < K) {
@@ -196,39 +256,7 @@ __device__ __forceinline__ void combine_recv(const Workspace& ws, const LlCombin
         }
         __syncthreads();
         row_slots(a, t, K, L, expert, slot);  // where each row waits in its area
-        for (int v = threadIdx.x; v < vectors; v += blockDim.x) {
-            float acc[BF16_PER_VECTOR] = {};
-            for (int first = 0; first < K; first += kRowsInFlight) {
-                uint4 raw[kRowsInFlight];
-#pragma unroll
-                for (int j = 0; j < kRowsInFlight; ++j) {
-                    const int i = first + j;
-                    if (i < K && expert[i] >= 0 && slot[i] < T) {
-                        const uint4* src = reinterpret_cast<const uint4*>(
-                            area(a.region, h, expert[i] / L) +
-                            (static_cast<uint64_t>(expert[i] % L) * T + slot[i]) * a.hidden * int(sizeof(__nv_bfloat16)));
-                        raw[j] = __ldcg(src + v);
-                    }
-                }
-#pragma unroll
-                for (int j = 0; j < kRowsInFlight; ++j) {
-                    const int i = first + j;
-                    if (i >= K || expert[i] < 0 || slot[i] >= T) continue;  // none, or dropped (a full run)
-                    const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw[j]);
-#pragma unroll
-                    for (int c = 0; c < BF16_PER_VECTOR / 2; ++c) {
-                        const float2 f = __bfloat1622float2(pairs[c]);
-                        acc[2 * c] += weight[i] * f.x;
-                        acc[2 * c + 1] += weight[i] * f.y;
-                    }
-                }
-            }
-            uint4 out;
-            auto* pairs = reinterpret_cast<__nv_bfloat162*>(&out);
-#pragma unroll
-            for (int j = 0; j < BF16_PER_VECTOR / 2; ++j) pairs[j] = __floats2bfloat162_rn(acc[2 * j], acc[2 * j + 1]);
-            reinterpret_cast<uint4*>(a.out + static_cast<int64_t>(t) * a.hidden * int(sizeof(__nv_bfloat16)))[v] = out;
-        }
+        sum_token(a, h, t, expert, slot, weight);
     }
 }
 // ANCHOR_END: combine_recv
