@@ -107,6 +107,12 @@ def breakdown(report) -> None:
         for shape, dtype in outputs:
             torch.empty(shape, dtype=dtype, device=device)
 
+    templates = {dtype: torch.empty((0,), dtype=dtype, device=device) for _, dtype in outputs}
+
+    def allocate_like():
+        for shape, dtype in outputs:
+            templates[dtype].new_empty(shape)
+
     def read_tensor():
         x.data_ptr(), x.shape, x.stride(), x.dtype, x.get_device()
 
@@ -114,6 +120,7 @@ def breakdown(report) -> None:
         torch._C._cuda_getCurrentRawStream(0)
 
     report("torch.empty x 5 (dispatch's outputs)", *timed(allocate))
+    report("new_empty x 5 (from a tensor per dtype)", *timed(allocate_like))
     report("one tensor's reads (ptr, shape, ...)", *timed(read_tensor))
     report("current raw stream", *timed(stream))
 
