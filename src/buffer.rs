@@ -549,6 +549,22 @@ mod tests {
     }
 
     #[test]
+    fn the_internode_notifys_input_errors_name_the_node_or_entry_and_both_numbers() {
+        let text = input_error(record(Failure::NodeCountsMismatch, 1, 40, 41)).to_string();
+        for part in [
+            "num_tokens_per_rdma_rank[1] = 41",
+            "sends 40 tokens to node 1",
+            "get_dispatch_layout",
+        ] {
+            assert!(text.contains(part), "{part:?} not in {text}");
+        }
+        let text = input_error(record(Failure::HandleMismatch, 9, 12, 13)).to_string();
+        for part in ["prefixes for 9", "hold 13", "gives 12", "unchanged"] {
+            assert!(text.contains(part), "{part:?} not in {text}");
+        }
+    }
+
+    #[test]
     fn every_kind_reads_back_as_itself_and_input_kinds_leave_the_buffer_usable() {
         let input_kinds = [
             Failure::BadExpert,

@@ -832,6 +832,39 @@ mod tests {
         assert!(!code.contains("dispatch") && !code.contains("combine"));
     }
 
+    /// A rail row that never came names the rank waited for and its node (a rank of another
+    /// node is recorded past MAX_LL_RANKS, as chapter 8's failures); the input errors name the
+    /// node or handle entry and both numbers.
+    #[test]
+    fn failures_name_the_rank_and_node_waited_for() {
+        use crate::error::{LastRingCall, describe};
+        use ch04_collectives::{CollError, DeviceFailure};
+        use kernels::contract::Failure;
+        let failure = DeviceFailure {
+            me: 1,
+            kind: Failure::NotifyRows,
+            pe: (MAX_LL_RANKS + 5) as u64,
+            expected: 7,
+            seen: 6,
+            block: 0,
+            call: 7,
+            timeout_ms: 300,
+        };
+        let text = describe(CollError::Device(failure), LastRingCall::default(), 2).to_string();
+        for part in [
+            "rank 1: internode notify (call 7",
+            "rail row of rank 5 (node 2)",
+            "reached 6 of 7",
+            "300 ms",
+        ] {
+            assert!(text.contains(part), "{part:?} not in {text}");
+        }
+        assert!(
+            Failure::NotifyRows.device_name().starts_with("WAIT_"),
+            "a wait: the job is broken"
+        );
+    }
+
     /// Chapter 7's notify, dispatch and combine refuse a buffer across nodes, naming this step.
     #[test]
     fn chapter_sevens_calls_refuse_a_buffer_across_nodes() {
