@@ -25,7 +25,8 @@
 #
 # Usage: benchmarks/deepep_v2.sh [CARRY] [N] [OUT_DIR]   (defaults: .carry, 2, a temp dir)
 #   CARRY holds nccl.tar.xz (nccl/lib/libnccl.so.2 + nccl/include, NCCL 2.30.7 for sm_90) and
-#   deepep_v2/ (DeepEP V2 source with the fmt headers); OUT_DIR gets every raw log. Relative
+#   deepep_v2/ (DeepEP V2 source with the fmt headers); OUT_DIR gets every raw log and
+#   deepep_v2_epN.csv (benchmarks/deepep_v2_rows.py: the normal-shape runs as method deepep_v2). Relative
 #   paths are taken from the repository root.
 # Environment: V2_WORK (default /tmp/deepep_v2; kept on a warm machine, so later calls reuse the
 #   build and the JIT cache), V2_RUNS (default "auto analytical sm24 ll"), V2_BUILD_TIMEOUT_S
@@ -167,3 +168,7 @@ for run in $runs; do
 done
 ((${#failed[@]} == 0)) || die "run(s) ${failed[*]}" "see $out/v2_<run>_ep$n.log"
 echo "deepep_v2: all runs passed; logs in $out"
+# The normal-shape runs as rows of buffer_bench's CSV (method deepep_v2).
+if compgen -G "$out/v2_*_ep$n.log" >/dev/null; then
+  "$py" benchmarks/deepep_v2_rows.py --ep "$n" --out "$out/deepep_v2_ep$n.csv" "$out"/v2_*_ep"$n".log || true
+fi

@@ -3,11 +3,10 @@ scripts/gen_book.py."""
 
 from __future__ import annotations
 
-import sys
 from typing import Callable, Sequence, Tuple
 
 from .collectives import COLL_LABEL, PUTS, Coll, size_table
-from .common import Book, claim, gbs, GenError, MANIFEST, MIB, ROOT, size_label, Snippets, table, us, xspan
+from .common import Book, claim, gbs, GenError, load_module, MANIFEST, MIB, ROOT, size_label, Snippets, table, us, xspan
 
 # ---- Appendix A: running on a cluster (the cost model) -------------------------------------------
 #
@@ -18,18 +17,6 @@ from .common import Book, claim, gbs, GenError, MANIFEST, MIB, ROOT, size_label,
 # decision guide quotes. Every table says which figures are predictions.
 
 CLUSTER_MODEL = "benchmarks/cluster_model.py"
-
-
-def load_cluster_model():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("cluster_model", ROOT / CLUSTER_MODEL)
-    if spec is None or spec.loader is None:
-        raise GenError(f"{CLUSTER_MODEL}: cannot be loaded")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["cluster_model"] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
 
 
 def measured_changes(sizes: Sequence[int], first_wins: Callable[[int], bool], first: str, second: str) -> str:
@@ -44,7 +31,7 @@ def measured_changes(sizes: Sequence[int], first_wins: Callable[[int], bool], fi
 
 
 def gen_cluster(book: Book) -> None:
-    cm = load_cluster_model()
+    cm = load_module(CLUSTER_MODEL)
     s = Snippets("cluster", "benchmarks/cluster_model.py and the results of record (its MANIFEST)")
     p2p, coll = book.result("p2p"), book.result("coll_n4")
     for key, path in (("p2p", cm.P2P_CSV), ("coll_n4", cm.COLL_CSV)):

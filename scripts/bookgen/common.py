@@ -145,6 +145,22 @@ class GenError(Exception):
     """A result that is missing, malformed, or contradicts a page's prose."""
 
 
+def load_module(path: str):
+    """The Python file at `path` (from the repository root, e.g. one of benchmarks/) as a
+    module, so that the book reads results with the code that wrote or models them."""
+    import importlib.util
+    import sys
+
+    name = Path(path).stem
+    spec = importlib.util.spec_from_file_location(name, ROOT / path)
+    if spec is None or spec.loader is None:
+        raise GenError(f"{path}: cannot be loaded")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
 def claim(condition: bool, page: str, what: str) -> None:
     """Stops the generator when the data no longer supports a sentence of `page`."""
     if not condition:

@@ -7,7 +7,9 @@ import re
 from typing import Dict, List, Tuple
 
 from .collectives import PUTS
-from .common import Book, claim, gbs, GenError, MANIFEST, MIB, ratio, Result, Snippets, span, table, us
+from .common import Book, claim, gbs, GenError, load_module, MANIFEST, MIB, ratio, Result, Snippets, span, table, us
+
+V2_ROWS = "benchmarks/deepep_v2_rows.py"
 
 # ---- chapter 7 -----------------------------------------------------------------------------------
 
@@ -30,29 +32,10 @@ def test_best(log: str, path: str) -> Dict[str, float]:
 
 
 def v2_runs(log: str, path: str, wanted: Tuple[str, ...]) -> Dict[str, Dict[str, float]]:
-    """benchmarks/deepep_v2.sh's log: per run (analytical, sm24, ll), V2's SM count and its
-    profiler kernel times in us, means over ranks: dispatch and its copy into the outputs per
-    dtype (fp8, bf16), combine and its reduce (bf16, every mode's lines). The runs in `wanted`
-    must be there."""
-    runs: Dict[str, Dict[str, List[float]]] = {}
-    run, dtype = None, None
-    for line in log.splitlines():
-        if m := re.match(r"== deepep_v2: run (\w+)", line):
-            run = m.group(1)
-            runs[run] = {}
-        elif run is None:
-            continue
-        elif m := re.search(r"> #SM: (\d+)", line):
-            runs[run]["sms"] = [float(m.group(1))]
-        elif m := re.search(r"use_fp8_dispatch=(\d)", line):
-            dtype = "fp8" if m.group(1) == "1" else "bf16"
-        elif m := re.search(r"dispatch: .*?([\d.]+) us, \d+ bytes \| copy: .*?([\d.]+) us", line):
-            runs[run].setdefault(f"dispatch_{dtype}", []).append(float(m.group(1)))
-            runs[run].setdefault(f"copy_{dtype}", []).append(float(m.group(2)))
-        elif m := re.search(r"combine: .*?([\d.]+) us, \d+ bytes \| reduce: .*?([\d.]+) us", line):
-            runs[run].setdefault("combine", []).append(float(m.group(1)))
-            runs[run].setdefault("reduce", []).append(float(m.group(2)))
-    out = {name: {k: sum(v) / len(v) for k, v in parts.items()} for name, parts in runs.items()}
+    """benchmarks/deepep_v2.sh's log read by benchmarks/deepep_v2_rows.py (per run, V2's SM
+    count and its profiler kernel times in us, means over ranks: dispatch and its copy into the
+    outputs per dtype, combine and its reduce). The runs in `wanted` must be there."""
+    out = load_module(V2_ROWS).parse_runs(log)
     needs = {"analytical": ("sms", "dispatch_bf16", "dispatch_fp8", "combine"),
              "sm24": ("sms", "dispatch_bf16", "dispatch_fp8", "combine"), "ll": ("dispatch_fp8", "combine")}
     for name in wanted:
