@@ -31,7 +31,8 @@ use crate::view::{ElemType, View};
 /// G ranks (`Regions::notify_area`). Offsets from its start, each 256-byte aligned:
 ///
 /// ```text
-/// signals  [MAX_NODES] u64          signals[b]: notifies whose row came from node b's rail peer
+/// signals  [3][MAX_NODES] u64       signals[p][b]: rows of parity p from node b's rail peer;
+///                                   signals[2][b]: its cached notifies (the kernel's NOTES)
 /// tickets  [MAX_PES] u64            tickets[l]: the last notify node member l has every row of
 /// rows     [2][N][row_stride] i32   rows[p][b]: the rail row from node b, parity p
 /// staging  [2][N][row_stride] i32   staging[p][k]: our row for node k, read by the put
@@ -47,8 +48,10 @@ pub struct NotifyArea {
 
 impl NotifyArea {
     pub const SIGNALS: usize = 0;
-    pub const TICKETS: usize = MAX_NODES * 8;
-    pub const ROWS: usize = (MAX_NODES * 8 + MAX_PES * 8).next_multiple_of(256);
+    /// Signal counters: one per parity of rows, one for cached notifies.
+    pub const SIGNAL_SETS: usize = 3;
+    pub const TICKETS: usize = Self::SIGNAL_SETS * MAX_NODES * 8;
+    pub const ROWS: usize = (Self::TICKETS + MAX_PES * 8).next_multiple_of(256);
 
     pub fn new(num_nodes: usize, node_pes: usize) -> Self {
         Self {
@@ -507,7 +510,7 @@ mod tests {
                 let base = spec.base + regions.notify_area() as u64;
                 assert!(regions.notify_area() >= regions.rdma() + NUM_RDMA_BYTES);
                 assert_eq!(a.signals, base);
-                assert_eq!(a.tickets, base + (MAX_NODES * 8) as u64);
+                assert_eq!(a.tickets, base + (3 * MAX_NODES * 8) as u64);
                 assert!(a.rows >= a.tickets + (MAX_PES * 8) as u64);
                 assert_eq!(
                     a.staging - a.rows,

@@ -32,7 +32,8 @@
 //!   internode.rs                    normal mode across nodes (issue 32): the notify step's
 //!                                   two-level arithmetic on the host, against DeepEP's definitions
 //!   internode_notify.rs             its kernel's area, plan and launch (internode_notify_raw)
-//!   bin/                            ch07-buffer, ch08-low-latency (self-checking, typed layer)
+//!   bin/                            ch07-buffer, ch08-low-latency (self-checking, typed layer);
+//!                                   internode-notify (issue 32 step 3's GPU test, raw layer)
 //! kernels/cuda/buffer/            moe.cuh (ring protocol NOTES), layout.cu, notify.cu,
 //!                                 dispatch.cu (moe_scatter), combine.cu (moe_gather),
 //!                                 low_latency.cuh, ll_dispatch.cu, ll_combine.cu,
@@ -70,6 +71,8 @@ pub mod view;
 
 #[cfg(test)]
 mod bad_inputs;
+#[cfg(test)]
+mod internode_protocol_tests;
 #[cfg(test)]
 mod test_views;
 

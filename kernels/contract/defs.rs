@@ -433,7 +433,8 @@ contract! {
         /// host-mapped i32 [2 + L]: [0] rows to receive (written last), [1 + e] local expert e's
         /// rows rounded up to expert_alignment, [1 + L] rows this rank forwards
         counts: u64 => "int*",
-        /// symmetric [MAX_NODES] u64: signals[b] = the notifies whose row came from node b's rail peer
+        /// symmetric [3][MAX_NODES] u64: [p][b] = the rows of parity p from node b's rail peer,
+        /// [2][b] = its cached notifies' signals
         signals: u64 => "uint64_t*",
         /// symmetric [MAX_PES] u64: tickets[l] = the notifies node member l has every row of
         tickets: u64 => "uint64_t*",

@@ -20,11 +20,18 @@
 //
 // ANCHOR: internode_notify_notes
 // NOTES on the protocol (the subtle part):
-// - Nothing is reset. signals[b] on a rank counts the notifies whose row (or signal alone)
-//   came from node b's rail peer: NVSHMEM's signal ADD 1 across nodes, a release store of the
-//   call number on our own node (one writer, one route per word). tickets[l] holds the last
-//   notify member l has every row of. Call numbers are counted per block on the device
-//   (InternodeNotifyState), so a graph replay is a new call.
+// - Nothing is reset. signals[set][b] on a rank counts what came from node b's rail peer: in
+//   set p (0, 1) its rows of that parity, in set 2 its cached notifies' signals; NVSHMEM's
+//   signal ADD 1 across nodes, a release store of the count on our own node (one writer, one
+//   route per word). tickets[l] holds the last notify member l has every row of. Call numbers
+//   are counted per block on the device (InternodeNotifyState), so a graph replay is a new call.
+// - Why a counter per parity: puts are not ordered with each other, only each one's signal
+//   after its own data. With one counter of every notify, the rail peer's next row (the other
+//   parity) could land first and bring the count to this call's target while this call's row
+//   is still in flight (src/internode_protocol_tests.rs found it). A row of parity p cannot be
+//   overtaken by the rail peer's next row of parity p: that one leaves only after the peer got
+//   our row of the notify in between, which we sent only once this one had landed. So the
+//   count of parity p names this call's row.
 // - Rows are double-buffered by the parity of the notifies that send rows. The next writer of
 //   rows[p][b] on rank (a, l) is (b, l), two such notifies later; every reader of it, (a, l)
 //   and its node members through node_peer, finished the notify in between: (b, l) waited in
@@ -53,18 +60,28 @@ struct RowFormat {
           words(G + G * L + 1 + C + G * C) {}
 };
 
-// What a block knows of the call: its number among all notifies (the signals' and tickets'
-// target), among those with rows, and the parity of the latter (which rows and staging).
+// What a block knows of the call: its number among all notifies (the tickets' target), among
+// those with rows, the parity of the latter (which rows and staging), and its signal counter:
+// the set it adds to and the count that set reaches with this call.
 struct NotifyCall {
-    uint64_t k, with_rows;
-    int parity;
+    uint64_t k, with_rows, target;
+    int parity, set;
 };
 
 __device__ __forceinline__ NotifyCall begin_notify(const InternodeNotifyArgs& a) {
     const uint64_t k = ld_volatile(reinterpret_cast<const uint64_t*>(a.state->calls + blockIdx.x)) + 1;
     const uint64_t rows = ld_volatile(reinterpret_cast<const uint64_t*>(a.state->row_calls + blockIdx.x));
     const uint64_t with_rows = a.cached ? rows : rows + 1;
-    return {k, with_rows, static_cast<int>(with_rows & 1)};
+    const int parity = static_cast<int>(with_rows & 1);
+    // Rows of parity p: that parity's notifies so far (1, 3, 5, ... of them: (w + p) / 2);
+    // cached: the cached notifies so far.
+    const uint64_t target = a.cached ? k - with_rows : (with_rows + parity) / 2;
+    return {k, with_rows, target, parity, a.cached ? 2 : parity};
+}
+
+// This notify's signal word from node b's rail peer (symmetric: the same on every rank).
+__device__ __forceinline__ uint64_t* signal_of(const InternodeNotifyArgs& a, const NotifyCall& call, int b) {
+    return a.signals + call.set * MAX_NODES + b;
 }
 
 // Each block closes the call in its own words: only later launches read them.
@@ -182,11 +199,11 @@ __device__ __forceinline__ void check_handle(const InternodeNotifyArgs& a, int k
 __device__ __forceinline__ void send_rail_row(const InternodeNotifyArgs& a, int k, const NotifyCall& call, const int* row,
                                               int num_words) {
     const LlTopology& topo = a.topo;
-    uint64_t* signal = a.signals + my_node(topo);
+    uint64_t* signal = signal_of(a, call, my_node(topo));
     const int peer = k * topo.node_pes + my_local(topo);
     __syncthreads();  // every store of the row is issued
     if (k == my_node(topo)) {
-        if (threadIdx.x == 0) st_release_sys(signal, call.k);
+        if (threadIdx.x == 0) st_release_sys(signal, call.target);
         return;
     }
     if (a.cached) {
@@ -218,7 +235,8 @@ __device__ __forceinline__ void send_side(const InternodeNotifyArgs& a, int k, c
 }
 
 // ANCHOR: wait_rows
-// Thread b waits until node b's rail peer signalled this call; the block learns whether all did.
+// Thread b waits until node b's rail peer's signal reached this call's count; the block learns
+// whether all did.
 __device__ __forceinline__ bool wait_rows(const Workspace& ws, const InternodeNotifyArgs& a, const NotifyCall& call) {
     __shared__ int all_came;
     const LlTopology& topo = a.topo;
@@ -226,7 +244,8 @@ __device__ __forceinline__ bool wait_rows(const Workspace& ws, const InternodeNo
     __syncthreads();
     for (int b = threadIdx.x; b < num_nodes(topo); b += blockDim.x) {
         const int from = b * topo.node_pes + my_local(topo);
-        if (!wait_at_least(ws, a.signals + b, call.k, WAIT_NOTIFY_ROWS, failure_rank(topo, from), call.k)) all_came = 0;
+        const int who = failure_rank(topo, from);
+        if (!wait_at_least(ws, signal_of(a, call, b), call.target, WAIT_NOTIFY_ROWS, who, call.k)) all_came = 0;
     }
     __syncthreads();
     return all_came;
