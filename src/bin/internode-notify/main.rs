@@ -503,3 +503,53 @@ fn mistakes(buffer: &NvshmemBuffer<&World>, seed: u64, tally: &mut Tally) -> Res
     );
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The program's own inputs agree with the reference it checks against, so a difference on
+    /// the GPU is the kernel's: every case builds on every topology the script runs, and each
+    /// rank's host layout is what `flat`'s send side says (tokens per rank and per node), its
+    /// expert counts summing to what each expert's rank receives.
+    #[test]
+    fn every_case_builds_and_its_layout_agrees_with_the_reference() {
+        for (n, g) in [(2, 1), (4, 2), (4, 1), (8, 4), (8, 2), (8, 1)] {
+            for i in 0..NUM_CALLS {
+                let case = Case::new(i as u64 * 77 + n as u64, n, g, i);
+                let job = &case.job;
+                assert!(job.num_channels >= 1 && job.num_channels <= 64);
+                let layouts: Vec<HostLayout> = (0..n).map(|me| host_layout(job, me)).collect();
+                for (me, layout) in layouts.iter().enumerate() {
+                    let want = flat(job, me);
+                    let last = |m: &Vec<Vec<i32>>| {
+                        m.iter()
+                            .map(|row| *row.last().unwrap())
+                            .collect::<Vec<i32>>()
+                    };
+                    assert_eq!(
+                        last(&want.gbl_channel_prefix_matrix),
+                        layout.num_tokens_per_rank
+                    );
+                    assert_eq!(
+                        last(&want.rdma_channel_prefix_matrix),
+                        layout.num_tokens_per_rdma_rank
+                    );
+                    let l = job.num_experts / n;
+                    for e in 0..l {
+                        let sent: i32 = layouts
+                            .iter()
+                            .map(|x| x.num_tokens_per_expert[me * l + e])
+                            .sum();
+                        assert_eq!(
+                            sent, want.num_recv_tokens_per_expert[e],
+                            "n {n}, g {g}, case {i}"
+                        );
+                    }
+                }
+                // A rank sends nothing in every case; some nodes get nothing in some.
+                assert!(layouts[i % n].num_tokens_per_rank.iter().all(|&x| x == 0));
+            }
+        }
+    }
+}
