@@ -48,6 +48,9 @@
 
 namespace nvshmem_tutorial {
 
+static_assert(INTERNODE_NOTIFY_THREADS > MAX_PES, "a thread per prefix line: G ranks and the node");
+static_assert(MAX_NOTIFY_BLOCKS == 1 + MAX_NODES, "InternodeNotifyState counts calls per block");
+
 // Offsets of a rail row's parts, in i32 (host: src/internode.rs rail_row and rail_row_words).
 struct RowFormat {
     int to_rank, per_expert, to_node, node_prefix, rank_prefix, words;
