@@ -593,16 +593,14 @@ mod tests {
         assert!(error.contains("gbl_channel_prefix_matrix"), "{error}");
     }
 
-    /// Every refusal names the argument, or the buffer's mode, and the fix.
+    /// Every refusal of the buffer names its mode and the fix: one node, a low-latency
+    /// buffer, one not made for the internode notify.
     #[test]
-    fn every_bad_call_is_refused_naming_it() {
+    fn a_buffer_without_the_notify_is_refused_naming_it() {
         let (n, g) = (8, 4);
-        let nodes = n / g;
         let good = spec(n, g, 5);
-        let (inputs, handle) = views(n, nodes, 12, 100, 4 * n);
+        let (inputs, handle) = views(n, n / g, 12, 100, 4 * n);
         assert!(plan(&good, inputs, &handle).is_ok());
-
-        // The buffer: one node, a low-latency one, one not made for it.
         let one_node = spec(4, 4, 1);
         let (one_inputs, one_handle) = views(4, 1, 12, 100, 16);
         let error = error_of(plan(&one_node, one_inputs, &one_handle));
@@ -621,8 +619,14 @@ mod tests {
             error.contains("no internode notify area or state"),
             "{error}"
         );
+    }
 
-        // The inputs, one at a time.
+    /// Every bad input is refused naming the argument, one at a time.
+    #[test]
+    fn every_bad_input_is_refused_naming_it() {
+        let (n, g) = (8, 4);
+        let good = spec(n, g, 5);
+        let (inputs, handle) = views(n, n / g, 12, 100, 4 * n);
         let cases: Vec<(&str, InternodeNotifyInputs)> = vec![
             (
                 "num_tokens_per_rank",
@@ -688,8 +692,16 @@ mod tests {
                 "{name}: {error}"
             );
         }
+    }
 
-        // The handle's positions: N rows where n are due, the wrong channel count, a dtype.
+    /// Every bad handle position (N rows where n are due, the wrong channel count, a dtype)
+    /// and a bad config are refused naming them.
+    #[test]
+    fn every_bad_handle_and_config_is_refused_naming_it() {
+        let (n, g) = (8, 4);
+        let nodes = n / g;
+        let good = spec(n, g, 5);
+        let (inputs, handle) = views(n, nodes, 12, 100, 4 * n);
         let handles = [
             (
                 "rdma_channel_prefix_matrix",
