@@ -20,12 +20,11 @@ use std::ops::Range;
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use ch01_bootstrap::World;
 use ch01_bootstrap::checks::{POISON_BYTE, Tally, poison};
-use ch01_bootstrap::{LaunchEnv, World};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr};
 use half::bf16;
 use nvshmem_tutorial::buffer::heap_bytes;
-use nvshmem_tutorial::symmetric_memory::SYMMETRIC_SIZE_VAR;
 use nvshmem_tutorial::{
     BufferError, BufferOptions, DeviceArray, ElemType, Element, Fp8E4m3, LlCombineInputs,
     LlDispatchInputs, LlDispatchOptions, LlDispatchOutputs, LlDispatched, LlHandle, LlRecvTokens,
@@ -37,6 +36,8 @@ mod cases;
 mod checks;
 mod device;
 mod guards;
+#[path = "../shared/heap.rs"]
+mod heap;
 mod mistakes;
 #[path = "../shared/mod.rs"]
 mod shared;
@@ -67,7 +68,7 @@ fn main() -> ExitCode {
 
 fn run() -> Result<bool, AnyError> {
     let args = soak::soak_args()?;
-    size_the_heap()?;
+    heap::size_the_heap(heap_for)?;
     let world = World::from_env()?;
     let (me, n) = (world.my_pe(), world.n_pes());
     let num_experts = EXPERTS_PER_RANK * n;
@@ -148,20 +149,11 @@ fn run() -> Result<bool, AnyError> {
 }
 
 // ANCHOR: heap
-/// NVSHMEM sizes its symmetric heap once, at initialisation, from NVSHMEM_SYMMETRIC_SIZE: set
-/// it for this program's buffer before the World exists, unless the user chose a size. The
-/// margin (as the Python package's) covers NVSHMEM's own allocations and the tally's.
-fn size_the_heap() -> Result<(), AnyError> {
-    if std::env::var_os(SYMMETRIC_SIZE_VAR).is_some() {
-        return Ok(());
-    }
-    let n = LaunchEnv::from_env()?.world_size;
+/// The heap this program's buffer needs (shared::heap sets it before the World exists).
+fn heap_for(n: usize) -> usize {
     let num_rdma_bytes =
         get_low_latency_rdma_size_hint(MAX_TOKENS, LARGE_HIDDEN, n, EXPERTS_PER_RANK * n);
-    let num_bytes = heap_bytes(n, 0, num_rdma_bytes);
-    // SAFETY: nothing else runs yet: main has started no thread and loaded no library.
-    unsafe { std::env::set_var(SYMMETRIC_SIZE_VAR, format!("{}G", (num_bytes >> 30) + 2)) };
-    Ok(())
+    heap_bytes(n, 0, num_rdma_bytes)
 }
 // ANCHOR_END: heap
 

@@ -22,18 +22,19 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use ch01_bootstrap::World;
 use ch01_bootstrap::checks::{POISON_WORD, Tally};
-use ch01_bootstrap::{LaunchEnv, World};
 use cudarc::driver::CudaStream;
 use nvshmem_tutorial::buffer::{heap_bytes, node_pes_from_env};
 use nvshmem_tutorial::internode::{Job, Notified, flat};
-use nvshmem_tutorial::symmetric_memory::SYMMETRIC_SIZE_VAR;
 use nvshmem_tutorial::{
     BufferError, BufferOptions, Config, DeviceArray, InternodeHandle, InternodeNotifyCall,
     InternodeNotifyInputs, InternodeRecvCounts, NotifyInputs, NotifyOutputs, NvshmemBuffer,
 };
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
+#[path = "../shared/heap.rs"]
+mod heap;
 #[allow(dead_code)] // routing's weights are for the dispatch programs
 #[path = "../shared/mod.rs"]
 mod shared;
@@ -54,7 +55,7 @@ fn main() -> ExitCode {
 
 fn run() -> Result<bool, AnyError> {
     let args = soak::soak_args()?;
-    size_the_heap()?;
+    heap::size_the_heap(|n| heap_bytes(n, NUM_NVL_BYTES, NUM_RDMA_BYTES))?;
     let world = World::from_env()?;
     let (me, n) = (world.my_pe(), world.n_pes());
     let options = args.apply(BufferOptions {
@@ -125,19 +126,6 @@ fn run() -> Result<bool, AnyError> {
         soak::create_destroy(&world, count, options, &mut tally)?;
     }
     Ok(tally.finish(&world)?)
-}
-
-/// NVSHMEM sizes its heap at initialisation: for this program's buffer (its notify area
-/// included), unless the user chose a size.
-fn size_the_heap() -> Result<(), AnyError> {
-    if std::env::var_os(SYMMETRIC_SIZE_VAR).is_some() {
-        return Ok(());
-    }
-    let n = LaunchEnv::from_env()?.world_size;
-    let num_bytes = heap_bytes(n, NUM_NVL_BYTES, NUM_RDMA_BYTES);
-    // SAFETY: nothing else runs yet: main has started no thread and loaded no library.
-    unsafe { std::env::set_var(SYMMETRIC_SIZE_VAR, format!("{}G", (num_bytes >> 30) + 2)) };
-    Ok(())
 }
 
 /// One call's job: every rank's routing (rebuilt identically on every rank), its channels and

@@ -1,6 +1,7 @@
-//! What chapters 7 and 8's programs share (`#[path]`-included by both): the random routing
+//! What the buffer's test programs share (`#[path]`-included by each): the random routing
 //! every rank can rebuild ([`routing`]), the soak options ([`soak`]), and the error their
-//! `run` returns.
+//! `run` returns. `heap.rs` beside them is included on its own by the programs that size the
+//! heap.
 
 pub(crate) mod routing;
 pub(crate) mod soak;
