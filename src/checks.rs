@@ -4,8 +4,9 @@
 use kernels::contract::MAX_TOPK;
 
 use crate::error::BufferError;
-use crate::regions::ring_bytes;
+use crate::regions::{MAX_EXPERTS, ring_bytes};
 use crate::spec::BufferSpec;
+use crate::view::View;
 
 /// Chapter 7's notify, dispatch and combine reach every rank through the node's peer pointers:
 /// a buffer whose ranks span nodes (normal mode across nodes, issue 32) has only its notify
@@ -46,6 +47,25 @@ pub(crate) fn num_experts(
         ));
     }
     Ok(())
+}
+
+/// The experts a notify step's `num_tokens_per_expert` counts (its length), checked as
+/// `num_experts` checks them against the buffer's `MAX_EXPERTS`; chapter 7's notify and the
+/// internode one share it.
+pub(crate) fn experts_counted(
+    what: &'static str,
+    num_tokens_per_expert: &View,
+    n_pes: usize,
+) -> Result<usize, BufferError> {
+    let counted = num_tokens_per_expert.rows();
+    num_experts(
+        what,
+        "num_tokens_per_expert's length",
+        counted,
+        n_pes,
+        MAX_EXPERTS,
+    )?;
+    Ok(counted)
 }
 
 /// At most `MAX_TOPK` experts per token (the kernels keep a token's top-k in registers).

@@ -229,3 +229,168 @@ pub(crate) fn describe(error: CollError, last: LastRingCall, node_pes: usize) ->
         _ => error.into(),
     }
 }
+
+impl BufferError {
+    /// The input-error record's words [kind, token, value, limit] as the error they report.
+    /// Every kind is named; a kind this build does not know is an error naming its number.
+    pub(crate) fn from_input_record([kind, token, value, limit]: [u64; 4]) -> BufferError {
+        match Failure::from_code(kind) {
+            Ok(Failure::BadHandle) => BufferError::BadHandle {
+                row: token,
+                token: value as i32 as i64,
+                max_tokens: limit,
+            },
+            Ok(Failure::SlotsFull) => BufferError::SlotsFull {
+                token,
+                expert: value,
+                max_tokens: limit,
+            },
+            Ok(Failure::BadExpert) => BufferError::BadExpert {
+                token,
+                value: value as i64,
+                num_experts: limit,
+            },
+            Ok(Failure::RecvOverflow) => BufferError::RecvOverflow {
+                first_rank: token,
+                needed: value,
+                num_worst_tokens: limit,
+            },
+            Ok(Failure::CountsMismatch) => BufferError::CountsMismatch {
+                rank: token,
+                counted: value,
+                given: limit as i64,
+            },
+            Ok(Failure::NodeCountsMismatch) => BufferError::invalid(
+                "internode_notify",
+                format!(
+                    "num_tokens_per_rdma_rank[{token}] = {}, but is_token_in_rank sends {value} \
+                     tokens to node {token} (NODE_COUNTS_MISMATCH): pass the num_tokens_per_rdma_rank \
+                     and is_token_in_rank of one get_dispatch_layout call (the step followed \
+                     is_token_in_rank)",
+                    limit as i64
+                ),
+            ),
+            Ok(Failure::HandleMismatch) => BufferError::invalid(
+                "internode_notify (cached)",
+                format!(
+                    "the handle's send-side channel prefixes for {token} (a rank, or num_ranks + a \
+                     node) hold {} where its is_token_in_rank gives {value} (HANDLE_MISMATCH): pass \
+                     the handle one dispatch returned, unchanged",
+                    limit as i64
+                ),
+            ),
+            // The communicators' failures, which the kernels never write to this record.
+            Ok(other) => BufferError::invalid(
+                "input",
+                format!(
+                    "the kernels recorded {} ({}) as bad input",
+                    other.meaning(),
+                    other.device_name()
+                ),
+            ),
+            Err(code) => BufferError::invalid(
+                "input",
+                format!(
+                    "the input-error record holds kind {code}, which this build does not know: \
+                     were the kernels built from another kernels/contract/defs.rs?"
+                ),
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod input_record_tests {
+    use super::BufferError;
+    use kernels::contract::Failure;
+
+    /// The input-error record as a kernel leaves it: [kind, token, value, limit].
+    fn record(kind: Failure, token: u64, value: u64, limit: u64) -> [u64; 4] {
+        [kind as u64, token, value, limit]
+    }
+
+    #[test]
+    fn a_dispatch_past_num_worst_tokens_names_it_and_the_rows_needed() {
+        let e = BufferError::from_input_record(record(Failure::RecvOverflow, 1, 250, 100));
+        assert!(matches!(
+            e,
+            BufferError::RecvOverflow {
+                first_rank: 1,
+                needed: 250,
+                num_worst_tokens: 100
+            }
+        ));
+        let text = e.to_string();
+        for part in [
+            "received 250 tokens",
+            "num_worst_tokens = 100 rows",
+            "from rank 1's tokens on",
+            "Pass num_worst_tokens >= 250",
+        ] {
+            assert!(text.contains(part), "{part:?} not in {text}");
+        }
+    }
+
+    #[test]
+    fn counts_that_disagree_with_the_routing_name_the_rank_and_both_numbers() {
+        let e = BufferError::from_input_record(record(Failure::CountsMismatch, 2, 5, 7));
+        let text = e.to_string();
+        assert!(
+            text.contains("num_tokens_per_rank[2] = 7")
+                && text.contains("is_token_in_rank sends 5 tokens to rank 2")
+                && text.contains("get_dispatch_layout"),
+            "{text}"
+        );
+        // The kernel stores the caller's count sign-extended: a negative one reads back as such.
+        let e = BufferError::from_input_record(record(Failure::CountsMismatch, 0, 3, -4i64 as u64));
+        assert!(e.to_string().contains("num_tokens_per_rank[0] = -4"), "{e}");
+    }
+
+    #[test]
+    fn the_internode_notifys_input_errors_name_the_node_or_entry_and_both_numbers() {
+        let text = BufferError::from_input_record(record(Failure::NodeCountsMismatch, 1, 40, 41))
+            .to_string();
+        for part in [
+            "num_tokens_per_rdma_rank[1] = 41",
+            "sends 40 tokens to node 1",
+            "get_dispatch_layout",
+        ] {
+            assert!(text.contains(part), "{part:?} not in {text}");
+        }
+        let text =
+            BufferError::from_input_record(record(Failure::HandleMismatch, 9, 12, 13)).to_string();
+        for part in ["prefixes for 9", "hold 13", "gives 12", "unchanged"] {
+            assert!(text.contains(part), "{part:?} not in {text}");
+        }
+    }
+
+    #[test]
+    fn every_kind_reads_back_as_itself_and_input_kinds_leave_the_buffer_usable() {
+        let input_kinds = [
+            Failure::BadExpert,
+            Failure::BadHandle,
+            Failure::SlotsFull,
+            Failure::RecvOverflow,
+            Failure::CountsMismatch,
+        ];
+        for &kind in Failure::ALL {
+            assert_eq!(Failure::from_code(kind as u64), Ok(kind));
+            let e = BufferError::from_input_record(record(kind, 1, 2, 3));
+            let text = e.to_string();
+            assert!(!text.contains("does not know"), "{kind:?}: {text}");
+            assert!(e.is_invalid_input(), "{kind:?}: {text}");
+            // Input kinds have messages of their own; kinds the kernels never write to this
+            // record still say what they are.
+            let own_message = input_kinds.contains(&kind);
+            assert_eq!(
+                text.contains(kind.device_name()),
+                !own_message,
+                "{kind:?}: {text}"
+            );
+        }
+        assert_eq!(Failure::RecvOverflow.device_name(), "RECV_OVERFLOW");
+        assert_eq!(Failure::CountsMismatch.device_name(), "COUNTS_MISMATCH");
+        let unknown = BufferError::from_input_record([999, 0, 0, 0]).to_string();
+        assert!(unknown.contains("kind 999"), "{unknown}");
+    }
+}

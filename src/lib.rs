@@ -31,7 +31,7 @@
 //!   low_latency/                    chapter 8: fixed slots (regions, phases, plans, launch)
 //!   internode.rs                    normal mode across nodes (issue 32): the notify step's
 //!                                   two-level arithmetic on the host, against DeepEP's definitions
-//!   internode_notify.rs             its kernel's area, plan and launch (internode_notify_raw)
+//!   internode_notify/               its kernel's area and launch (mod.rs), plan (plan.rs), tests
 //!   bin/                            ch07-buffer, ch08-low-latency (self-checking, typed layer);
 //!                                   internode-notify (issue 32 step 3's GPU test, raw layer)
 //! kernels/cuda/buffer/            moe.cuh (ring protocol NOTES), layout.cu, notify.cu,

@@ -14,7 +14,7 @@ use crate::buffer::{Blocks, NvshmemBuffer, arg};
 use crate::checks;
 use crate::config::Config;
 use crate::error::BufferError;
-use crate::regions::{MAX_EXPERTS, row_ints};
+use crate::regions::row_ints;
 use crate::spec::BufferSpec;
 use crate::view::{ElemType, View};
 
@@ -83,14 +83,7 @@ pub fn plan_notify(
     let n = spec.n_pes;
     config.check_for_launch(n)?;
     let c = config.num_channels();
-    let num_experts = inputs.num_tokens_per_expert.rows();
-    checks::num_experts(
-        WHAT,
-        "num_tokens_per_expert's length",
-        num_experts,
-        n,
-        MAX_EXPERTS,
-    )?;
+    let num_experts = checks::experts_counted(WHAT, &inputs.num_tokens_per_expert, n)?;
     let (r, ch) = (Some(n), Some(c));
     inputs
         .num_tokens_per_rank

@@ -11,7 +11,7 @@
 //!                                               num_channels x n_pes x ring_tokens x slot bytes
 //! rdma     num_rdma_bytes                       the low-latency slots (chapter 8)
 //! notify   NotifyArea::bytes (normal mode across nodes only, else nothing): the internode
-//!          notify's signals, node tickets, rail rows and their staging (src/internode_notify.rs)
+//!          notify's signals, node tickets, rail rows and their staging (src/internode_notify/)
 //! ```
 //!
 //! A dispatch slot is a token row then its metadata; a combine slot a result row then its
