@@ -59,7 +59,7 @@ DEVICE_GUARDS: List[Dict[str, object]] = [
         "message": "Pass num_worst_tokens >= {needed}",
         "tests": [("src/bin/ch07-buffer/guards.rs", "check_worst_tokens_too_small"),
                   ("src/bin/ch07-buffer/guards.rs", "check_combine_past_the_rows"),
-                  ("src/buffer.rs", "a_dispatch_past_num_worst_tokens_names_it_and_the_rows_needed")],
+                  ("src/error.rs", "a_dispatch_past_num_worst_tokens_names_it_and_the_rows_needed")],
     },
     {
         "variant": "CountsMismatch",
@@ -70,7 +70,7 @@ DEVICE_GUARDS: List[Dict[str, object]] = [
                 "next `check()`",
         "message": "num_tokens_per_rank[{rank}] = {given}, but is_token_in_rank sends {counted} tokens",
         "tests": [("src/bin/ch07-buffer/guards.rs", "check_counts_disagree"),
-                  ("src/buffer.rs", "counts_that_disagree_with_the_routing_name_the_rank_and_both_numbers")],
+                  ("src/error.rs", "counts_that_disagree_with_the_routing_name_the_rank_and_both_numbers")],
     },
     {
         "variant": "BadExpert",
