@@ -159,6 +159,76 @@ __device__ __forceinline__ void all_reduce_two_shot(const Workspace& ws, const u
 }
 // ANCHOR_END: two_shot
 
+// ANCHOR: rs_ag
+// The all-reduce as two launches, reduce-scatter then all-gather (the size table's rs_ag,
+// large messages): the first is the two-shot with this PE's output as its only destination,
+// the second stores that chunk of the output into every peer's. The chunks are the
+// two-shot's (part_bounds: 16-byte rounded, so every chunk starts aligned for any count and
+// the last ones may be short or empty). Each launch is a call of its own (an epoch, an
+// announcement). In place (out == input) is allowed: chunk j of every input is read only by
+// PE j, in the first launch, and written only by PE j, in either launch, after it was read.
+//
+// NOTES: the first launch raises no tickets. What they would promise every peer, "I have
+// finished reading your input", the second launch's tickets promise already: a peer's
+// second launch starts only after its whole first launch (stream order), and this PE returns
+// only after every peer's block of its index raised its ticket. Its stores need no ticket
+// either: they go to this PE's own output, which the second launch then reads. So the two
+// phases meet at one wait (the second launch's block_wait_ready), where the fused kernel's
+// loop needs none and the two standalone collectives have two.
+// input: symmetric [count] T; out: symmetric [count] T.
+template <typename T>
+__device__ __forceinline__ void all_reduce_rs(const Workspace& ws, const uint8_t* input, uint8_t* out, uint64_t count) {
+    const uint64_t epoch = begin_call(ws);
+    const int me = ws.my_pe, n = ws.n_pes;
+    if (block_wait_ready(ws, epoch)) {  // every peer's input holds this call's data
+        const uint8_t* srcs[MAX_PES];
+        uint8_t* dsts[MAX_PES] = {out};
+#pragma unroll
+        for (int p = 0; p < MAX_PES; ++p) {
+            if (p < n) srcs[p] = p == me ? input : peer(ws, input, p);
+        }
+        uint64_t chunk_begin, chunk_end;
+        part_bounds(count * sizeof(T), n, me, &chunk_begin, &chunk_end);
+        for_each_piece(chunk_end - chunk_begin, [&](uint64_t begin, uint64_t end) {
+            reduce_chunk<T>(srcs, n, dsts, 1, (chunk_begin + begin) / sizeof(T), (chunk_begin + end) / sizeof(T));
+        });
+    }
+    end_call(ws, epoch);
+}
+
+// The second launch: chunk me of this PE's output into the same place of every peer's, as
+// the direct all-gather stores (copy_to_many), without the local copy (the chunk is already
+// in place). Nobody else reads or writes chunk me of a peer's buffers in this call (in
+// place, only this PE read it, in its first launch), and the first launch already waited for
+// every peer to enter, so the wait below is not needed for correctness: it keeps the two
+// phases apart as the standalone reduce-scatter and all-gather are, whose times predict
+// these (benchmarks/notes/collectives.md, 2026-11-27).
+// out: symmetric [count] T.
+template <typename T>
+__device__ __forceinline__ void all_reduce_ag(const Workspace& ws, uint8_t* out, uint64_t count) {
+    const uint64_t epoch = begin_call(ws);
+    const int me = ws.my_pe, n = ws.n_pes;
+    if (block_wait_ready(ws, epoch)) {
+        uint64_t chunk_begin, chunk_end;
+        part_bounds(count * sizeof(T), n, me, &chunk_begin, &chunk_end);
+        uint8_t* dsts[MAX_PES];
+#pragma unroll
+        for (int i = 0; i < MAX_PES; ++i) {
+            if (i < n - 1) dsts[i] = peer(ws, out, (me + 1 + i) % n) + chunk_begin;  // PE me + 1 first
+        }
+        if (n > 1) {
+            for_each_piece(chunk_end - chunk_begin, [&](uint64_t begin, uint64_t end) {
+                copy_to_many(dsts, n - 1, out + chunk_begin, begin, end, threadIdx.x, blockDim.x);
+            });
+        }
+        // "Your chunk me is written, and I am done with your input" (see all_reduce_rs).
+        block_signal_done_all(ws, ticket(epoch, 1));
+        block_wait_done_all(ws, ticket(epoch, 1), epoch);
+    }
+    end_call(ws, epoch);
+}
+// ANCHOR_END: rs_ag
+
 // Pull reduce-scatter: PE me sums chunk me of every PE's input into its out.
 // input: symmetric [n_pes * count] T; out: local [count] T.
 template <typename T>
@@ -193,6 +263,13 @@ extern "C" __global__ void __launch_bounds__(COLL_THREADS) coll_all_reduce_one_s
 extern "C" __global__ void __launch_bounds__(COLL_THREADS) coll_all_reduce_two_shot_bf16(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out, uint64_t count) {
     all_reduce_two_shot<__nv_bfloat16>(ws, input, out, count);
 }
+extern "C" __global__ void __launch_bounds__(COLL_THREADS) coll_all_reduce_rs_bf16(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out, uint64_t count) {
+    all_reduce_rs<__nv_bfloat16>(ws, input, out, count);
+}
+// Launched right after coll_all_reduce_rs_bf16, with the same arguments (input unused).
+extern "C" __global__ void __launch_bounds__(COLL_THREADS) coll_all_reduce_ag_bf16(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out, uint64_t count) {
+    all_reduce_ag<__nv_bfloat16>(ws, out, count);
+}
 extern "C" __global__ void __launch_bounds__(COLL_THREADS) coll_reduce_scatter_ll_bf16(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out, uint64_t count) {
     const uint64_t epoch = begin_call(ws);
     reduce_ll<__nv_bfloat16>(ws, epoch, input, count * sizeof(__nv_bfloat16), out, count);
@@ -209,6 +286,13 @@ extern "C" __global__ void __launch_bounds__(COLL_THREADS) coll_all_reduce_one_s
 }
 extern "C" __global__ void __launch_bounds__(COLL_THREADS) coll_all_reduce_two_shot_f32(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out, uint64_t count) {
     all_reduce_two_shot<float>(ws, input, out, count);
+}
+extern "C" __global__ void __launch_bounds__(COLL_THREADS) coll_all_reduce_rs_f32(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out, uint64_t count) {
+    all_reduce_rs<float>(ws, input, out, count);
+}
+// Launched right after coll_all_reduce_rs_f32, with the same arguments (input unused).
+extern "C" __global__ void __launch_bounds__(COLL_THREADS) coll_all_reduce_ag_f32(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out, uint64_t count) {
+    all_reduce_ag<float>(ws, out, count);
 }
 extern "C" __global__ void __launch_bounds__(COLL_THREADS) coll_reduce_scatter_ll_f32(const __grid_constant__ Workspace ws, const uint8_t* input, uint8_t* out, uint64_t count) {
     const uint64_t epoch = begin_call(ws);

@@ -7,7 +7,8 @@ PE must make the same calls in the same order with the same sizes. All of them c
 captured in a CUDA graph (``torch.cuda.graph``): the call numbers live on the GPU.
 
 ``algorithm=None`` lets the size table of chapter 4 choose; a name (``"one_shot"``,
-``"two_shot"``, ``"direct"``, ``"ring"``, ``"scatter_gather"``, ``"pull"``) forces one.
+``"two_shot"``, ``"direct"``, ``"ring"``, ``"scatter_gather"``, ``"pull"``, ``"rs_ag"``)
+forces one.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ def all_reduce(output: Tensor, input: Tensor, *, algorithm: Optional[str] = None
         output, input: symmetric tensors (``nvshmem_tutorial.empty``), contiguous, same
             dtype (torch.bfloat16 or torch.float32) and number of elements; ``output`` may be
             ``input`` (in place).
-        algorithm: ``"one_shot"`` (latency), ``"two_shot"`` (bandwidth), or None (by size).
+        algorithm: ``"one_shot"`` (latency), ``"two_shot"`` (bandwidth), ``"rs_ag"``
+            (reduce-scatter then all-gather, two launches: the largest), or None (by size).
         stream: as for ``put``.
 
     Raises before enqueueing anything: ``InvalidArgumentError`` (dtype, sizes, an algorithm

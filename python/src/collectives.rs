@@ -27,7 +27,7 @@ fn parse_algorithm(name: Option<&str>) -> Result<Option<Algorithm>, Error> {
         Algorithm::from_name(name).ok_or_else(|| {
             Error::Invalid(format!(
                 "unknown algorithm {name:?}: use one of one_shot, two_shot, direct, ring, \
-                 scatter_gather, pull (which apply depends on the collective), or None"
+                 scatter_gather, pull, rs_ag (which apply depends on the collective), or None"
             ))
         })
     })

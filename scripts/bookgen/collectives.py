@@ -38,7 +38,8 @@ def size_table() -> List[Tuple[str, int, str]]:
              "ReduceScatter": "reduce_scatter", "AllReduce": "all_reduce", "AllToAll": "all_to_all",
              "AllToAllV": "all_to_all_v"}
     algos = {"OneShot": "one_shot", "TwoShot": "two_shot", "Direct": "direct", "Ring": "ring",
-             "ScatterGather": "scatter_gather", "Pull": "pull", "Signal": "signal"}
+             "ScatterGather": "scatter_gather", "Pull": "pull", "Signal": "signal",
+             "RsAg": "rs_ag"}
     for m in re.finditer(r"\(Collective::(\w+),\s*([^,]+),\s*Algorithm::(\w+)\)", body):
         limit = m.group(2).strip()
         if limit == "usize::MAX":

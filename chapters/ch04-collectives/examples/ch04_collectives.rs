@@ -6,7 +6,8 @@
 //!
 //! Runs every collective with every algorithm at sizes from 0 to 8 MB (odd sizes, sizes no PE
 //! count divides), twice with fresh data into a poisoned output, against the host references
-//! of `ch04_collectives::reference`; then 1000 calls in a row with no reset, a CUDA graph
+//! of `ch04_collectives::reference`; then the all-reduce just past the size table's last
+//! threshold (the table's choice there), 1000 calls in a row with no reset, a CUDA graph
 //! replayed with new inputs, the barrier's ordering, and the mistakes, made on purpose.
 
 use std::process::ExitCode;
@@ -16,7 +17,7 @@ use ch01_bootstrap::checks::{CaseSummary, POISON_BYTE, Tally};
 use ch02_symmetric_memory::SymmetricBuffer;
 use ch04_collectives::reference::{self, HostElement, pattern_byte, pattern_value};
 use ch04_collectives::{
-    Algorithm, CollError, Collective, CollectivesConfig, Communicator, Reducible,
+    Algorithm, CollError, Collective, CollectivesConfig, Communicator, DType, Reducible, SIZE_TABLE,
 };
 use cudarc::driver::{DeviceRepr, ValidAsZeroBits};
 
@@ -66,6 +67,7 @@ fn run() -> Result<bool, AnyError> {
         }
     }
     check_all_to_all_v(&comm, &mut check, world.job_seed() as u32)?;
+    check_largest_all_reduce(&comm, &mut check, world.job_seed() as u32)?;
     check_many_calls(&comm, &mut check, &f32s)?;
     check_graph_replay(&comm, &mut check, &f32s)?;
     check_sync_all(&comm, &mut check, &bytes)?;
@@ -250,6 +252,58 @@ fn check_all_to_all_v(
 }
 // ANCHOR_END: all_to_all_v
 
+/// The all-reduce past the size table's last threshold, by the table's choice (rs_ag there):
+/// a count no PE count or vector divides, out of place and in place, f32. The sizes above
+/// stop at 4 MB of all-reduce, where every block moves one piece of its chunk; here each
+/// moves several.
+fn check_largest_all_reduce(
+    comm: &Communicator<&World>,
+    check: &mut Checker,
+    seed: u32,
+) -> Result<(), AnyError> {
+    let (me, n) = (comm.world().my_pe(), comm.world().n_pes());
+    let threshold = SIZE_TABLE
+        .iter()
+        .filter(|r| r.0 == Collective::AllReduce && r.1 < usize::MAX)
+        .map(|r| r.1)
+        .max()
+        .unwrap_or(0);
+    let count = threshold / 4 + 1001;
+    let algorithm = comm
+        .plan(Collective::AllReduce, None, 4 * count, Some(DType::F32))?
+        .algorithm;
+    check.tally.check(me, algorithm == Algorithm::RsAg, || {
+        format!(
+            "all_reduce of {} B: the table chose {}",
+            4 * count,
+            algorithm.name()
+        )
+    });
+    let input = Buffer::<f32>::new(comm.world(), count)?;
+    let out = Buffer::<f32>::new(comm.world(), count)?;
+    let inputs: Vec<Vec<f32>> = (0..n)
+        .map(|p| (0..count).map(|i| pattern_value(p, i, seed)).collect())
+        .collect();
+    let expected = reference::all_reduce(&inputs, count);
+    for in_place in [false, true] {
+        let out = if in_place { &input } else { &out };
+        check.case(
+            comm,
+            Collective::AllReduce,
+            algorithm,
+            if in_place {
+                "largest, in place"
+            } else {
+                "largest"
+            },
+            (&input, &inputs[me]),
+            (out, &expected),
+            || comm.all_reduce(out, &input, count, None),
+        )?;
+    }
+    Ok(())
+}
+
 /// 1000 calls in a row, cycling through algorithms, no host synchronisation and no reset in
 /// between: the call numbering and the double-buffered scratch must hold up.
 fn check_many_calls(
@@ -272,10 +326,11 @@ fn check_many_calls(
         (out, &expected),
         || {
             for call in 0..1000 {
-                match call % 4 {
+                match call % 5 {
                     0 => comm.all_reduce(out, input, count, Some(Algorithm::OneShot))?,
                     1 => comm.all_reduce(out, input, count, Some(Algorithm::TwoShot))?,
-                    2 => comm.sync_all()?,
+                    2 => comm.all_reduce(out, input, count, Some(Algorithm::RsAg))?,
+                    3 => comm.sync_all()?,
                     _ => comm.all_gather(out, input, count / n, None)?,
                 }
             }

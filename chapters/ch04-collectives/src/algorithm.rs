@@ -37,7 +37,7 @@ impl Collective {
             Self::Broadcast => &[OneShot, ScatterGather],
             Self::AllGather => &[OneShot, Direct, Ring],
             Self::ReduceScatter => &[OneShot, Pull],
-            Self::AllReduce => &[OneShot, TwoShot],
+            Self::AllReduce => &[OneShot, TwoShot, RsAg],
             Self::AllToAll => &[OneShot, Direct],
             Self::AllToAllV => &[Direct],
         }
@@ -75,6 +75,9 @@ pub enum Algorithm {
     ScatterGather,
     /// Each PE reads its chunk from every peer's symmetric input and sums it.
     Pull,
+    /// All-reduce as two launches: the two-shot's reduce-scatter into this PE's chunk of the
+    /// output, then the direct all-gather of the chunks. Largest all-reduce.
+    RsAg,
 }
 
 impl Algorithm {
@@ -87,6 +90,7 @@ impl Algorithm {
             Self::Ring => "ring",
             Self::ScatterGather => "scatter_gather",
             Self::Pull => "pull",
+            Self::RsAg => "rs_ag",
         }
     }
 
@@ -99,6 +103,7 @@ impl Algorithm {
             Self::Ring,
             Self::ScatterGather,
             Self::Pull,
+            Self::RsAg,
         ]
         .into_iter()
         .find(|a| a.name() == name)
@@ -119,7 +124,10 @@ pub const SIZE_TABLE: &[(Collective, usize, Algorithm)] = &[
     (Collective::ReduceScatter, 1 << 20, Algorithm::OneShot),
     (Collective::ReduceScatter, usize::MAX, Algorithm::Pull),
     (Collective::AllReduce, 256 << 10, Algorithm::OneShot),
-    (Collective::AllReduce, usize::MAX, Algorithm::TwoShot),
+    // Above 32 MiB, two launches (reduce-scatter, then all-gather into every peer): measured
+    // against the two-shot on 4x H100 (benchmarks/notes/collectives.md, "rs_ag").
+    (Collective::AllReduce, 32 << 20, Algorithm::TwoShot),
+    (Collective::AllReduce, usize::MAX, Algorithm::RsAg),
     (Collective::AllToAll, 1 << 20, Algorithm::OneShot),
     (Collective::AllToAll, usize::MAX, Algorithm::Direct),
     (Collective::AllToAllV, usize::MAX, Algorithm::Direct),
@@ -153,6 +161,9 @@ pub struct Plan {
     pub collective: Collective,
     pub algorithm: Algorithm,
     pub kernel: &'static str,
+    /// A second kernel, launched right after `kernel` with the same grid and arguments, as
+    /// a call of its own (rs_ag's all-gather).
+    pub then: Option<&'static str>,
     pub num_blocks: u32,
     pub threads_per_block: u32,
 }
@@ -243,6 +254,11 @@ pub fn plan(
         collective,
         algorithm,
         kernel: kernel_name(collective, algorithm, dtype),
+        then: match (algorithm, dtype) {
+            (Algorithm::RsAg, Some(DType::F32)) => Some("coll_all_reduce_ag_f32"),
+            (Algorithm::RsAg, _) => Some("coll_all_reduce_ag_bf16"),
+            _ => None,
+        },
         num_blocks,
         threads_per_block,
     })
@@ -269,6 +285,8 @@ fn kernel_name(collective: Collective, algorithm: Algorithm, dtype: Option<DType
         (C::ReduceScatter, _) => "coll_reduce_scatter_pull_bf16",
         (C::AllReduce, A::OneShot) if f32 => "coll_all_reduce_one_shot_f32",
         (C::AllReduce, A::OneShot) => "coll_all_reduce_one_shot_bf16",
+        (C::AllReduce, A::RsAg) if f32 => "coll_all_reduce_rs_f32",
+        (C::AllReduce, A::RsAg) => "coll_all_reduce_rs_bf16",
         (C::AllReduce, _) if f32 => "coll_all_reduce_two_shot_f32",
         (C::AllReduce, _) => "coll_all_reduce_two_shot_bf16",
     }
@@ -311,8 +329,12 @@ mod tests {
             Algorithm::TwoShot
         );
         assert_eq!(
-            choose(Collective::AllReduce, 64 << 20, 2, 512 << 10),
+            choose(Collective::AllReduce, 32 << 20, 2, 512 << 10),
             Algorithm::TwoShot
+        );
+        assert_eq!(
+            choose(Collective::AllReduce, (32 << 20) + 4, 2, 512 << 10),
+            Algorithm::RsAg
         );
         let err = plan(
             Collective::AllReduce,
@@ -344,7 +366,7 @@ mod tests {
         )
         .unwrap_err()
         .to_string();
-        assert!(err.contains("one_shot, two_shot"), "{err}");
+        assert!(err.contains("one_shot, two_shot, rs_ag"), "{err}");
     }
 
     #[test]
@@ -381,5 +403,51 @@ mod tests {
             .kernel,
             "coll_all_reduce_two_shot_f32"
         );
+    }
+
+    #[test]
+    fn rs_ag_is_two_launches_of_one_grid_and_the_rest_are_one() {
+        for (dtype, rs, ag) in [
+            (
+                DType::F32,
+                "coll_all_reduce_rs_f32",
+                "coll_all_reduce_ag_f32",
+            ),
+            (
+                DType::Bf16,
+                "coll_all_reduce_rs_bf16",
+                "coll_all_reduce_ag_bf16",
+            ),
+        ] {
+            let p = plan(
+                Collective::AllReduce,
+                Algorithm::RsAg,
+                256 << 20,
+                4,
+                Some(dtype),
+                0,
+                132,
+            )
+            .unwrap();
+            assert_eq!((p.kernel, p.then), (rs, Some(ag)));
+            let two_shot = plan(
+                Collective::AllReduce,
+                Algorithm::TwoShot,
+                256 << 20,
+                4,
+                Some(dtype),
+                0,
+                132,
+            )
+            .unwrap();
+            assert_eq!(p.num_blocks, two_shot.num_blocks);
+        }
+        for &(c, _, a) in SIZE_TABLE {
+            if a != Algorithm::RsAg {
+                let p = plan(c, a, 1 << 20, 4, Some(DType::F32), 1 << 40, 132).unwrap();
+                assert_eq!(p.then, None, "{p:?}");
+            }
+        }
+        assert_eq!(Algorithm::from_name("rs_ag"), Some(Algorithm::RsAg));
     }
 }

@@ -1,4 +1,4 @@
-//! `Communicator`: the collectives, each a checked call that launches one kernel.
+//! `Communicator`: the collectives, each a checked call that launches one kernel (rs_ag, two).
 //!
 //! Two layers. The raw methods (`*_raw`) take device addresses and a stream, for callers that
 //! hold pointers (the Python package); they check everything that can be checked about an
@@ -16,7 +16,7 @@ use cudarc::driver::{DeviceRepr, sys};
 use crate::algorithm::{Algorithm, Collective, DType, Plan, choose, plan};
 use crate::config::CollectivesConfig;
 use crate::error::CollError;
-use crate::launch::Kernels;
+use crate::launch::{Kernels, LaunchSpec};
 use crate::workspace::{Memory, Workspace, symmetric_bytes};
 
 /// Element types the reductions take (summed in fp32).
@@ -186,7 +186,8 @@ impl<W: Deref<Target = World>> Communicator<W> {
         Ok((!sized || call.size_bytes > 0).then_some(plan))
     }
 
-    /// Checks `call`, then launches its kernel with `args` (the Workspace first).
+    /// Checks `call`, then launches its kernel with `args` (the Workspace first), and the
+    /// plan's second kernel, if any, with the same arguments.
     fn run(
         &self,
         call: Call<'_>,
@@ -201,7 +202,16 @@ impl<W: Deref<Target = World>> Communicator<W> {
             .bind_to_thread()
             .map_err(CollError::cuda("binding the context"))?;
         // SAFETY: every caller passes the arguments of `plan.kernel` in its order.
-        unsafe { self.kernels.launch(&(&plan).into(), stream, args) }
+        unsafe { self.kernels.launch(&(&plan).into(), stream, args) }?;
+        if let Some(kernel) = plan.then {
+            let spec = LaunchSpec {
+                kernel,
+                ..(&plan).into()
+            };
+            // SAFETY: a plan's second kernel takes the first one's arguments.
+            unsafe { self.kernels.launch(&spec, stream, args) }?;
+        }
+        Ok(())
     }
 
     // ANCHOR: sync_all_raw
