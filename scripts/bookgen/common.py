@@ -118,8 +118,10 @@ MANIFEST: Dict[str, Dict[str, str]] = {
     },
     # The MoE layer: scripts/moe_layer.py --bench (DEVICE_BENCH=moe).
     "moe_n2": {
-        "csv": "benchmarks/results/moe_layer_h200_2gpu.csv",
+        "csv": "benchmarks/results/moe_layer_h100_2gpu.csv",
         "timeline": "benchmarks/results/timeline_moe_layer_h200_2gpu_overlapped.svg",
+        # The run the timeline comes from (2x H200), for its caption.
+        "timeline_csv": "benchmarks/results/moe_layer_h200_2gpu.csv",
     },
     "moe_n4": {
         "csv": "benchmarks/results/moe_layer_h100_4gpu.csv",
@@ -238,11 +240,15 @@ class Result:
 
     @property
     def date(self) -> str:
+        # Rows measured again later say so in a line "rows measured <date>: <which rows>"; the
+        # caption then gives both dates.
+        later = [f"{m.group(2).strip()}: {m.group(1)}" for line in self.comments
+                 for m in [re.match(r"rows measured (\S+ \S+ UTC): ([^;(]+)", line)] if m]
         for line in self.comments:
             if line.startswith("date:"):
                 found = DATE_RE.search(line)
                 if found:
-                    return found.group(0)
+                    return found.group(0) + (f" ({'; '.join(later)})" if later else "")
         for line in self.comments:  # a first line that says "script, <date>, ..."
             found = DATE_RE.search(line)
             if found:

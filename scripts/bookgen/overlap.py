@@ -300,7 +300,9 @@ def _python(book: Book, s: Snippets, py: Dict[int, Result], rust: Dict[int, Benc
 
 # ---- the MoE layer: scripts/moe_layer.py --bench -------------------------------------------------
 
-LEAN = re.compile(r"(.+), exchanges on (\d+) SMs$")
+IN_TURN = ", in turn"
+# "4 layers x two micro-batches ..., pipelined, in turn[, hidden exchanges on 8 SMs, GEMMs leave 8]"
+PIPELINE = re.compile(r"(\d+) layers x .*, pipelined, in turn(?:, hidden exchanges on \d+ SMs, GEMMs leave (\d+))?$")
 
 
 class MoeRun:
@@ -342,10 +344,15 @@ def gen_moe(book: Book) -> None:
           + f"\n\n*DeepSeek-V3 shapes (hidden 7168, 256 experts, top-8, expert FFN 2048), experts as grouped "
           f"GEMMs. {_sources(results)}.*")
 
+    # With rows timed in turn (moe_layer.py --overlap-rounds), the table shows those: each
+    # schedule once per round, the order rotating, medians; a clock that drops under sustained
+    # GEMMs cannot then favour whichever schedule ran first.
+    shown = {n: [c for c in run.cases() if IN_TURN in c or c.startswith("low-latency")] or run.cases()
+             for n, run in runs.items()}
     rows = []
-    for case in sorted({c for run in runs.values() for c in run.cases()}):
+    for case in sorted({c for cs in shown.values() for c in cs}, key=lambda c: (PIPELINE.match(c) is not None, c)):
         for n, run in runs.items():
-            if case not in run.cases():
+            if case not in shown[n]:
                 continue
             o = run.overlap(case)
             eff = "-" if o["eff"] != o["eff"] else f"{100 * o['eff']:.0f}%"
@@ -355,45 +362,53 @@ def gen_moe(book: Book) -> None:
                                   "serial / overlapped", "bound", "efficiency"], ["l"] + ["r"] * 7, rows)
           + "\n\n*Bound: (communication + experts) / max(both), communication = serial - experts alone; "
           "efficiency: (serial - overlapped) / min(both); \"-\" where the communication is within 1% of the "
-          "serial time. A case with the exchanges on fewer SMs is timed overlapped only: its serial and "
-          f"experts-alone times are those of the case without it. {_sources(results)}.*")
+          "serial time. \"In turn\": every schedule timed once per round, five rounds, the order rotating, "
+          "medians. A row with fewer SMs for the exchanges (the GEMMs leaving SMs free through "
+          "`torch._C._set_sm_carveout_experimental`) shares its serial and experts-alone times with the row "
+          f"without it. {_sources(results)}.*")
 
     shares = {n: run.get("bf16 layer", "comm_ms") / run.get("bf16 layer", "layer_ms") for n, run in runs.items()}
     forward = "two micro-batches of 2048 tokens, forward"
-    effs = {n: run.overlap(forward)["eff"] for n, run in runs.items()}
+    one = {n: forward + IN_TURN if forward + IN_TURN in run.cases() else forward for n, run in runs.items()}
+    effs = {n: run.overlap(one[n])["eff"] for n, run in runs.items()}
     for n in NS:
         s.add(f"comm_share_n{n}", _pct(shares[n]))
-        s.add(f"mb_hidden_n{n}", _pct(effs[n]))
+        s.add(f"mb_hidden_n{n}", "none of it" if effs[n] <= 0.02 else f"{_pct(effs[n])} of what could hide")
         claim(shares[n] < 0.1, page, f"on NVLink at N = {n}, the exchanges are under a tenth of the layer")
     claim(shares[4] > shares[2], page, "the exchanges' share of the layer grows from N = 2 to N = 4")
-    claim(effs[2] <= 0, page, "at N = 2, two micro-batches hide none of the exchanges")
-    claim(0 < effs[4] < 0.3, page, "at N = 4, two micro-batches hide a little of the exchanges")
+    claim(all(e < 0.3 for e in effs.values()), page, "inside one layer, two micro-batches hide little of the exchanges")
 
-    # The exchanges on fewer SMs (moe_layer.py's LEAN_CONFIG), where a run timed them: the page's
-    # paragraph is written here, so that a run without the row leaves no sentence behind.
-    lean = [(n, c) for n, run in runs.items() for c in run.cases() if LEAN.fullmatch(c)]
+    # Two micro-batches pipelined through a stack of layers (the rows "<L> layers x ..."): the
+    # page's paragraph is written here, so that a run without those rows leaves no sentence behind.
     text = ""
-    if lean:
-        n, case = lean[-1]  # the largest N that has the row
-        base, lean_sms = LEAN.fullmatch(case).group(1), LEAN.fullmatch(case).group(2)
-        o, full = runs[n].overlap(case), runs[n].overlap(base)
-        if (o["serial"], o["compute"]) != (full["serial"], full["compute"]):
-            raise GenError(f"{runs[n].r.path}: the case {case!r} has serial or experts-alone times of its own; "
-                           "the overlap table's caption says it shares them with the case without it")
-        claim(o["over"] > 0.99 * full["over"], page,
-              f"at N = {n}, fewer SMs for the exchanges give the overlapped forward nothing back")
-        text = (f"Fewer SMs for the exchanges do not buy the overlap back. With {lean_sms} SMs for dispatch "
-                f"and combine instead of 24 (`LEAN_CONFIG` in `scripts/moe_model.py`, the table's \"exchanges on "
-                f"{lean_sms} SMs\" row), the overlapped forward at N = {n} takes {o['over']:.2f} ms, against "
-                f"{full['over']:.2f} ms on 24 SMs and {full['serial']:.2f} ms serial: an exchange on fewer SMs "
-                "takes longer, and that includes the two that nothing hides, the first micro-batch's dispatch "
-                "and the last one's combine.")
-    s.add("lean", text)
+    pipe = {n: {int(m.group(2) or 0): run.overlap(c) for c in run.cases() for m in [PIPELINE.match(c)] if m}
+            for n, run in runs.items()}
+    if all(pipe.values()):
+        layers = int(next(PIPELINE.match(c).group(1) for c in runs[4].cases() if PIPELINE.match(c)))
+        best = {n: max(p, key=lambda k: p[k]["eff"]) for n, p in pipe.items()}
+        claim(all(b > 0 for b in best.values()), page,
+              "pipelined through layers, the exchanges hide best when the GEMMs leave them SMs")
+        claim(all(pipe[n][best[n]]["eff"] > effs[n] + 0.1 for n in NS), page,
+              "pipelined through layers, two micro-batches hide more than inside one layer")
+        b4, o4 = best[4], pipe[4][best[4]]
+        others = " and ".join((_pct(pipe[4][k]["eff"]) if pipe[4][k]["eff"] > 0 else "nothing")
+                              + f" with {k if k else 'no'} SMs left free" for k in sorted(pipe[4]) if k != b4)
+        text = (f"Two things change that (the table's pipelined rows). Layers: inside one layer the first "
+                f"micro-batch's dispatch and the last one's combine have nothing to run beside, while through a "
+                f"stack of {layers} layers only 2 of the {4 * layers} exchanges sit at the ends. And SMs of "
+                f"their own: the grouped GEMMs leave {b4} SMs free, and the exchanges that run beside them use "
+                f"those {b4}. Together, the forward of {layers} layers hides {_pct(o4['eff'])} of what could hide "
+                f"at N = 4 ({o4['over']:.2f} ms against {o4['serial']:.2f} serial and {o4['compute']:.2f} for the "
+                f"experts alone) and {_pct(pipe[2][best[2]]['eff'])} at N = 2. At N = 4 the other settings hide "
+                f"{others}: on fewer SMs each exchange takes longer than the experts beside it, and with none "
+                "left free the exchanges and the GEMMs share the SMs again.")
+    s.add("pipeline", text)
     s.add("timeline", book.figure(
         MANIFEST["moe_n2"]["timeline"],
         "Timeline of the MoE layer's forward on two micro-batches, overlapped, rank 0",
         f"`{MANIFEST['moe_n2']['timeline']}`: torch.profiler on rank 0, `scripts/moe_layer.py --timeline` "
-        f"drawn by `benchmarks/plot_timeline.py`; {runs[2].r.device}, {runs[2].r.date}."))
+        f"drawn by `benchmarks/plot_timeline.py`; {book.result('moe_n2', 'timeline_csv').device}, "
+        f"{book.result('moe_n2', 'timeline_csv').date}."))
     for n, run in runs.items():
         s.add(f"run_n{n}", run.r.provenance())
     book.write(s)
