@@ -37,8 +37,9 @@ else
 fi
 for r in $(seq "$rounds"); do
   for side in a b; do
-    (cd /tmp && PYTHONPATH="$shim:$site/$side" timeout "$limit" python3 "$OLDPWD/${bench[0]}" "${bench[@]:1}" \
-      "$out/${mode}_${side}_$r.csv") >"$out/${mode}_${side}_$r.log" 2>&1 ||
+    # The CSV path first: buffer_bench.py's list options (--num-sms ...) would take it as theirs.
+    (cd /tmp && PYTHONPATH="$shim:$site/$side" timeout "$limit" python3 "$OLDPWD/${bench[0]}" \
+      "$out/${mode}_${side}_$r.csv" "${bench[@]:1}") >"$out/${mode}_${side}_$r.log" 2>&1 ||
       echo "ab_wheels: $side round $r failed (log $out/${mode}_${side}_$r.log)"
   done
 done

@@ -16,6 +16,9 @@
 #                    machine, correctness only. Chapter 1 is skipped there (it checks that
 #                    NVSHMEM's place of each PE is torchrun's); Python runs at 2 and 4 PEs,
 #                    over gloo (NCCL takes one rank per GPU) and without MPS.
+#   GPU_TEST_GPUS    use this many GPUs (default: every GPU nvidia-smi lists), with
+#                    CUDA_VISIBLE_DEVICES naming them: two suites side by side on one machine,
+#                    e.g. CUDA_VISIBLE_DEVICES=2,3 GPU_TEST_GPUS=2 beside a benchmark on 0 and 1
 #   GPU_TEST_MPS     1 (default): folded runs run under CUDA MPS, so that the PEs of a GPU
 #                    run at once (each on its share of the SMs, see scripts/fold_pes.sh), as
 #                    NVSHMEM's teams and collectives need; this script starts the MPS daemon
@@ -114,6 +117,14 @@ if command -v nvidia-smi >/dev/null; then
   num_gpus=$({ nvidia-smi -L 2>/dev/null || true; } | grep -c '^GPU ' || true)
 fi
 ((num_gpus >= 1)) || die "no NVIDIA GPU visible (nvidia-smi -L lists none); these tests need GPUs"
+if [[ -n "${GPU_TEST_GPUS:-}" ]]; then
+  if ! [[ "$GPU_TEST_GPUS" =~ ^[1-9][0-9]*$ ]] || ((GPU_TEST_GPUS > num_gpus)); then
+    die "GPU_TEST_GPUS: '$GPU_TEST_GPUS' is not a GPU count from 1 to $num_gpus"
+  fi
+  [[ -n "${CUDA_VISIBLE_DEVICES:-}" ]] ||
+    die "GPU_TEST_GPUS=$GPU_TEST_GPUS needs CUDA_VISIBLE_DEVICES naming those GPUs (e.g. 2,3)"
+  num_gpus=$GPU_TEST_GPUS
+fi
 
 pes_per_gpu=${GPU_TEST_PES_PER_GPU:-1}
 [[ "$pes_per_gpu" =~ ^[1-9][0-9]*$ ]] || die "GPU_TEST_PES_PER_GPU: '$pes_per_gpu' is not a positive integer"

@@ -81,20 +81,12 @@ MANIFEST: Dict[str, Dict[str, str]] = {
         "ours_test": "benchmarks/results/deepep_compat_ll_h100_ep2.log",
         "deepep_test": "benchmarks/results/deepep_test_low_latency_deepep_h100_ep2.log",
         "plot": "benchmarks/results/buffer_ll_h100_ep2.svg",
-        "caveat": "Since this run, combine's receive sums two vectors per thread with all their loads "
-                  "issued first (A/B in one 4x H100 call, 2026-11-27 03:53-03:56 UTC, medians of 2 rounds: combine "
-                  "receive -11.5% at EP2 and -6.6% at EP4, the one-launch combine -2%, graph-replayed pair "
-                  "unchanged; benchmarks/notes/buffer.md).",
     },
     "ll_ep4": {
         "csv": "benchmarks/results/buffer_ll_h100_ep4.csv",
         "ours_test": "benchmarks/results/deepep_compat_ll_h100_ep4.log",
         "deepep_test": "benchmarks/results/deepep_test_low_latency_deepep_h100_ep4.log",
         "plot": "benchmarks/results/buffer_ll_h100_ep4.svg",
-        "caveat": "Since this run, combine's receive sums two vectors per thread with all their loads "
-                  "issued first (A/B in one 4x H100 call, 2026-11-27 03:53-03:56 UTC, medians of 2 rounds: combine "
-                  "receive -11.5% at EP2 and -6.6% at EP4, the one-launch combine -2%, graph-replayed pair "
-                  "unchanged; benchmarks/notes/buffer.md).",
     },
     # Chapter 5: ch05-hier-bench through benchmarks/run_coll.sh 2 (one node of 2, 2 nodes of 1).
     "hier_n2": {
