@@ -78,6 +78,20 @@ class Coll:
                 return t, algorithm
         raise GenError(f"{self.r.path}: no row of ours for {collective} at {size} B")
 
+    def unmeasured_choices(self) -> List[Tuple[str, int, str, str]]:
+        """(collective, size, the table's choice, the algorithm shown instead) wherever this run
+        has no row of the table's choice: a run older than a change of the table. The LL
+        fallback (one_shot past its scratch) is the table's own rule, not listed."""
+        out = []
+        for r in self.r.select(method="ours"):
+            collective, size = r["collective"], int(r["num_bytes"])
+            first = next((a for c, up_to, a in self.table if c == collective and size <= up_to), None)
+            if collective not in COLLECTIVES or first is None or first == "one_shot":
+                continue
+            if self.us(collective, size, "ours", first) is None:
+                out.append((collective, size, first, self.ours(collective, size)[1]))
+        return sorted(set(out))
+
     def peers(self, collective: str, size: int) -> Dict[str, float]:
         out = {}
         for method in ("nccl", "torch_symm", "nvshmem"):

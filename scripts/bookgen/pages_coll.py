@@ -71,6 +71,21 @@ def slower_where(runs: Dict[str, Coll], slower: Sequence[Tuple[int, str, int, fl
     return text
 
 
+def unmeasured_note(c: Coll) -> str:
+    """A caption's sentence for the cells where the run has no row of the size table's choice."""
+    missing = c.unmeasured_choices()
+    if not missing:
+        return ""
+    by_choice: Dict[Tuple[str, str, str], List[int]] = {}
+    for collective, size, first, shown in missing:
+        by_choice.setdefault((collective, first, shown), []).append(size)
+    parts = [f"{COLL_LABEL[col]} at {' and '.join(size_label(z) for z in sorted(zs))}: the size table chooses "
+             f"{first}, which this run did not time; the {shown.replace('_', '-')}'s time is shown"
+             for (col, first, shown), zs in by_choice.items()]
+    text = "; ".join(parts)
+    return f" {text[0].upper()}{text[1:]}."
+
+
 def gen_ch04(book: Book) -> None:
     s = Snippets("ch04")
     table_rows = size_table()
@@ -81,7 +96,7 @@ def gen_ch04(book: Book) -> None:
         s.add(f"{key}_table", coll_table(c) + "\n\n" +
               f"*Time per call in us, CUDA-graph replay; ours: the size table's choice; best peer: the fastest of "
               f"NCCL, torch SymmetricMemory{' and NVSHMEM' if c.has_nvshmem() else ''} at that size. "
-              f"`{r.path}`: {r.device}, {r.date}.*" + book.caveat(key))
+              f"`{r.path}`: {r.device}, {r.date}.{unmeasured_note(c)}*" + book.caveat(key))
         ours128 = [float(x["us"]) for x in r.select(collective="all_to_all_v", algorithm="direct_128tok")]
         ours4096 = [float(x["us"]) for x in r.select(collective="all_to_all_v", algorithm="direct_4096tok")]
         vdev128 = [float(x["us"]) for x in r.select(collective="all_to_all_v", algorithm="vdev_128tok")]
@@ -163,13 +178,18 @@ def gen_ch04(book: Book) -> None:
                          f"against NCCL's {gbs(busbw(c, collective, top, 'nccl'))}")
     s.add("busbw_top", "; ".join(parts))
 
-    mid = [z for z in n2.sizes() if MIB <= z <= 64 * MIB]
+    # Where the size table runs our two-shot, the same algorithm as torch's: from 1 MiB to the
+    # table's last two-shot size.
+    two_shot_up_to = max(up_to for c, up_to, a in table_rows if c == "all_reduce" and a == "two_shot")
+    mid = [z for z in n2.sizes() if MIB <= z <= two_shot_up_to]
+    s.add("two_shot_range", f"from {size_label(mid[0])} to {size_label(mid[-1])}")
     torch2 = []
     for c in (n2, n4):
         for z in mid:
             t = c.us("all_reduce", z, "torch_symm", "two_shot")
-            if t is not None:
-                torch2.append((c.n, c.ours("all_reduce", z)[0] / t))
+            ours = c.us("all_reduce", z, "ours", "two_shot")
+            if t is not None and ours is not None:
+                torch2.append((c.n, ours / t))
     s.add("allreduce_vs_torch", " and ".join(
         f"{xspan([x for n, x in torch2 if n == c.n], 2)} at N = {c.n}" for c in (n2, n4) if any(n == c.n for n, _ in torch2)))
 
