@@ -3,6 +3,7 @@
 
 use kernels::contract::MAX_TOPK;
 
+use crate::config::Config;
 use crate::error::BufferError;
 use crate::regions::{MAX_EXPERTS, ring_bytes};
 use crate::spec::BufferSpec;
@@ -27,6 +28,18 @@ pub(crate) fn one_node(what: &'static str, spec: &BufferSpec) -> Result<(), Buff
         ));
     }
     Ok(())
+}
+
+/// The start of every chapter 7 plan: one node, a config that launches at this rank count.
+/// Returns (ranks, channels).
+pub(crate) fn intranode_call(
+    what: &'static str,
+    spec: &BufferSpec,
+    config: &Config,
+) -> Result<(usize, usize), BufferError> {
+    one_node(what, spec)?;
+    config.check_for_launch(spec.n_pes)?;
+    Ok((spec.n_pes, config.num_channels()))
 }
 
 /// `num_experts` experts spread evenly over `n_pes` ranks, at most `max`.

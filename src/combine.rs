@@ -52,10 +52,7 @@ pub fn plan_combine(
     outputs: &CombineOutputs,
 ) -> Result<CombinePlan, BufferError> {
     const WHAT: &str = "combine";
-    checks::one_node(WHAT, spec)?;
-    let n = spec.n_pes;
-    config.check_for_launch(n)?;
-    let c = config.num_channels();
+    let (n, c) = checks::intranode_call(WHAT, spec, config)?;
     handle.check(WHAT, n, c)?;
     let (num_tokens, rows) = (handle.num_tokens(), handle.num_recv_tokens());
     let x = &inputs.x;

@@ -198,10 +198,7 @@ pub fn plan_dispatch(
     handle: &Handle,
     outputs: &DispatchOutputs,
 ) -> Result<DispatchPlan, BufferError> {
-    checks::one_node(WHAT, spec)?;
-    let n = spec.n_pes;
-    config.check_for_launch(n)?;
-    let c = config.num_channels();
+    let (n, c) = checks::intranode_call(WHAT, spec, config)?;
     handle.check(WHAT, n, c)?;
     let num_tokens = handle.num_tokens();
     let format = check_inputs(inputs, num_tokens, n)?;

@@ -302,6 +302,7 @@ impl BufferError {
 #[cfg(test)]
 mod input_record_tests {
     use super::BufferError;
+    use crate::test_views::assert_mentions;
     use kernels::contract::Failure;
 
     /// The input-error record as a kernel leaves it: [kind, token, value, limit].
@@ -321,14 +322,15 @@ mod input_record_tests {
             }
         ));
         let text = e.to_string();
-        for part in [
-            "received 250 tokens",
-            "num_worst_tokens = 100 rows",
-            "from rank 1's tokens on",
-            "Pass num_worst_tokens >= 250",
-        ] {
-            assert!(text.contains(part), "{part:?} not in {text}");
-        }
+        assert_mentions(
+            &text,
+            &[
+                "received 250 tokens",
+                "num_worst_tokens = 100 rows",
+                "from rank 1's tokens on",
+                "Pass num_worst_tokens >= 250",
+            ],
+        );
     }
 
     #[test]
@@ -350,18 +352,20 @@ mod input_record_tests {
     fn the_internode_notifys_input_errors_name_the_node_or_entry_and_both_numbers() {
         let text = BufferError::from_input_record(record(Failure::NodeCountsMismatch, 1, 40, 41))
             .to_string();
-        for part in [
-            "num_tokens_per_rdma_rank[1] = 41",
-            "sends 40 tokens to node 1",
-            "get_dispatch_layout",
-        ] {
-            assert!(text.contains(part), "{part:?} not in {text}");
-        }
+        assert_mentions(
+            &text,
+            &[
+                "num_tokens_per_rdma_rank[1] = 41",
+                "sends 40 tokens to node 1",
+                "get_dispatch_layout",
+            ],
+        );
         let text =
             BufferError::from_input_record(record(Failure::HandleMismatch, 9, 12, 13)).to_string();
-        for part in ["prefixes for 9", "hold 13", "gives 12", "unchanged"] {
-            assert!(text.contains(part), "{part:?} not in {text}");
-        }
+        assert_mentions(
+            &text,
+            &["prefixes for 9", "hold 13", "gives 12", "unchanged"],
+        );
     }
 
     #[test]

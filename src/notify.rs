@@ -79,10 +79,7 @@ pub fn plan_notify(
     outputs: &NotifyOutputs,
 ) -> Result<NotifyPlan, BufferError> {
     const WHAT: &str = "dispatch";
-    checks::one_node(WHAT, spec)?;
-    let n = spec.n_pes;
-    config.check_for_launch(n)?;
-    let c = config.num_channels();
+    let (n, c) = checks::intranode_call(WHAT, spec, config)?;
     let num_experts = checks::experts_counted(WHAT, &inputs.num_tokens_per_expert, n)?;
     let (r, ch) = (Some(n), Some(c));
     inputs

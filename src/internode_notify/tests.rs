@@ -9,7 +9,7 @@ use crate::regions::MAX_EXPERTS;
 use crate::regions::Regions;
 use crate::spec::BufferOptions;
 use crate::spec::BufferSpec;
-use crate::test_views::{matrix, vector};
+use crate::test_views::{assert_mentions, matrix, vector};
 use crate::view::ElemType;
 use kernels::contract::MAX_LL_RANKS;
 
@@ -462,14 +462,15 @@ fn failures_name_the_rank_and_node_waited_for() {
         timeout_ms: 300,
     };
     let text = describe(CollError::Device(failure), LastRingCall::default(), 2).to_string();
-    for part in [
-        "rank 1: internode notify (call 7",
-        "rail row of rank 5 (node 2)",
-        "reached 6 of 7",
-        "300 ms",
-    ] {
-        assert!(text.contains(part), "{part:?} not in {text}");
-    }
+    assert_mentions(
+        &text,
+        &[
+            "rank 1: internode notify (call 7",
+            "rail row of rank 5 (node 2)",
+            "reached 6 of 7",
+            "300 ms",
+        ],
+    );
     assert!(
         Failure::NotifyRows.device_name().starts_with("WAIT_"),
         "a wait: the job is broken"

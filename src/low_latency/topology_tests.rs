@@ -7,7 +7,7 @@ use kernels::contract::{MAX_LL_RANKS, MAX_PES};
 use crate::config::MAX_NORMAL_RANKS;
 use crate::low_latency::regions::{LlRegions, get_low_latency_rdma_size_hint};
 use crate::spec::{BufferOptions, BufferSpec, node_members};
-use crate::test_views::{at, matrix};
+use crate::test_views::{assert_mentions, at, matrix};
 use crate::view::{ElemType, View};
 use crate::*;
 
@@ -174,15 +174,16 @@ fn every_rank_limit_names_itself_and_the_fix() {
     // Normal mode: one node, as before; more than one is refused naming both limits and the way out.
     assert!(normal.check_nodes(8, 8).is_ok());
     let error = normal.check_nodes(8, 4).unwrap_err().to_string();
-    for needle in [
-        "2 nodes of 4",
-        &format!("MAX_PES = {MAX_PES}"),
-        &format!("MAX_NORMAL_RANKS = {MAX_NORMAL_RANKS}"),
-        "low_latency_mode=True",
-        "NVSHMEM_TUTORIAL_NODE_PES",
-    ] {
-        assert!(error.contains(needle), "{needle:?} not in {error}");
-    }
+    assert_mentions(
+        &error,
+        &[
+            "2 nodes of 4",
+            &format!("MAX_PES = {MAX_PES}"),
+            &format!("MAX_NORMAL_RANKS = {MAX_NORMAL_RANKS}"),
+            "low_latency_mode=True",
+            "NVSHMEM_TUTORIAL_NODE_PES",
+        ],
+    );
     let error = normal.check_nodes(16, 8).unwrap_err().to_string();
     assert!(
         error.contains("normal mode runs inside one node"),
