@@ -68,6 +68,7 @@ fn run() -> Result<bool, AnyError> {
     }
     check_all_to_all_v(&comm, &mut check, world.job_seed() as u32)?;
     check_largest_all_reduce(&comm, &mut check, world.job_seed() as u32)?;
+    check_pipelined_broadcast(&comm, &mut check, world.job_seed() as u32)?;
     check_many_calls(&comm, &mut check, &f32s)?;
     check_graph_replay(&comm, &mut check, &f32s)?;
     check_sync_all(&comm, &mut check, &bytes)?;
@@ -300,6 +301,51 @@ fn check_largest_all_reduce(
             (out, &expected),
             || comm.all_reduce(out, &input, count, None),
         )?;
+    }
+    Ok(())
+}
+
+/// A broadcast long enough for the pipeline's steps (the byte cases above stop at 1 MB, one
+/// step): 24 MiB + 5 bytes by the table's choice (scatter), from the last PE and from PE 0,
+/// out of place and in place. At N = 4 the pipeline runs 2 steps; at N = 2 there is one step
+/// and no forwarder.
+fn check_pipelined_broadcast(
+    comm: &Communicator<&World>,
+    check: &mut Checker,
+    seed: u32,
+) -> Result<(), AnyError> {
+    let (me, n) = (comm.world().my_pe(), comm.world().n_pes());
+    let count = (24 << 20) + 5;
+    let algorithm = comm
+        .plan(Collective::Broadcast, None, count, None)?
+        .algorithm;
+    let input = Buffer::<u8>::new(comm.world(), count)?;
+    let out = Buffer::<u8>::new(comm.world(), count)?;
+    for root in [n - 1, 0] {
+        let inputs: Vec<Vec<u8>> = (0..n)
+            .map(|p| {
+                (0..count)
+                    .map(|i| pattern_byte(p, i, seed + root as u32))
+                    .collect()
+            })
+            .collect();
+        let expected = reference::broadcast(&inputs, root);
+        for in_place in [false, true] {
+            let out = if in_place { &input } else { &out };
+            check.case(
+                comm,
+                Collective::Broadcast,
+                algorithm,
+                if in_place {
+                    "pipelined, in place"
+                } else {
+                    "pipelined"
+                },
+                (&input, &inputs[me]),
+                (out, &expected),
+                || comm.broadcast(out, &input, count, root, None),
+            )?;
+        }
     }
     Ok(())
 }
