@@ -72,6 +72,8 @@ pub mod view;
 #[cfg(test)]
 mod bad_inputs;
 #[cfg(test)]
+mod internode_dispatch_protocol_tests;
+#[cfg(test)]
 mod internode_protocol_tests;
 #[cfg(test)]
 mod test_views;
