@@ -45,8 +45,8 @@ const COUNT_WORDS: usize = 1 + MAX_EXPERTS / 2;
 pub(crate) const LL_STATE_WORDS: usize = std::mem::size_of::<LlState>().div_ceil(8);
 /// u64 words of the internode notify's per-rank state (`InternodeNotifyState`).
 const INTERNODE_STATE_WORDS: usize = std::mem::size_of::<InternodeNotifyState>().div_ceil(8);
-/// The internode notify's module, loaded by buffers that span nodes in normal mode.
-const INTERNODE_NOTIFY_MODULE: &str = "buffer/internode_notify";
+/// The internode notify's and dispatch's modules, loaded by buffers that span nodes in normal mode.
+const INTERNODE_MODULES: [&str; 2] = ["buffer/internode_notify", "buffer/internode_dispatch"];
 
 /// Symmetric heap bytes one buffer takes on `n_pes` PEs: the communicator's own (it spans one
 /// node, at most MAX_PES of them: the most it can take), then the buffer's regions
@@ -54,7 +54,7 @@ const INTERNODE_NOTIFY_MODULE: &str = "buffer/internode_notify";
 ///
 /// A normal-mode buffer with an rdma region spans nodes (`BufferOptions::check_nodes`), so it
 /// also gets the internode notify's area: as the node size is not an argument here, the
-/// largest any node size of `n_pes` needs (`NotifyArea::most_bytes`, a few hundred KB).
+/// largest any node size of `n_pes` needs (`NotifyArea::most_bytes`, under 2 MB).
 pub fn heap_bytes(n_pes: usize, num_nvl_bytes: usize, num_rdma_bytes: usize) -> usize {
     let spans_nodes = num_nvl_bytes > 0 && num_rdma_bytes > 0;
     let regions = Regions {
@@ -151,7 +151,7 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         // it always did.
         let mut modules = MODULES.to_vec();
         if notify_area.is_some() {
-            modules.push(INTERNODE_NOTIFY_MODULE);
+            modules.extend(INTERNODE_MODULES);
         }
         let kernels = Kernels::load(&world, &modules)?;
         let num_sms = kernels.num_sms();

@@ -183,10 +183,18 @@ pub fn internode_slot_bytes(
     num_topk: usize,
     num_scales: usize,
 ) -> usize {
-    let a16 = |x: usize| x.next_multiple_of(16);
-    let dispatch = a16(row_bytes) + a16(8 + 8 * num_topk + 4 * num_scales);
-    let combine = a16(2 * hidden) + a16(4 * num_topk);
-    dispatch.max(combine)
+    let combine = (2 * hidden).next_multiple_of(16) + (4 * num_topk).next_multiple_of(16);
+    internode_dispatch_slot_bytes(row_bytes, num_topk, num_scales).max(combine)
+}
+
+/// A dispatch slot across nodes: [row][src node: i32][in-node mask: u32][top-k ids: i32 x K]
+/// [weights: f32 x K][scales: f32 x S], row and metadata each 16-aligned (InternodeDispatchArgs).
+pub fn internode_dispatch_slot_bytes(
+    row_bytes: usize,
+    num_topk: usize,
+    num_scales: usize,
+) -> usize {
+    row_bytes.next_multiple_of(16) + (8 + 8 * num_topk + 4 * num_scales).next_multiple_of(16)
 }
 
 /// The number of nodes of `num_ranks` in nodes of `node_pes`, or what is wrong with them.

@@ -95,51 +95,53 @@ fn x_scales_format(
 }
 
 /// What a dispatch's rows hold: their dtype and width, their scales, their top-k.
-struct RowFormat {
-    elem: ElemType,
-    hidden: usize,
-    num_scales: usize,
+pub(crate) struct RowFormat {
+    pub(crate) elem: ElemType,
+    pub(crate) hidden: usize,
+    pub(crate) num_scales: usize,
     scale_elem: ElemType,
-    num_topk: usize,
+    pub(crate) num_topk: usize,
 }
 
 impl RowFormat {
-    fn hidden_bytes(&self) -> usize {
+    pub(crate) fn hidden_bytes(&self) -> usize {
         self.hidden * self.elem.size()
     }
 }
 
 const WHAT: &str = "dispatch";
 
-/// The inputs of `num_tokens` tokens on `n` ranks, checked: what their rows hold.
-fn check_inputs(
+/// The inputs of `num_tokens` tokens on `n` ranks, checked: what their rows hold (the
+/// internode dispatch checks its inputs here too, as `what`).
+pub(crate) fn check_inputs(
+    what: &'static str,
     inputs: &DispatchInputs,
     num_tokens: usize,
     n: usize,
 ) -> Result<RowFormat, BufferError> {
     let x = &inputs.x;
-    let (num_scales, scale_elem) = x_scales_format(WHAT, x, &inputs.x_scales, num_tokens)?;
-    x.expect(WHAT, "x", x.elem, &[Some(num_tokens), None])?;
-    x.expect_aligned(WHAT, "x", 16)?;
-    checks::row_bytes(WHAT, x.cols() * x.elem.size())?;
+    let (num_scales, scale_elem) = x_scales_format(what, x, &inputs.x_scales, num_tokens)?;
+    x.expect(what, "x", x.elem, &[Some(num_tokens), None])?;
+    x.expect_aligned(what, "x", 16)?;
+    checks::row_bytes(what, x.cols() * x.elem.size())?;
     let num_topk = match (&inputs.topk_idx, &inputs.topk_weights) {
         (Some(i), Some(w)) => {
-            i.expect(WHAT, "topk_idx", ElemType::I64, &[Some(num_tokens), None])?;
+            i.expect(what, "topk_idx", ElemType::I64, &[Some(num_tokens), None])?;
             let shape = [Some(num_tokens), Some(i.cols())];
-            w.expect(WHAT, "topk_weights", ElemType::F32, &shape)?;
+            w.expect(what, "topk_weights", ElemType::F32, &shape)?;
             i.cols()
         }
         (None, None) => 0,
         _ => {
             return Err(BufferError::invalid(
-                WHAT,
+                what,
                 "topk_idx and topk_weights come together or not at all",
             ));
         }
     };
-    checks::num_topk(WHAT, num_topk)?;
+    checks::num_topk(what, num_topk)?;
     if num_topk > 0 {
-        checks::num_experts(WHAT, "num_experts", inputs.num_experts, n, MAX_EXPERTS)?;
+        checks::num_experts(what, "num_experts", inputs.num_experts, n, MAX_EXPERTS)?;
     }
     Ok(RowFormat {
         elem: x.elem,
@@ -201,7 +203,7 @@ pub fn plan_dispatch(
     let (n, c) = checks::intranode_call(WHAT, spec, config)?;
     handle.check(WHAT, n, c)?;
     let num_tokens = handle.num_tokens();
-    let format = check_inputs(inputs, num_tokens, n)?;
+    let format = check_inputs(WHAT, inputs, num_tokens, n)?;
     let rows = check_outputs(outputs, handle, &format)?;
     let slot = dispatch_slot(format.hidden_bytes(), format.num_topk, format.num_scales);
     let ring_tokens = config.num_max_nvl_chunked_recv_tokens as usize;

@@ -218,6 +218,30 @@ pub(crate) fn describe(error: CollError, last: LastRingCall, node_pes: usize) ->
             f.seen,
             f.expected,
         )),
+        Failure::RdmaSpace | Failure::RdmaData => {
+            let (side, what) = match f.kind {
+                Failure::RdmaSpace => (
+                    "sender",
+                    "waited for space in its ring to the rail peer, whose forwarder never freed it",
+                ),
+                _ => ("forwarder", "waited for a chunk the rail peer never sent"),
+            };
+            BufferError::Ring(format!(
+                "rank {}: internode dispatch (call {} of this buffer), block {} (channel {}, \
+                 {side}): timed out after {} ms: {what}: {} (position {} expected, {} seen). It \
+                 is dead or stalled (a crash, a checkpoint save, a compilation), or the ranks' \
+                 calls disagree (handles or configs). The buffer is unusable from here on: \
+                 destroy it and create a new one",
+                f.me,
+                f.call,
+                f.block,
+                f.block / 2,
+                f.timeout_ms,
+                ll_rank(f.pe, node_pes),
+                f.expected,
+                f.seen,
+            ))
+        }
         Failure::CrossNodePointer => BufferError::Ring(format!(
             "rank {}: a low-latency kernel asked for a peer pointer to {}, which is not on its \
              node of {node_pes} ranks {:?}: a route bug (across nodes only NVSHMEM's RMA calls \

@@ -60,6 +60,7 @@ pub mod dispatch;
 pub mod error;
 pub mod handle;
 pub mod internode;
+pub mod internode_dispatch;
 pub mod internode_notify;
 pub mod layout;
 pub mod low_latency;
@@ -88,6 +89,9 @@ pub use config::Config;
 pub use dispatch::{DispatchInputs, DispatchOutputs, DispatchPlan, plan_dispatch};
 pub use error::BufferError;
 pub use handle::Handle;
+pub use internode_dispatch::{
+    InternodeDispatchOutputs, InternodeDispatchPlan, plan_internode_dispatch,
+};
 pub use internode_notify::{
     InternodeHandle, InternodeNotifyCall, InternodeNotifyInputs, InternodeNotifyPlan,
     InternodeRecvCounts, plan_internode_notify,

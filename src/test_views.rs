@@ -1,6 +1,7 @@
 //! Views of made-up device addresses for the CPU tests of plans (`bad_inputs`,
 //! `low_latency::topology_tests`): a plan checks shapes, dtypes and alignment, and never
-//! touches the memory. And `assert_mentions`, how every CPU test checks an error's message.
+//! touches the memory. And `assert_mentions`, how every CPU test checks an error's message, and
+//! `assert_route_rules`, the across-nodes kernels' source check.
 
 use crate::view::{ElemType, View};
 
@@ -26,4 +27,39 @@ pub(crate) fn assert_mentions(text: &str, parts: &[&str]) {
     for part in parts {
         assert!(text.contains(part), "{part:?} not in {text}");
     }
+}
+
+/// The route rules of the buffer across nodes (DESIGN.md, across nodes), on a kernel's source
+/// `file` (comment lines removed, which it returns for further checks): no peer pointer but
+/// through node_peer (no nvshmem_ptr, no peer_delta), no fence, quiet, barrier or trap, and
+/// every NVSHMEM call one of `allowed` (put-with-signal and signal ops).
+#[track_caller]
+pub(crate) fn assert_route_rules(file: &str, source: &str, allowed: &[&str]) -> String {
+    let code: String = source
+        .lines()
+        .filter(|line| !line.trim_start().starts_with("//"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    for banned in [
+        "nvshmem_ptr",
+        "peer_delta",
+        "nvshmem_quiet",
+        "nvshmem_fence",
+        "__trap",
+        "nvshmem_barrier",
+    ] {
+        assert!(!code.contains(banned), "{file} uses {banned}");
+    }
+    let remote: Vec<&str> = code
+        .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .filter(|word| word.starts_with("nvshmem") && *word != "nvshmem_tutorial")
+        .collect();
+    assert!(!remote.is_empty(), "{file} reaches no other node");
+    for word in &remote {
+        assert!(
+            allowed.contains(word),
+            "{file}: {word}: across nodes only put-with-signal and signal ops"
+        );
+    }
+    code
 }

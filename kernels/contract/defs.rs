@@ -84,6 +84,14 @@ contract! {
         MAX_NOTIFY_BLOCKS: usize = 1 + MAX_NODES => "int";
         /// Threads per block of `internode_notify`.
         INTERNODE_NOTIFY_THREADS: u32 = 256 => "int";
+        /// Most chunks of one RDMA ring (num_max_rdma_chunked_recv_tokens / _send_tokens): the
+        /// dispatch keeps a signal word per chunk of each ring (internode_dispatch.cu, NOTES).
+        MAX_RDMA_CHUNKS: usize = 32 => "int";
+        /// Most blocks of `internode_dispatch` (two per channel): it counts calls per block.
+        MAX_DISPATCH_BLOCKS: usize = 2 * MAX_CHANNELS => "int";
+        /// Warps of an `internode_dispatch` sender block that copy tokens into the RDMA rings; the
+        /// block's other warps receive from the NVL rings.
+        RDMA_SENDER_WARPS: usize = 8 => "int";
     }
 
     failures {
@@ -134,6 +142,10 @@ contract! {
         NodeCountsMismatch = 24 => NODE_COUNTS_MISMATCH;
         /// a cached notify's handle: its channel prefixes disagree with its is_token_in_rank
         HandleMismatch = 25 => HANDLE_MISMATCH;
+        /// an internode dispatch sender waited for RDMA ring space its rail peer never freed
+        RdmaSpace = 26 => WAIT_RDMA_SPACE;
+        /// an internode dispatch forwarder waited for a chunk its rail peer never sent
+        RdmaData = 27 => WAIT_RDMA_DATA;
     }
 
     /// The communicator as every chapter-4 kernel receives it (by value, first argument).
@@ -454,5 +466,73 @@ contract! {
         expert_alignment: i32 => "int",
         /// 1: the cached flavour (the barrier and the handle's check, no rows)
         cached: i32 => "int",
+    }
+
+    /// Normal mode's dispatch across nodes (`internode_dispatch` in
+    /// buffer/internode_dispatch.cu): each token once to each destination node's rail peer
+    /// (RDMA rings, put-with-signal), which forwards it to the node's ranks (NVL rings, stores).
+    /// A ring slot: [row: a16(hidden_bytes)][src node: i32][in-node mask: u32][top-k ids: i32 x K]
+    /// [weights: f32 x K], padded to 16 bytes (`slot.bytes`).
+    struct InternodeDispatchArgs {
+        /// local [num_tokens, hidden_bytes] (bf16 rows)
+        x: u64 => "const uint8_t*",
+        /// local [num_tokens, num_topk] global expert ids or -1; null: no top-k
+        topk_idx: u64 => "const int64_t*",
+        /// local [num_tokens, num_topk]; null with topk_idx
+        topk_weights: u64 => "const float*",
+        /// local [num_tokens, n] bool (handle 0)
+        is_token_in_rank: u64 => "const bool*",
+        /// local [N, C] i32 (handle 3): rows this rank forwards from node b in channels 0..=c
+        recv_rdma_channel_prefix_matrix: u64 => "const int*",
+        /// local [N] i32 (handle 4): rows this rank forwards from nodes 0..=b
+        recv_rdma_rank_prefix_sum: u64 => "const int*",
+        /// local [n, C] i32 (handle 5): the first received row of rank s's channel c
+        recv_gbl_channel_prefix_matrix: u64 => "const int*",
+        /// local [n] i32 (handle 6): rows received from ranks 0..=s
+        recv_gbl_rank_prefix_sum: u64 => "const int*",
+        /// local [num_recv_rows, hidden_bytes]
+        recv_x: u64 => "uint8_t*",
+        /// local [num_recv_rows, 2] i32: source node, in-node mask (handle 7, 8 bytes a row)
+        recv_src_meta: u64 => "int*",
+        /// local [num_recv_rows, num_topk] (local expert ids or -1) or null
+        recv_topk_idx: u64 => "int64_t*",
+        /// local [num_recv_rows, num_topk] or null
+        recv_topk_weights: u64 => "float*",
+        /// local [num_tokens, N] i32 (handle 8), written: index in the channel's stream to node k, or -1
+        send_rdma_head: u64 => "int*",
+        /// local [num_forwarded_rows, G] i32 (handle 9), written: index in NVL stream (c, l'), or -1
+        send_nvl_head: u64 => "int*",
+        /// symmetric: landing ring (c, b) at slot (c N + b) R_r, then staging ring (c, k) at
+        /// slot C N R_r + (c N + k) R_r
+        rdma: u64 => "uint8_t*",
+        /// symmetric [MAX_CHANNELS][N][MAX_RDMA_CHUNKS] u64: the chunk words, set by each chunk's put
+        chunk_words: u64 => "uint64_t*",
+        /// symmetric [MAX_CHANNELS][N] u64: positions node k's forwarder consumed (signal adds)
+        rdma_heads: u64 => "uint64_t*",
+        /// local [MAX_CHANNELS][N] u64: the sender's next position per node (chunk-aligned between calls)
+        rdma_sent: u64 => "uint64_t*",
+        /// local [MAX_CHANNELS][N] u64: the forwarder's next position per source node
+        rdma_received: u64 => "uint64_t*",
+        /// local [MAX_DISPATCH_BLOCKS] u64: the dispatches each block finished
+        calls: u64 => "uint64_t*",
+        /// symmetric: NVL ring (c, l) at slot (c G + l) R_n, on the receiver
+        nvl: u64 => "uint8_t*",
+        /// chapter 7's dispatch counters [MAX_CHANNELS][MAX_PES] by node member: tails, heads
+        /// (symmetric), sent, received (local)
+        nvl_tails: u64 => "uint64_t*",
+        nvl_heads: u64 => "uint64_t*",
+        nvl_sent: u64 => "uint64_t*",
+        nvl_received: u64 => "uint64_t*",
+        topo: LlTopology => "LlTopology",
+        slot: DispatchSlot => "DispatchSlot",
+        num_tokens: i32 => "int",
+        num_experts: i32 => "int",
+        num_channels: i32 => "int",
+        /// R_r, c_r, R_n
+        rdma_ring_tokens: i32 => "int",
+        rdma_chunk_tokens: i32 => "int",
+        nvl_ring_tokens: i32 => "int",
+        num_recv_rows: i32 => "int",
+        num_forwarded_rows: i32 => "int",
     }
 }

@@ -14,7 +14,8 @@ use ch01_bootstrap::World;
 use ch04_collectives::LaunchSpec;
 use cudarc::driver::sys;
 use kernels::contract::{
-    INTERNODE_NOTIFY_THREADS, InternodeNotifyArgs, MAX_CHANNELS, MAX_NODES, MAX_PES,
+    INTERNODE_NOTIFY_THREADS, InternodeNotifyArgs, MAX_CHANNELS, MAX_DISPATCH_BLOCKS, MAX_NODES,
+    MAX_PES, MAX_RDMA_CHUNKS,
 };
 
 use crate::buffer::{Blocks, NvshmemBuffer, arg};
@@ -33,6 +34,11 @@ use crate::view::View;
 /// tickets  [MAX_PES] u64            tickets[l]: the last notify node member l has every row of
 /// rows     [2][N][row_stride] i32   rows[p][b]: the rail row from node b, parity p
 /// staging  [2][N][row_stride] i32   staging[p][k]: our row for node k, read by the put
+/// then the dispatch's ring words (internode_dispatch.cu), u64, from `chunk_words()`:
+/// chunks   [MAX_CHANNELS][N][MAX_RDMA_CHUNKS]  the word of each chunk of landing ring (c, b)
+/// heads    [MAX_CHANNELS][N]        positions node k's forwarder consumed of our ring (c, k)
+/// sent, received [MAX_CHANNELS][N]  the sender's and the forwarder's positions (local use)
+/// calls    [MAX_DISPATCH_BLOCKS]    the dispatches each block finished (local use)
 /// ```
 ///
 /// A row's stride bounds every call's row (`rail_row_words`): E / N <= MAX_EXPERTS / N expert
@@ -68,8 +74,28 @@ impl NotifyArea {
     pub fn staging(&self) -> usize {
         Self::ROWS + self.rows_bytes()
     }
-    pub fn bytes(&self) -> usize {
+    /// The dispatch's chunk words, after the staging.
+    pub fn chunk_words(&self) -> usize {
         self.staging() + self.rows_bytes()
+    }
+    /// u64 words of one [MAX_CHANNELS][N] array.
+    fn per_channel_node(&self) -> usize {
+        MAX_CHANNELS * self.num_nodes
+    }
+    pub fn rdma_heads(&self) -> usize {
+        self.chunk_words() + self.per_channel_node() * MAX_RDMA_CHUNKS * 8
+    }
+    pub fn rdma_sent(&self) -> usize {
+        self.rdma_heads() + self.per_channel_node() * 8
+    }
+    pub fn rdma_received(&self) -> usize {
+        self.rdma_sent() + self.per_channel_node() * 8
+    }
+    pub fn dispatch_calls(&self) -> usize {
+        self.rdma_received() + self.per_channel_node() * 8
+    }
+    pub fn bytes(&self) -> usize {
+        (self.dispatch_calls() + MAX_DISPATCH_BLOCKS * 8).next_multiple_of(256)
     }
     /// The largest area any split of `n_pes` ranks into several nodes needs (nodes of 1 to
     /// MAX_PES ranks): what `heap_bytes` reserves, as it does not know the node size. 0 when
@@ -158,6 +184,7 @@ mod plan;
 mod tests;
 
 pub use plan::plan_internode_notify;
+pub(crate) use plan::{check_buffer, check_handle};
 
 impl<W: Deref<Target = World>> NvshmemBuffer<W> {
     // ANCHOR: internode_notify

@@ -20,12 +20,17 @@ fn invalid(message: String) -> BufferError {
 
 const WHAT: &str = "internode_notify";
 
-/// The buffer's side of the checks: a normal-mode buffer across nodes, with its area and state.
-fn check_buffer(spec: &BufferSpec) -> Result<NotifyArea, BufferError> {
+/// The buffer's side of the checks of `what` (the notify, or the dispatch): a normal-mode
+/// buffer across nodes, with its area and state.
+pub(crate) fn check_buffer(
+    what: &'static str,
+    spec: &BufferSpec,
+) -> Result<NotifyArea, BufferError> {
+    let invalid = |message: String| BufferError::invalid(what, message);
     if !spec.spans_nodes() {
         return Err(invalid(format!(
-            "this buffer's {} ranks are one node: its notify step is chapter 7's \
-             (notify_raw), as DeepEP's intranode mode",
+            "this buffer's {} ranks are one node: its calls are chapter 7's (notify_raw, \
+             dispatch_raw), as DeepEP's intranode mode",
             spec.n_pes
         )));
     }
@@ -51,8 +56,9 @@ fn check_buffer(spec: &BufferSpec) -> Result<NotifyArea, BufferError> {
     }
 }
 
-/// Shapes of positions 1-6 for n ranks, N nodes, C channels.
-fn check_handle(
+/// Shapes of positions 1-6 for n ranks, N nodes, C channels (`what`: the notify or the dispatch).
+pub(crate) fn check_handle(
+    what: &'static str,
     handle: &InternodeHandle,
     n: usize,
     nodes: usize,
@@ -92,7 +98,7 @@ fn check_handle(
         ),
     ];
     for (view, name, shape) in named {
-        view.expect(WHAT, name, ElemType::I32, shape)?;
+        view.expect(what, name, ElemType::I32, shape)?;
     }
     Ok(())
 }
@@ -135,12 +141,12 @@ pub fn plan_internode_notify(
     call: &InternodeNotifyCall,
     handle: &InternodeHandle,
 ) -> Result<InternodeNotifyPlan, BufferError> {
-    let area = check_buffer(spec)?;
+    let area = check_buffer(WHAT, spec)?;
     let (n, g, nodes) = (spec.n_pes, spec.node_pes, area.num_nodes);
     // The NVL stage has G peers: its warps and rings are checked as chapter 7's for G ranks.
     config.check_for_launch(g)?;
     let c = config.num_channels();
-    check_handle(handle, n, nodes, c)?;
+    check_handle(WHAT, handle, n, nodes, c)?;
     let (is_token_in_rank, full) = match call {
         InternodeNotifyCall::Full(inputs) => (inputs.is_token_in_rank, Some(inputs)),
         InternodeNotifyCall::Cached { is_token_in_rank } => (*is_token_in_rank, None),

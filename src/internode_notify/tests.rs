@@ -9,7 +9,7 @@ use crate::regions::MAX_EXPERTS;
 use crate::regions::Regions;
 use crate::spec::BufferOptions;
 use crate::spec::BufferSpec;
-use crate::test_views::{assert_mentions, matrix, vector};
+use crate::test_views::{assert_mentions, assert_route_rules, matrix, vector};
 use crate::view::ElemType;
 use kernels::contract::MAX_LL_RANKS;
 
@@ -146,9 +146,10 @@ fn the_longest_rows_fit_their_stride() {
         let call = InternodeNotifyCall::Full(inputs);
         assert!(plan_internode_notify(&spec, &config, &call, &handle).is_ok());
     }
-    // A few hundred KB at most, the bound for a buffer's heap.
+    // Under 2 MB, the bound for a buffer's heap (the dispatch's chunk words are 1 MiB of it at
+    // 64 nodes).
     assert!(
-        NotifyArea::most_bytes(64) < 1 << 20,
+        NotifyArea::most_bytes(64) < 2 << 20,
         "{}",
         NotifyArea::most_bytes(64)
     );
@@ -396,37 +397,16 @@ fn normal_mode_across_nodes_is_made_with_an_rdma_region() {
 /// every wait is chapter 4's bounded one, recording a kind that names what it waited for.
 #[test]
 fn the_kernel_reaches_other_nodes_by_signals_only_and_bounds_every_wait() {
-    let source = include_str!("../../kernels/cuda/buffer/internode_notify.cu");
-    let code: String = source
-        .lines()
-        .filter(|line| !line.trim_start().starts_with("//"))
-        .collect::<Vec<_>>()
-        .join("\n");
-    for banned in [
-        "nvshmem_ptr",
-        "peer_delta",
-        "nvshmem_quiet",
-        "nvshmem_fence",
-        "__trap",
-        "nvshmem_barrier",
-    ] {
-        assert!(!code.contains(banned), "internode_notify.cu uses {banned}");
-    }
+    let code = assert_route_rules(
+        "internode_notify.cu",
+        include_str!("../../kernels/cuda/buffer/internode_notify.cu"),
+        &["nvshmemx_putmem_signal_nbi_block", "nvshmemx_signal_op"],
+    );
     assert_eq!(
         code.matches("node_peer(").count(),
         2,
         "node_peer's two uses"
     );
-    let remote: Vec<&str> = code
-        .split(|c: char| !(c.is_alphanumeric() || c == '_'))
-        .filter(|word| word.starts_with("nvshmem") && *word != "nvshmem_tutorial")
-        .collect();
-    for word in &remote {
-        assert!(
-            ["nvshmemx_putmem_signal_nbi_block", "nvshmemx_signal_op"].contains(word),
-            "{word}: across nodes only put-with-signal and signal ops"
-        );
-    }
     let waits: Vec<&str> = code.split("wait_at_least(").skip(1).collect();
     assert_eq!(waits.len(), 2, "two waits: the rows and the tickets");
     for (wait, kind) in waits.iter().zip(["WAIT_NOTIFY_ROWS", "WAIT_READY"]) {

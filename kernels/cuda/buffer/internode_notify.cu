@@ -95,10 +95,6 @@ __device__ __forceinline__ void end_notify(const InternodeNotifyArgs& a, const N
     }
 }
 
-__device__ __forceinline__ int num_nodes(const LlTopology& topo) { return topo.num_ranks / topo.node_pes; }
-__device__ __forceinline__ int my_node(const LlTopology& topo) { return topo.rank / topo.node_pes; }
-__device__ __forceinline__ int my_local(const LlTopology& topo) { return topo.rank % topo.node_pes; }
-
 // Row `node` of parity p in a [2][N][row_stride] array (rows or staging).
 __device__ __forceinline__ int* row_at(const InternodeNotifyArgs& a, int* base, int parity, int node) {
     return base + (static_cast<int64_t>(parity) * num_nodes(a.topo) + node) * a.row_stride;

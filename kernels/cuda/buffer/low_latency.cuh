@@ -109,6 +109,10 @@ __device__ __forceinline__ bool same_node(const LlTopology& topo, int rank) {
     return rank >= topo.node_start && rank < topo.node_start + topo.node_pes;
 }
 
+__device__ __forceinline__ int num_nodes(const LlTopology& topo) { return topo.num_ranks / topo.node_pes; }
+__device__ __forceinline__ int my_node(const LlTopology& topo) { return topo.rank / topo.node_pes; }
+__device__ __forceinline__ int my_local(const LlTopology& topo) { return topo.rank % topo.node_pes; }
+
 // How a failure names a rank in the communicator's record: a rank of this node by its member
 // index (the communicator maps it back to the world rank), any other as MAX_LL_RANKS + rank,
 // past every member (src/error.rs takes MAX_LL_RANKS off).

@@ -114,17 +114,23 @@ __host__ __device__ __forceinline__ constexpr int round_up_to_vector(int num_byt
 // that one (a side with nothing to do for its own PE, e.g. a receiver, should not leave a
 // group of warps idle). `peer` is the group's PE, `member` this warp's index in it.
 struct PeerGroup {
-    int peer, member, size, index, groups;
-    __device__ PeerGroup(int n_pes, int skip = -1) {
+    int peer, member, size, index, groups, first_barrier;
+    __device__ PeerGroup(int n_pes, int skip = -1) : PeerGroup(n_pes, skip, 0, int(blockDim.x / WARP_SIZE), 1) {}
+    // The same over warps [first_warp, first_warp + num_warps) only (the block's other warps
+    // have another role), with named barriers from first_barrier.
+    __device__ PeerGroup(int n_pes, int skip, int first_warp, int num_warps, int first_barrier_) {
+        const int warp = int(threadIdx.x / WARP_SIZE) - first_warp;
         groups = skip >= 0 ? n_pes - 1 : n_pes;
-        size = groups > 0 ? int(blockDim.x / WARP_SIZE) / groups : 0;
-        index = size > 0 ? int(threadIdx.x / WARP_SIZE) / size : groups;
-        member = size > 0 ? int(threadIdx.x / WARP_SIZE) % size : 0;
+        size = groups > 0 ? num_warps / groups : 0;
+        index = size > 0 && warp >= 0 ? warp / size : groups;
+        member = size > 0 && warp >= 0 ? warp % size : 0;
         peer = skip >= 0 && index >= skip ? index + 1 : index;
+        first_barrier = first_barrier_;
     }
     __device__ bool active() const { return size > 0 && index < groups; }
-    // A barrier over just this group's warps (named barrier 1 + index; 0 is __syncthreads).
-    __device__ void sync() const { named_barrier_sync(1 + index, size * WARP_SIZE); }
+    // A barrier over just this group's warps (named barrier first_barrier + index; 0 is
+    // __syncthreads).
+    __device__ void sync() const { named_barrier_sync(first_barrier + index, size * WARP_SIZE); }
 };
 
 // Copies `num_bytes` (a multiple of VECTOR_BYTES) with the lanes of a warp, kDepth loads in

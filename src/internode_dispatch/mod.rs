@@ -1,0 +1,125 @@
+//! Normal mode's dispatch across nodes (issue 32, step 4; kernels/cuda/buffer/internode_dispatch.cu,
+//! design: benchmarks/notes/buffer_internode_normal.md 2.6 and 7). After the full internode
+//! notify (handle positions 1-6 and the host's counts), one launch of 2C blocks moves every
+//! token once to each destination node, to the rank with our local index there (its RDMA
+//! rings: put-with-signal per chunk), which forwards it to the node's ranks (NVL rings, peer
+//! pointers inside the node). bf16 rows with or without top-k; fp8, the cached handle and
+//! `num_worst_tokens` are later steps.
+//!
+//! This module holds the call's types and the launch; `plan` every check and the argument struct.
+
+use std::ops::Deref;
+
+use ch01_bootstrap::World;
+use ch04_collectives::LaunchSpec;
+use cudarc::driver::sys;
+use kernels::contract::{CHANNEL_THREADS, InternodeDispatchArgs, MAX_CHANNELS};
+
+use crate::buffer::{Blocks, NvshmemBuffer, arg};
+use crate::config::Config;
+use crate::dispatch::DispatchInputs;
+use crate::error::BufferError;
+use crate::internode_notify::InternodeHandle;
+use crate::view::View;
+
+/// What the internode dispatch fills. M = rows received (`InternodeRecvCounts::num_recv_tokens`),
+/// M_r = rows forwarded (`num_rdma_recv_tokens`), T tokens, N nodes of G ranks, K top-k.
+#[derive(Debug, Clone, Copy)]
+pub struct InternodeDispatchOutputs {
+    /// [M, H] bf16: rows grouped by source rank, then channel, then token (DeepEP's order).
+    pub recv_x: View,
+    /// [M, K] i64 local expert ids (-1: another rank's), with top-k only.
+    pub recv_topk_idx: Option<View>,
+    /// [M, K] f32 (0 where -1), with top-k only.
+    pub recv_topk_weights: Option<View>,
+    /// [M, 2] i32, handle 7: each row's source node and the ranks of our node it went to (a bit
+    /// per local index): DeepEP's `SourceMeta` bytes at nodes of 8.
+    pub recv_src_meta: View,
+    /// [T, N] i32, handle 8: token t's index in its channel's stream to node k, -1 if not sent.
+    pub send_rdma_head: View,
+    /// [M_r, G] i32, handle 9: forwarded row j's index in its channel's stream to local rank l,
+    /// -1 if not sent there (rows by source node, channel, position, as handles 3-4 count them).
+    pub send_nvl_head: View,
+}
+
+/// A checked internode dispatch: the kernel's arguments and its channels (grid 2C).
+#[derive(Debug, Clone, Copy)]
+pub struct InternodeDispatchPlan {
+    pub args: InternodeDispatchArgs,
+    pub num_channels: usize,
+}
+
+mod plan;
+#[cfg(test)]
+mod tests;
+
+pub use plan::plan_internode_dispatch;
+
+impl<W: Deref<Target = World>> NvshmemBuffer<W> {
+    // ANCHOR: internode_dispatch
+    /// The dispatch across nodes after a full `internode_notify_raw` with the same routing
+    /// (`is_token_in_rank`, handle position 0) and `handle` (positions 1-6 it wrote), on
+    /// `stream`. Collective: every rank makes the same calls in the same order.
+    ///
+    /// # Safety
+    /// As `get_dispatch_layout_raw`: the views are live device memory of this GPU, `stream` a
+    /// live stream of this buffer's context, and the notify before it ran on the same stream.
+    pub unsafe fn internode_dispatch_raw(
+        &self,
+        inputs: &DispatchInputs,
+        is_token_in_rank: View,
+        handle: &InternodeHandle,
+        outputs: &InternodeDispatchOutputs,
+        config: &Config,
+        stream: sys::CUstream,
+    ) -> Result<(), BufferError> {
+        self.check()?;
+        let plan = plan_internode_dispatch(
+            &self.spec,
+            config,
+            inputs,
+            is_token_in_rank,
+            handle,
+            outputs,
+        )?;
+        let max = self.internode_max_num_sms()?;
+        if 2 * plan.num_channels as u32 > max {
+            return Err(BufferError::invalid(
+                "internode_dispatch",
+                format!(
+                    "Config.num_sms = {}: this PE can keep at most {max} dispatch blocks \
+                     resident (every block waits for others); use internode_max_num_sms()",
+                    config.num_sms
+                ),
+            ));
+        }
+        let spec = LaunchSpec {
+            kernel: "internode_dispatch",
+            num_blocks: 2 * plan.num_channels as u32,
+            threads_per_block: CHANNEL_THREADS,
+            shared_mem_bytes: 0,
+        };
+        let ws = self.workspace();
+        // SAFETY: a checked plan; senders, forwarders and receivers wait for each other, so
+        // every block must be resident (MayWait); the caller vouches for the views and stream.
+        unsafe {
+            self.launch(
+                spec,
+                Blocks::MayWait,
+                stream,
+                &mut [arg(&ws), arg(&plan.args)],
+            )
+        }
+    }
+    // ANCHOR_END: internode_dispatch
+
+    /// The largest `Config::num_sms` (even) whose internode dispatch grid, 2C blocks of
+    /// CHANNEL_THREADS all resident, this PE can launch: the GPU's SMs with one PE per GPU,
+    /// its share under MPS.
+    pub fn internode_max_num_sms(&self) -> Result<u32, BufferError> {
+        let resident = self
+            .kernels
+            .max_co_resident("internode_dispatch", CHANNEL_THREADS, 0)?;
+        Ok(resident.min(2 * MAX_CHANNELS as u32) & !1)
+    }
+}

@@ -1,0 +1,184 @@
+//! The internode dispatch's plan: every check of the buffer, the inputs, the handle and the
+//! outputs, the rings' sizes, then the kernel's argument struct (pure: no buffer, no device).
+
+use kernels::contract::{DispatchSlot, InternodeDispatchArgs, MAX_RDMA_CHUNKS, WINDOW_TOKENS};
+
+use super::{InternodeDispatchOutputs, InternodeDispatchPlan};
+use crate::config::{Config, internode_dispatch_slot_bytes};
+use crate::dispatch::{DispatchInputs, RowFormat, check_inputs};
+use crate::error::BufferError;
+use crate::internode_notify::{InternodeHandle, check_buffer, check_handle};
+use crate::low_latency::regions::CONTROL_BYTES;
+use crate::spec::{BufferSpec, Progress};
+use crate::view::{ElemType, View};
+
+const WHAT: &str = "internode_dispatch";
+
+fn invalid(message: String) -> BufferError {
+    BufferError::invalid(WHAT, message)
+}
+
+/// The RDMA rings of `config`, checked: (R_r, c_r). Chunks of c_r leave in one put each and
+/// fill a 32-bit lane mask (c_r <= WINDOW_TOKENS); a sender window needs R_r >= WINDOW_TOKENS
+/// + c_r, as the forwarder frees whole chunks only; a ring has at most MAX_RDMA_CHUNKS words.
+fn rdma_ring(config: &Config) -> Result<(usize, usize), BufferError> {
+    let ring = config.num_max_rdma_chunked_recv_tokens as usize;
+    let chunk = config.num_max_rdma_chunked_send_tokens as usize;
+    let window = WINDOW_TOKENS as usize;
+    if chunk > window || ring < window + chunk || ring / chunk > MAX_RDMA_CHUNKS {
+        return Err(invalid(format!(
+            "num_max_rdma_chunked_send_tokens = {chunk} and num_max_rdma_chunked_recv_tokens = \
+             {ring}: a chunk holds at most {window} tokens, a ring at least {window} + the chunk \
+             and at most MAX_RDMA_CHUNKS = {MAX_RDMA_CHUNKS} chunks (a sender's window of \
+             {window} tokens must fit beside the chunk it has not posted yet)"
+        )));
+    }
+    Ok((ring, chunk))
+}
+
+/// The outputs for rows of format `f`, T tokens, N nodes of G ranks, checked: (M, M_r).
+fn check_outputs(
+    outputs: &InternodeDispatchOutputs,
+    f: &RowFormat,
+    num_tokens: usize,
+    (nodes, g): (usize, usize),
+) -> Result<(usize, usize), BufferError> {
+    let rows = outputs.recv_x.rows();
+    outputs
+        .recv_x
+        .expect(WHAT, "recv_x", ElemType::Bf16, &[None, Some(f.hidden)])?;
+    outputs.recv_x.expect_aligned(WHAT, "recv_x", 16)?;
+    let meta = [Some(rows), Some(2)];
+    outputs
+        .recv_src_meta
+        .expect(WHAT, "recv_src_meta", ElemType::I32, &meta)?;
+    match (&outputs.recv_topk_idx, &outputs.recv_topk_weights) {
+        (Some(i), Some(w)) if f.num_topk > 0 => {
+            let shape = [Some(rows), Some(f.num_topk)];
+            i.expect(WHAT, "recv_topk_idx", ElemType::I64, &shape)?;
+            w.expect(WHAT, "recv_topk_weights", ElemType::F32, &shape)?;
+        }
+        (None, None) if f.num_topk == 0 => {}
+        _ => {
+            return Err(invalid(
+                "recv_topk_idx and recv_topk_weights come exactly with topk_idx".into(),
+            ));
+        }
+    }
+    let head = [Some(num_tokens), Some(nodes)];
+    outputs
+        .send_rdma_head
+        .expect(WHAT, "send_rdma_head", ElemType::I32, &head)?;
+    let nvl = &outputs.send_nvl_head;
+    nvl.expect(WHAT, "send_nvl_head", ElemType::I32, &[None, Some(g)])?;
+    Ok((rows, nvl.rows()))
+}
+
+/// `Err` naming the hint unless `needed` bytes of `region` fit in the buffer's `have`.
+fn fits(region: &str, needed: usize, have: usize, rings: String) -> Result<(), BufferError> {
+    if needed > have {
+        return Err(invalid(format!(
+            "this call needs {region} >= {needed} ({rings}) but the buffer has {have}: create \
+             it with Config.get_buffer_size_hints_for_nodes(hidden_bytes, num_ranks, \
+             node_pes) or more"
+        )));
+    }
+    Ok(())
+}
+
+// ANCHOR: plan_internode_dispatch
+/// Checks an internode dispatch for `config` and plans it: a normal-mode buffer across nodes,
+/// bf16 `inputs` of `is_token_in_rank`'s tokens, positions 3-6 of `handle` as the notify wrote
+/// them, outputs of the notify's counts, and the RDMA and NVL rings inside their regions.
+pub fn plan_internode_dispatch(
+    spec: &BufferSpec,
+    config: &Config,
+    inputs: &DispatchInputs,
+    is_token_in_rank: View,
+    handle: &InternodeHandle,
+    outputs: &InternodeDispatchOutputs,
+) -> Result<InternodeDispatchPlan, BufferError> {
+    let area = check_buffer(WHAT, spec)?;
+    let (n, g, nodes) = (spec.n_pes, spec.node_pes, area.num_nodes);
+    config.check_for_launch(g)?;
+    let c = config.num_channels();
+    check_handle(WHAT, handle, n, nodes, c)?;
+    is_token_in_rank.expect(WHAT, "is_token_in_rank", ElemType::Bool, &[None, Some(n)])?;
+    let num_tokens = is_token_in_rank.rows();
+    if inputs.x.elem != ElemType::Bf16 || inputs.x_scales.is_some() {
+        return Err(invalid(format!(
+            "x is {}: across nodes the dispatch takes bfloat16 rows for now (fp8 with scales \
+             is issue 32's step 6)",
+            inputs.x.elem.name()
+        )));
+    }
+    let f = check_inputs(WHAT, inputs, num_tokens, n)?;
+    let (rows, forwarded) = check_outputs(outputs, &f, num_tokens, (nodes, g))?;
+    let (rdma_ring, rdma_chunk) = rdma_ring(config)?;
+    let nvl_ring = config.num_max_nvl_chunked_recv_tokens as usize;
+    let slot_bytes = internode_dispatch_slot_bytes(f.hidden_bytes(), f.num_topk, 0);
+    let rdma_needed = CONTROL_BYTES + 2 * c * nodes * rdma_ring * slot_bytes;
+    let rings = |peers: usize, what: &str, ring: usize| {
+        format!("{what}: {c} channels x {peers} x {ring} slots x {slot_bytes} bytes")
+    };
+    let (rdma_have, nvl_have) = (spec.options.num_rdma_bytes, spec.options.num_nvl_bytes);
+    let rdma_rings = rings(nodes, "staging and landing", rdma_ring);
+    fits("num_rdma_bytes", rdma_needed, rdma_have, rdma_rings)?;
+    let nvl_rings = rings(g, "ranks of the node", nvl_ring);
+    fits(
+        "num_nvl_bytes",
+        c * g * nvl_ring * slot_bytes,
+        nvl_have,
+        nvl_rings,
+    )?;
+    let base = spec.notify_area_base().unwrap_or_default();
+    let at = |offset: usize| base + offset as u64;
+    let optional = |view: Option<View>| view.map_or(0, |v| v.ptr);
+    let args = InternodeDispatchArgs {
+        x: inputs.x.ptr,
+        topk_idx: optional(inputs.topk_idx),
+        topk_weights: optional(inputs.topk_weights),
+        is_token_in_rank: is_token_in_rank.ptr,
+        recv_rdma_channel_prefix_matrix: handle.recv_rdma_channel_prefix_matrix.ptr,
+        recv_rdma_rank_prefix_sum: handle.recv_rdma_rank_prefix_sum.ptr,
+        recv_gbl_channel_prefix_matrix: handle.recv_gbl_channel_prefix_matrix.ptr,
+        recv_gbl_rank_prefix_sum: handle.recv_gbl_rank_prefix_sum.ptr,
+        recv_x: outputs.recv_x.ptr,
+        recv_src_meta: outputs.recv_src_meta.ptr,
+        recv_topk_idx: optional(outputs.recv_topk_idx),
+        recv_topk_weights: optional(outputs.recv_topk_weights),
+        send_rdma_head: outputs.send_rdma_head.ptr,
+        send_nvl_head: outputs.send_nvl_head.ptr,
+        rdma: spec.local_region(true).0 + CONTROL_BYTES as u64,
+        chunk_words: at(area.chunk_words()),
+        rdma_heads: at(area.rdma_heads()),
+        rdma_sent: at(area.rdma_sent()),
+        rdma_received: at(area.rdma_received()),
+        calls: at(area.dispatch_calls()),
+        nvl: spec.nvl(),
+        nvl_tails: spec.counters(0),
+        nvl_heads: spec.counters(1),
+        nvl_sent: spec.progress(Progress::DispatchSent),
+        nvl_received: spec.progress(Progress::DispatchReceived),
+        topo: spec.ll_topology(),
+        slot: DispatchSlot {
+            hidden_bytes: f.hidden_bytes() as i32,
+            num_topk: f.num_topk as i32,
+            num_scales: 0,
+            bytes: slot_bytes as i32,
+        },
+        num_tokens: num_tokens as i32,
+        num_experts: inputs.num_experts as i32,
+        num_channels: c as i32,
+        rdma_ring_tokens: rdma_ring as i32,
+        rdma_chunk_tokens: rdma_chunk as i32,
+        nvl_ring_tokens: nvl_ring as i32,
+        num_recv_rows: rows as i32,
+        num_forwarded_rows: forwarded as i32,
+    };
+    Ok(InternodeDispatchPlan {
+        args,
+        num_channels: c,
+    })
+}
+// ANCHOR_END: plan_internode_dispatch

@@ -1,0 +1,331 @@
+//! The internode dispatch's CPU tests: its plan at every layout with its rings inside their
+//! regions, the size formulas against the hints, every refusal, the route rules of its kernel.
+
+use super::*;
+use crate::config::{dispatch_config, internode_slot_bytes};
+use crate::internode_notify::NotifyArea;
+use crate::low_latency::regions::CONTROL_BYTES;
+use crate::regions::Regions;
+use crate::spec::{BufferOptions, BufferSpec};
+use crate::test_views::{assert_mentions, assert_route_rules, matrix, vector};
+use crate::view::ElemType;
+use kernels::contract::{MAX_CHANNELS, MAX_DISPATCH_BLOCKS, MAX_RDMA_CHUNKS};
+
+const HIDDEN: usize = 7168;
+
+fn config() -> Config {
+    Config::new(24, 8, 256, 16, 128).unwrap()
+}
+
+/// A normal-mode buffer of `n` ranks in nodes of `g`, as rank `me` sees it, sized by the hints.
+fn spec(n: usize, g: usize, me: usize) -> BufferSpec {
+    spec_for(&config(), n, g, me)
+}
+
+fn spec_for(config: &Config, n: usize, g: usize, me: usize) -> BufferSpec {
+    let (nvl, rdma) = config
+        .get_buffer_size_hints_for_nodes(2 * HIDDEN, n, g)
+        .unwrap();
+    let options = BufferOptions {
+        num_rdma_bytes: rdma,
+        ..BufferOptions::normal(nvl)
+    };
+    let mut spec = BufferSpec::for_tests(n, options);
+    spec.node_pes = g;
+    spec.my_pe = me;
+    spec
+}
+
+/// A call's views: T tokens of bf16 [T, HIDDEN] with K top-k (0: none), M rows received, M_r
+/// forwarded, n ranks in N nodes of G, C channels.
+struct Call {
+    inputs: DispatchInputs,
+    is_token_in_rank: View,
+    handle: InternodeHandle,
+    outputs: InternodeDispatchOutputs,
+}
+
+fn call(n: usize, g: usize, c: usize, t: usize, k: usize) -> Call {
+    let (nodes, m, m_r) = (n / g, 3 * t, 2 * t);
+    let topk = |i: u64, cols: usize, elem: ElemType| (k > 0).then(|| matrix(i, cols, k, elem));
+    Call {
+        inputs: DispatchInputs {
+            x: matrix(1, t, HIDDEN, ElemType::Bf16),
+            x_scales: None,
+            topk_idx: topk(2, t, ElemType::I64),
+            topk_weights: topk(3, t, ElemType::F32),
+            num_experts: 4 * n,
+        },
+        is_token_in_rank: matrix(4, t, n, ElemType::Bool),
+        handle: InternodeHandle {
+            rdma_channel_prefix_matrix: matrix(5, nodes, c, ElemType::I32),
+            gbl_channel_prefix_matrix: matrix(6, n, c, ElemType::I32),
+            recv_rdma_channel_prefix_matrix: matrix(7, nodes, c, ElemType::I32),
+            recv_rdma_rank_prefix_sum: vector(8, nodes, ElemType::I32),
+            recv_gbl_channel_prefix_matrix: matrix(9, n, c, ElemType::I32),
+            recv_gbl_rank_prefix_sum: vector(10, n, ElemType::I32),
+        },
+        outputs: InternodeDispatchOutputs {
+            recv_x: matrix(11, m, HIDDEN, ElemType::Bf16),
+            recv_topk_idx: topk(12, m, ElemType::I64),
+            recv_topk_weights: topk(13, m, ElemType::F32),
+            recv_src_meta: matrix(14, m, 2, ElemType::I32),
+            send_rdma_head: matrix(15, t, nodes, ElemType::I32),
+            send_nvl_head: matrix(16, m_r, g, ElemType::I32),
+        },
+    }
+}
+
+/// A change that makes a good call bad.
+type Spoil = fn(&mut Call);
+
+fn plan_of(
+    spec: &BufferSpec,
+    config: &Config,
+    x: &Call,
+) -> Result<InternodeDispatchPlan, BufferError> {
+    plan_internode_dispatch(
+        spec,
+        config,
+        &x.inputs,
+        x.is_token_in_rank,
+        &x.handle,
+        &x.outputs,
+    )
+}
+
+fn error_of(spec: &BufferSpec, config: &Config, x: &Call) -> String {
+    plan_of(spec, config, x)
+        .expect_err("a bad call was planned")
+        .to_string()
+}
+
+#[test]
+fn every_layout_plans_with_its_rings_inside_their_regions() {
+    for (n, g) in [(4, 2), (8, 4), (8, 1), (16, 8), (16, 2), (64, 8), (64, 1)] {
+        let nodes = n / g;
+        for me in [0, g - 1, n - 1] {
+            let spec = spec(n, g, me);
+            for k in [0, 8] {
+                let x = call(n, g, 12, 100, k);
+                let p = plan_of(&spec, &config(), &x).unwrap();
+                let a = p.args;
+                assert_eq!(
+                    (p.num_channels, a.num_channels, a.num_tokens),
+                    (12, 12, 100)
+                );
+                // The design's slot (section 3): 14,416 B at K = 8, within the hint's slot.
+                let slot = a.slot.bytes as usize;
+                assert_eq!(slot, if k == 8 { 14_416 } else { 14_352 });
+                assert!(slot <= internode_slot_bytes(HIDDEN, 2 * HIDDEN, 32, HIDDEN / 128));
+                assert_eq!(
+                    (a.rdma_ring_tokens, a.rdma_chunk_tokens, a.nvl_ring_tokens),
+                    (128, 16, 256)
+                );
+                assert_eq!((a.num_recv_rows, a.num_forwarded_rows), (300, 200));
+                // RDMA rings after the low-latency control words, inside num_rdma_bytes.
+                let (rdma, rdma_bytes) = spec.local_region(true);
+                assert_eq!(a.rdma, rdma + CONTROL_BYTES as u64);
+                assert!(CONTROL_BYTES + 2 * 12 * nodes * 128 * slot <= rdma_bytes);
+                assert!(12 * g * 256 * slot <= spec.options.num_nvl_bytes);
+                assert_eq!(a.nvl, spec.nvl());
+                // The ring words: after the notify's staging, in order, inside the area.
+                let area = NotifyArea::new(nodes, g);
+                let base = spec.notify_area_base().unwrap();
+                let words = [
+                    a.chunk_words,
+                    a.rdma_heads,
+                    a.rdma_sent,
+                    a.rdma_received,
+                    a.calls,
+                ];
+                assert_eq!(words[0], base + area.chunk_words() as u64);
+                assert!(words.windows(2).all(|w| w[0] < w[1]) && words.iter().all(|w| w % 8 == 0));
+                let per = (MAX_CHANNELS * nodes * 8) as u64;
+                assert_eq!(words[1] - words[0], per * MAX_RDMA_CHUNKS as u64);
+                assert!(words[4] + (MAX_DISPATCH_BLOCKS * 8) as u64 <= base + area.bytes() as u64);
+                let regions = Regions {
+                    num_nvl_bytes: spec.options.num_nvl_bytes,
+                    num_rdma_bytes: rdma_bytes,
+                    notify_area_bytes: area.bytes(),
+                };
+                assert_eq!(
+                    base + area.bytes() as u64,
+                    spec.base + regions.total() as u64
+                );
+                assert_eq!(a.topo.node_start as usize, me / g * g);
+            }
+        }
+    }
+}
+
+/// DeepEP's dispatch configs (16-64 ranks) all give rings the kernel takes.
+#[test]
+fn deepeps_config_tables_give_rings_the_kernel_takes() {
+    for n in [16, 24, 32, 48, 64] {
+        let config = dispatch_config(n, 24).unwrap();
+        let x = call(n, 8, config.num_channels(), 64, 8);
+        plan_of(&spec_for(&config, n, 8, 0), &config, &x)
+            .unwrap_or_else(|e| panic!("{n} ranks: {e}"));
+    }
+}
+
+#[test]
+fn rings_the_protocol_cannot_run_are_refused_naming_why() {
+    let (n, g) = (8, 4);
+    let spec = spec(n, g, 0);
+    let x = call(n, g, 12, 64, 0);
+    // A chunk past a window, a ring below a window and a chunk, too many chunks.
+    for (chunk, ring) in [(40, 128), (16, 32), (2, 128)] {
+        let config = Config::new(24, 8, 256, chunk, ring).unwrap();
+        let error = error_of(&spec, &config, &x);
+        assert_mentions(
+            &error,
+            &[
+                "internode_dispatch",
+                "num_max_rdma_chunked_send_tokens",
+                "MAX_RDMA_CHUNKS",
+            ],
+        );
+    }
+    // Regions smaller than the call: each names the hint.
+    for rdma in [false, true] {
+        let mut small = spec;
+        if rdma {
+            small.options.num_rdma_bytes /= 2;
+        } else {
+            small.options.num_nvl_bytes /= 2;
+        }
+        let error = error_of(&small, &config(), &x);
+        let region = if rdma {
+            "num_rdma_bytes"
+        } else {
+            "num_nvl_bytes"
+        };
+        assert_mentions(&error, &[region, "get_buffer_size_hints_for_nodes"]);
+    }
+}
+
+#[test]
+fn every_bad_input_and_output_is_refused_naming_it() {
+    let (n, g) = (8, 2);
+    let spec = spec(n, g, 3);
+    let good = call(n, g, 12, 64, 8);
+    assert!(plan_of(&spec, &config(), &good).is_ok());
+    let cases: [(&str, Spoil); 9] = [
+        ("float8_e4m3fn", |x| {
+            x.inputs.x = matrix(1, 64, HIDDEN, ElemType::Fp8E4m3)
+        }),
+        ("recv_x", |x| {
+            x.outputs.recv_x = matrix(11, 192, 4096, ElemType::Bf16)
+        }),
+        ("recv_src_meta", |x| {
+            x.outputs.recv_src_meta = matrix(14, 192, 8, ElemType::I32)
+        }),
+        ("send_rdma_head", |x| {
+            x.outputs.send_rdma_head = matrix(15, 64, 8, ElemType::I32)
+        }),
+        ("send_nvl_head", |x| {
+            x.outputs.send_nvl_head = matrix(16, 128, 8, ElemType::I32)
+        }),
+        ("recv_topk_idx", |x| x.outputs.recv_topk_idx = None),
+        ("topk_weights", |x| x.inputs.topk_weights = None),
+        ("is_token_in_rank", |x| {
+            x.is_token_in_rank = matrix(4, 64, 4, ElemType::Bool)
+        }),
+        ("recv_gbl_rank_prefix_sum", |x| {
+            x.handle.recv_gbl_rank_prefix_sum = vector(10, 2, ElemType::I32)
+        }),
+    ];
+    for (name, spoil) in cases {
+        let mut x = call(n, g, 12, 64, 8);
+        spoil(&mut x);
+        let error = error_of(&spec, &config(), &x);
+        assert_mentions(&error, &["internode_dispatch", name]);
+    }
+    // A buffer on one node: chapter 7's calls.
+    let one_node = spec_one_node();
+    let error = error_of(&one_node, &config(), &call(4, 4, 12, 64, 0));
+    assert_mentions(&error, &["one node", "dispatch_raw"]);
+}
+
+fn spec_one_node() -> BufferSpec {
+    let options = BufferOptions {
+        num_rdma_bytes: 1 << 20,
+        ..BufferOptions::normal(1 << 20)
+    };
+    BufferSpec::for_tests(4, options)
+}
+
+/// The route rule (DESIGN.md, across nodes) read off the kernel's source: ranks become
+/// addresses only through node_peer, other nodes are reached by put-with-signal and signal ops
+/// only (no nvshmem_ptr, fence, quiet, barrier or trap), and every wait is bounded with a kind
+/// that names what it waited for.
+#[test]
+fn the_kernel_reaches_other_nodes_by_signals_only_and_bounds_every_wait() {
+    let code = assert_route_rules(
+        "internode_dispatch.cu",
+        include_str!("../../kernels/cuda/buffer/internode_dispatch.cu"),
+        &["nvshmemx_putmem_signal_nbi_warp", "nvshmemx_signal_op"],
+    );
+    let peer = code.matches("peer(").count();
+    assert_eq!(
+        peer,
+        code.matches("node_peer(").count(),
+        "every peer pointer through node_peer"
+    );
+    // Waits: the sender's RDMA space, the forwarder's NVL space, the receiver's NVL data;
+    // the forwarder's poll of N rings records its own timeout (WAIT_RDMA_DATA).
+    let waits: Vec<&str> = code.split("wait_at_least(").skip(1).collect();
+    assert_eq!(waits.len(), 3, "three bounded waits");
+    for (wait, kind) in waits
+        .iter()
+        .zip(["WAIT_RDMA_SPACE", "WAIT_RING_SPACE", "WAIT_RING_DATA"])
+    {
+        let args = wait.split(';').next().unwrap();
+        assert!(args.contains(kind), "a wait records {kind}: {args}");
+    }
+    let poll = code
+        .split("__device__ __forceinline__ int pick_chunk")
+        .nth(1)
+        .unwrap();
+    let poll = poll.split("\n}").next().unwrap();
+    assert!(poll.contains("timeout_cycles") && poll.contains("WAIT_RDMA_DATA"));
+    // One kernel, under its profiler name.
+    assert_eq!(code.matches("__global__").count(), 1);
+    assert!(code.contains("internode_dispatch("));
+}
+
+/// A timed-out sender or forwarder names the rail peer, its node, the channel and the side.
+#[test]
+fn failures_name_the_rail_peer_its_node_and_the_channel() {
+    use crate::error::{LastRingCall, describe};
+    use ch04_collectives::{CollError, DeviceFailure};
+    use kernels::contract::{Failure, MAX_LL_RANKS};
+    for (kind, side) in [
+        (Failure::RdmaSpace, "sender"),
+        (Failure::RdmaData, "forwarder"),
+    ] {
+        let failure = DeviceFailure {
+            me: 1,
+            kind,
+            pe: (MAX_LL_RANKS + 5) as u64,
+            expected: 33,
+            seen: 16,
+            block: 7,
+            call: 4,
+            timeout_ms: 300,
+        };
+        let text = describe(CollError::Device(failure), LastRingCall::default(), 2).to_string();
+        assert_mentions(
+            &text,
+            &[
+                "rank 1: internode dispatch (call 4",
+                &format!("channel 3, {side}"),
+                "rank 5 (node 2)",
+                "33 expected, 16 seen",
+            ],
+        );
+        assert!(kind.device_name().starts_with("WAIT_RDMA_"));
+    }
+}
