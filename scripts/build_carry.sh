@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 BINS=(ch01-bootstrap ch01-rendezvous-probe ch02-symmetric-memory ch03-put-get ch03-p2p-bench ch04-collectives
   ch04-coll-bench ch05-inter-node ch05-hier-bench ch06-overlap ch06-overlap-bench ch07-buffer ch08-low-latency
-  internode-notify moe-layer)
+  internode-notify internode-dispatch moe-layer)
 carry=.carry
 mkdir -p "$carry/wheels"
 cargo build --release --workspace --bins --exclude nvshmem-tutorial-python

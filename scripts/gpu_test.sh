@@ -45,7 +45,8 @@
 # on the same topologies plus nodes of 1 (every peer through NVSHMEM's RMA calls), and the
 # Python script ch08_low_latency.py once as 2 nodes of 2 (at N = 4). The internode notify
 # (internode-notify, issue 32 step 3) runs on every topology of several nodes: 2 x 1, 2 x 2,
-# 4 x 1, 2 x 4, 4 x 2, 8 x 1 (and at N = 1, 2 as one node, where it checks the refusal).
+# 4 x 1, 2 x 4, 4 x 2, 8 x 1 (and at N = 1, 2 as one node, where it checks the refusal); the
+# internode dispatch (internode-dispatch, step 4: 1,000 dispatches per topology) on the same.
 # The last line printed is "<P> passed, <F> failed" over all runs; the exit code is 0 only
 # when every run passed.
 set -euo pipefail
@@ -65,6 +66,7 @@ CHAPTER_BINS=(
   ch07-buffer
   ch08-low-latency
   internode-notify
+  internode-dispatch
   moe-layer
 )
 
@@ -89,8 +91,8 @@ node_sizes() {
         8) echo - 4 2 1 ;;
         *) echo - ;;
       esac ;;
-    internode-notify)
-      # "-" (one node) checks that the buffer is refused; the others run the notify.
+    internode-notify | internode-dispatch)
+      # "-" (one node) checks that the buffer is refused; the others run the notify (dispatch).
       case $n in
         2) echo - 1 ;;
         4) echo 2 1 ;;
@@ -304,7 +306,8 @@ for bin in "${bins[@]}"; do
     fi
     if [[ -n "$sanitizer" ]]; then
       where="$where, under compute-sanitizer $sanitizer"
-      if [[ "$bin" == ch07-buffer || "$bin" == ch08-low-latency || "$bin" == internode-notify ]]; then
+      if [[ "$bin" == ch07-buffer || "$bin" == ch08-low-latency || "$bin" == internode-notify ||
+        "$bin" == internode-dispatch ]]; then
         args=(--pairs "$san_pairs" --timeout-ms "$san_timeout_ms")
       fi
     fi

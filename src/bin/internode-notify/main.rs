@@ -20,34 +20,36 @@
 //! Ends `N passed, M failed`.
 
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use ch01_bootstrap::World;
-use ch01_bootstrap::checks::{POISON_WORD, Tally};
-use cudarc::driver::CudaStream;
+use ch01_bootstrap::checks::Tally;
 use nvshmem_tutorial::buffer::{heap_bytes, node_pes_from_env};
-use nvshmem_tutorial::internode::{Job, Notified, flat};
+use nvshmem_tutorial::internode::{Notified, flat};
 use nvshmem_tutorial::{
-    BufferError, BufferOptions, Config, DeviceArray, InternodeHandle, InternodeNotifyCall,
-    InternodeNotifyInputs, InternodeRecvCounts, NotifyInputs, NotifyOutputs, NvshmemBuffer,
+    BufferOptions, DeviceArray, InternodeHandle, InternodeNotifyCall, InternodeRecvCounts,
+    NotifyInputs, NotifyOutputs, NvshmemBuffer,
 };
-use rand::{Rng, SeedableRng, rngs::StdRng};
 
 #[path = "../shared/heap.rs"]
 mod heap;
+#[path = "../shared/internode.rs"]
+mod internode_case;
 #[allow(dead_code)] // routing's weights are for the dispatch programs
 #[path = "../shared/mod.rs"]
 mod shared;
 
-use shared::{AnyError, routing, soak};
+#[cfg(test)]
+use internode_case::HostLayout;
+use internode_case::{
+    Case, HandleArrays, LayoutArrays, POISON, host_layout, notify, refused_on_one_node,
+};
+use shared::{AnyError, soak};
 
 /// The notify uses no ring: small regions (num_rdma_bytes > 0 is what makes a normal-mode
 /// buffer span nodes).
 const NUM_NVL_BYTES: usize = 1 << 20;
 const NUM_RDMA_BYTES: usize = 1 << 20;
 const NUM_CALLS: usize = 24;
-/// An output word no kernel writes: every position 1-6 value is >= 0.
-const POISON: i32 = POISON_WORD as i32;
 
 fn main() -> ExitCode {
     ch01_bootstrap::checks::exit_code("internode-notify", run())
@@ -65,20 +67,7 @@ fn run() -> Result<bool, AnyError> {
     let mut tally = Tally::default();
     let g = node_pes_from_env(&world)?;
     if g == n {
-        if me == 0 {
-            println!(
-                "one node of {n}: internode_notify needs several (set NVSHMEM_TUTORIAL_NODE_PES \
-                 to a divisor of {n} below it); checking that the buffer is refused"
-            );
-        }
-        let made = NvshmemBuffer::new(&world, options).map(drop);
-        tally.expect_error(
-            me,
-            "normal mode with num_rdma_bytes on one node",
-            made,
-            "inter-node",
-        );
-        return Ok(tally.finish(&world)?);
+        return refused_on_one_node(&world, options, "internode_notify");
     }
     let buffer = NvshmemBuffer::new(&world, options)?;
     if me == 0 {
@@ -128,137 +117,6 @@ fn run() -> Result<bool, AnyError> {
     Ok(tally.finish(&world)?)
 }
 
-/// One call's job: every rank's routing (rebuilt identically on every rank), its channels and
-/// alignment.
-struct Case {
-    job: Job,
-    config: Config,
-    expert_alignment: usize,
-}
-
-impl Case {
-    fn new(seed: u64, n: usize, g: usize, i: usize) -> Self {
-        let mut rng = StdRng::seed_from_u64(seed);
-        let experts_per_rank = [1, 4, 8, 16][i % 4];
-        let num_experts = experts_per_rank * n;
-        // Experts from the first half or three quarters of the range on some calls: the last
-        // nodes then get nothing from anyone.
-        let choices = [num_experts, num_experts / 2, num_experts * 3 / 4][i % 3].max(1);
-        let num_topk = choices.min(8);
-        let num_sms = [24, 2, 10, 128, 48][i % 5];
-        let routing = (0..n)
-            .map(|s| {
-                let num_tokens = if s == i % n {
-                    0
-                } else {
-                    rng.random_range(1..400)
-                };
-                routing::random_topk(&mut rng, num_tokens, num_topk, choices)
-                    .chunks(num_topk)
-                    .map(<[i64]>::to_vec)
-                    .collect()
-            })
-            .collect();
-        let config = Config::new(num_sms, 8, 256, 6, 128).expect("a valid config");
-        Self {
-            job: Job {
-                n_pes: n,
-                node_pes: g,
-                num_experts,
-                num_channels: config.num_channels(),
-                routing,
-            },
-            config,
-            expert_alignment: [1, 4, 128][i % 3],
-        }
-    }
-
-    fn describe(&self) -> String {
-        format!(
-            "{} experts, {} channels, expert_alignment {}",
-            self.job.num_experts, self.job.num_channels, self.expert_alignment
-        )
-    }
-}
-
-/// This rank's layout, as `get_dispatch_layout` gives it, computed on the host from the job.
-struct HostLayout {
-    is_token_in_rank: Vec<bool>,
-    num_tokens_per_rank: Vec<i32>,
-    num_tokens_per_rdma_rank: Vec<i32>,
-    num_tokens_per_expert: Vec<i32>,
-}
-
-fn host_layout(job: &Job, me: usize) -> HostLayout {
-    let (n, g) = (job.n_pes, job.node_pes);
-    let l = (job.num_experts / n) as i64;
-    let tokens = &job.routing[me];
-    let is_token_in_rank: Vec<bool> = tokens
-        .iter()
-        .flat_map(|ids| (0..n).map(move |r| ids.iter().any(|&e| e >= 0 && e / l == r as i64)))
-        .collect();
-    let to_rank = |r: usize| {
-        (0..tokens.len())
-            .filter(|&t| is_token_in_rank[t * n + r])
-            .count()
-    };
-    let to_node = |k: usize| {
-        (0..tokens.len())
-            .filter(|&t| (k * g..(k + 1) * g).any(|r| is_token_in_rank[t * n + r]))
-            .count()
-    };
-    let num_tokens_per_expert = (0..job.num_experts as i64)
-        .map(|e| tokens.iter().flatten().filter(|&&id| id == e).count() as i32)
-        .collect();
-    HostLayout {
-        num_tokens_per_rank: (0..n).map(|r| to_rank(r) as i32).collect(),
-        num_tokens_per_rdma_rank: (0..n / g).map(|k| to_node(k) as i32).collect(),
-        num_tokens_per_expert,
-        is_token_in_rank,
-    }
-}
-
-/// The handle's positions 1-6 on the GPU, poisoned.
-struct HandleArrays {
-    arrays: Vec<DeviceArray<i32>>,
-}
-
-impl HandleArrays {
-    /// Shapes: [N, C], [n, C], [N, C], [N], [n, C], [n].
-    fn shapes(n: usize, nodes: usize, c: usize) -> [(usize, usize); 6] {
-        [(nodes, c), (n, c), (nodes, c), (nodes, 0), (n, c), (n, 0)]
-    }
-    fn new(
-        stream: &Arc<CudaStream>,
-        n: usize,
-        nodes: usize,
-        c: usize,
-    ) -> Result<Self, BufferError> {
-        let arrays = Self::shapes(n, nodes, c)
-            .iter()
-            .map(|&(rows, cols)| {
-                let len = rows * cols.max(1);
-                DeviceArray::from_host(stream, &vec![POISON; len], rows, cols)
-            })
-            .collect::<Result<_, _>>()?;
-        Ok(Self { arrays })
-    }
-    fn handle(&self) -> InternodeHandle {
-        let v = |i: usize| self.arrays[i].view();
-        InternodeHandle {
-            rdma_channel_prefix_matrix: v(0),
-            gbl_channel_prefix_matrix: v(1),
-            recv_rdma_channel_prefix_matrix: v(2),
-            recv_rdma_rank_prefix_sum: v(3),
-            recv_gbl_channel_prefix_matrix: v(4),
-            recv_gbl_rank_prefix_sum: v(5),
-        }
-    }
-    fn to_host(&self, stream: &Arc<CudaStream>) -> Result<Vec<Vec<i32>>, BufferError> {
-        self.arrays.iter().map(|a| a.to_host(stream)).collect()
-    }
-}
-
 /// The reference's positions 1-6, flattened row-major as the arrays hold them.
 fn expected_positions(want: &Notified) -> [(&'static str, Vec<i32>); 6] {
     let flat2 = |m: &Vec<Vec<i32>>| m.iter().flatten().copied().collect::<Vec<i32>>();
@@ -288,59 +146,6 @@ fn expected_positions(want: &Notified) -> [(&'static str, Vec<i32>); 6] {
             want.recv_gbl_rank_prefix_sum.clone(),
         ),
     ]
-}
-
-/// The layout's arrays on the GPU.
-struct LayoutArrays {
-    is_token_in_rank: DeviceArray<bool>,
-    num_tokens_per_rank: DeviceArray<i32>,
-    num_tokens_per_rdma_rank: DeviceArray<i32>,
-    num_tokens_per_expert: DeviceArray<i32>,
-}
-
-impl LayoutArrays {
-    fn new(stream: &Arc<CudaStream>, layout: &HostLayout, n: usize) -> Result<Self, BufferError> {
-        let vector = |v: &Vec<i32>| DeviceArray::from_host(stream, v, v.len(), 0);
-        Ok(Self {
-            is_token_in_rank: DeviceArray::from_host(
-                stream,
-                &layout.is_token_in_rank,
-                layout.is_token_in_rank.len() / n,
-                n,
-            )?,
-            num_tokens_per_rank: vector(&layout.num_tokens_per_rank)?,
-            num_tokens_per_rdma_rank: vector(&layout.num_tokens_per_rdma_rank)?,
-            num_tokens_per_expert: vector(&layout.num_tokens_per_expert)?,
-        })
-    }
-    fn inputs(&self, expert_alignment: usize) -> InternodeNotifyInputs {
-        InternodeNotifyInputs {
-            num_tokens_per_rank: self.num_tokens_per_rank.view(),
-            num_tokens_per_rdma_rank: self.num_tokens_per_rdma_rank.view(),
-            num_tokens_per_expert: self.num_tokens_per_expert.view(),
-            is_token_in_rank: self.is_token_in_rank.view(),
-            expert_alignment,
-        }
-    }
-}
-
-/// A notify of `call` on the world's stream (collective); the counts when it is the full one.
-fn notify(
-    buffer: &NvshmemBuffer<&World>,
-    call: &InternodeNotifyCall,
-    handle: &InternodeHandle,
-    config: &Config,
-) -> Result<Option<InternodeRecvCounts>, BufferError> {
-    let stream = buffer.world().stream();
-    // SAFETY: every view is a live array of this GPU, kept alive by the caller until the
-    // stream is synchronised; the world's stream belongs to the buffer's context.
-    let counts =
-        unsafe { buffer.internode_notify_raw(call, handle, config, true, stream.cu_stream()) }?;
-    stream
-        .synchronize()
-        .map_err(BufferError::cuda("synchronising after the notify"))?;
-    buffer.check()?;
-    Ok(counts)
 }
 
 /// The full notify of `case`, checked against the reference; with `cached`, a cached notify
