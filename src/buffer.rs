@@ -356,6 +356,22 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         }?)
     }
 
+    /// A kernel whose parameters are the communicator's workspace and one argument struct, and
+    /// whose blocks wait for each other or for peers (so all must be resident).
+    ///
+    /// # Safety
+    /// As `launch`: `args` is the kernel's checked argument struct.
+    pub(crate) unsafe fn launch_resident<A>(
+        &self,
+        spec: LaunchSpec,
+        args: &A,
+        stream: sys::CUstream,
+    ) -> Result<(), BufferError> {
+        let ws = self.workspace();
+        // SAFETY: forwarded to the caller.
+        unsafe { self.launch(spec, Blocks::MayWait, stream, &mut [arg(&ws), arg(args)]) }
+    }
+
     /// Makes the buffer's context current on this thread (a launch needs it).
     fn bind(&self) -> Result<(), BufferError> {
         self.world()

@@ -3,6 +3,7 @@
 //! touches the memory. And `assert_mentions`, how every CPU test checks an error's message, and
 //! `assert_route_rules`, the across-nodes kernels' source check.
 
+use crate::internode_notify::InternodeHandle;
 use crate::view::{ElemType, View};
 
 /// Distinct made-up device addresses, 256-byte aligned, 256 MiB apart (room for any view the
@@ -19,6 +20,19 @@ pub(crate) fn matrix(i: u64, rows: usize, cols: usize, elem: ElemType) -> View {
 /// A vector of `len` at address `i`.
 pub(crate) fn vector(i: u64, len: usize, elem: ElemType) -> View {
     View::vector(at(i), len, elem)
+}
+
+/// The internode handle's six prefix arrays for `n` ranks in `nodes` nodes and `c` channels,
+/// at addresses 5 to 10.
+pub(crate) fn internode_handle(n: usize, nodes: usize, c: usize) -> InternodeHandle {
+    InternodeHandle {
+        rdma_channel_prefix_matrix: matrix(5, nodes, c, ElemType::I32),
+        gbl_channel_prefix_matrix: matrix(6, n, c, ElemType::I32),
+        recv_rdma_channel_prefix_matrix: matrix(7, nodes, c, ElemType::I32),
+        recv_rdma_rank_prefix_sum: vector(8, nodes, ElemType::I32),
+        recv_gbl_channel_prefix_matrix: matrix(9, n, c, ElemType::I32),
+        recv_gbl_rank_prefix_sum: vector(10, n, ElemType::I32),
+    }
 }
 
 /// Fails the test unless `text` contains every one of `parts`, naming the first one missing.

@@ -15,7 +15,7 @@ use ch04_collectives::LaunchSpec;
 use cudarc::driver::sys;
 use kernels::contract::{CHANNEL_THREADS, InternodeDispatchArgs, MAX_CHANNELS};
 
-use crate::buffer::{Blocks, NvshmemBuffer, arg};
+use crate::buffer::NvshmemBuffer;
 use crate::config::Config;
 use crate::dispatch::DispatchInputs;
 use crate::error::BufferError;
@@ -99,17 +99,9 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
             threads_per_block: CHANNEL_THREADS,
             shared_mem_bytes: 0,
         };
-        let ws = self.workspace();
-        // SAFETY: a checked plan; senders, forwarders and receivers wait for each other, so
-        // every block must be resident (MayWait); the caller vouches for the views and stream.
-        unsafe {
-            self.launch(
-                spec,
-                Blocks::MayWait,
-                stream,
-                &mut [arg(&ws), arg(&plan.args)],
-            )
-        }
+        // SAFETY: a checked plan (senders, forwarders and receivers wait for each other: every
+        // block resident); the caller vouches for the views and stream.
+        unsafe { self.launch_resident(spec, &plan.args, stream) }
     }
     // ANCHOR_END: internode_dispatch
 

@@ -7,7 +7,7 @@ use crate::internode_notify::NotifyArea;
 use crate::low_latency::regions::CONTROL_BYTES;
 use crate::regions::Regions;
 use crate::spec::{BufferOptions, BufferSpec};
-use crate::test_views::{assert_mentions, assert_route_rules, matrix, vector};
+use crate::test_views::{assert_mentions, assert_route_rules, internode_handle, matrix, vector};
 use crate::view::ElemType;
 use kernels::contract::{MAX_CHANNELS, MAX_DISPATCH_BLOCKS, MAX_RDMA_CHUNKS};
 
@@ -57,14 +57,7 @@ fn call(n: usize, g: usize, c: usize, t: usize, k: usize) -> Call {
             num_experts: 4 * n,
         },
         is_token_in_rank: matrix(4, t, n, ElemType::Bool),
-        handle: InternodeHandle {
-            rdma_channel_prefix_matrix: matrix(5, nodes, c, ElemType::I32),
-            gbl_channel_prefix_matrix: matrix(6, n, c, ElemType::I32),
-            recv_rdma_channel_prefix_matrix: matrix(7, nodes, c, ElemType::I32),
-            recv_rdma_rank_prefix_sum: vector(8, nodes, ElemType::I32),
-            recv_gbl_channel_prefix_matrix: matrix(9, n, c, ElemType::I32),
-            recv_gbl_rank_prefix_sum: vector(10, n, ElemType::I32),
-        },
+        handle: internode_handle(n, nodes, c),
         outputs: InternodeDispatchOutputs {
             recv_x: matrix(11, m, HIDDEN, ElemType::Bf16),
             recv_topk_idx: topk(12, m, ElemType::I64),

@@ -18,7 +18,7 @@ use kernels::contract::{
     MAX_PES, MAX_RDMA_CHUNKS,
 };
 
-use crate::buffer::{Blocks, NvshmemBuffer, arg};
+use crate::buffer::NvshmemBuffer;
 use crate::config::Config;
 use crate::error::BufferError;
 use crate::regions::MAX_EXPERTS;
@@ -219,17 +219,9 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
             threads_per_block: INTERNODE_NOTIFY_THREADS,
             shared_mem_bytes: 0,
         };
-        let ws = self.workspace();
-        // SAFETY: a checked plan; block 0 waits for other ranks' blocks, so all must be
-        // resident (MayWait); the caller vouches for the views and the stream.
-        unsafe {
-            self.launch(
-                spec,
-                Blocks::MayWait,
-                stream,
-                &mut [arg(&ws), arg(&plan.args)],
-            )
-        }?;
+        // SAFETY: a checked plan (block 0 waits for other ranks' blocks: every block resident);
+        // the caller vouches for the views and the stream.
+        unsafe { self.launch_resident(spec, &plan.args, stream) }?;
         if !wait {
             return Ok(None);
         }

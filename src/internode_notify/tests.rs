@@ -9,7 +9,7 @@ use crate::regions::MAX_EXPERTS;
 use crate::regions::Regions;
 use crate::spec::BufferOptions;
 use crate::spec::BufferSpec;
-use crate::test_views::{assert_mentions, assert_route_rules, matrix, vector};
+use crate::test_views::{assert_mentions, assert_route_rules, internode_handle, matrix, vector};
 use crate::view::ElemType;
 use kernels::contract::MAX_LL_RANKS;
 
@@ -46,15 +46,7 @@ fn views(
         is_token_in_rank: matrix(4, t, n, ElemType::Bool),
         expert_alignment: 1,
     };
-    let handle = InternodeHandle {
-        rdma_channel_prefix_matrix: matrix(5, nodes, c, ElemType::I32),
-        gbl_channel_prefix_matrix: matrix(6, n, c, ElemType::I32),
-        recv_rdma_channel_prefix_matrix: matrix(7, nodes, c, ElemType::I32),
-        recv_rdma_rank_prefix_sum: vector(8, nodes, ElemType::I32),
-        recv_gbl_channel_prefix_matrix: matrix(9, n, c, ElemType::I32),
-        recv_gbl_rank_prefix_sum: vector(10, n, ElemType::I32),
-    };
-    (inputs, handle)
+    (inputs, internode_handle(n, nodes, c))
 }
 
 fn plan(
