@@ -8,8 +8,10 @@
 //! full notify between two dispatches is a barrier over every rank.
 //!
 //! Mutations must fail, which shows the model sees what it checks: one tail counted by ADD
-//! instead of a word per chunk, heads returned by SET, no wait for space, and a ring smaller
-//! than a window plus a chunk.
+//! instead of a word per chunk, heads returned by SET, no wait for space, a ring smaller
+//! than a window plus a chunk, and (the chunk changing between calls, as a tuning loop does)
+//! no rounding to the call's chunk at its start (a chunk then crosses the ring's end, which
+//! the kernel's one contiguous put per chunk cannot).
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -28,6 +30,11 @@ struct Protocol {
     window: usize,
     chunk: usize,
     ring: usize,
+    /// The chunk of odd calls, when the config changes between calls (0: it does not).
+    odd_chunk: usize,
+    /// Both ends round their position up to the call's chunk at its start, the forwarder
+    /// returning the skipped positions to the head (else a chunk may start off its grid).
+    round_at_start: bool,
 }
 
 const KERNEL: Protocol = Protocol {
@@ -37,6 +44,8 @@ const KERNEL: Protocol = Protocol {
     window: 4,
     chunk: 2,
     ring: 6, // window + chunk: the plan's floor
+    odd_chunk: 0,
+    round_at_start: true,
 };
 
 /// What a landing or staging slot holds: (source rank, call, the token's index in the call).
@@ -111,7 +120,7 @@ impl Model {
             fwd_seen: vec![vec![0; nodes]; n],
             landing: (0..n).map(|_| ring()).collect(),
             staging: (0..n).map(|_| ring()).collect(),
-            words: vec![vec![vec![0; protocol.ring / protocol.chunk]; nodes]; n],
+            words: vec![vec![vec![0; MAX_CHUNKS]; nodes]; n],
             tails: vec![vec![0; nodes]; n],
             heads: vec![vec![0; nodes]; n],
             puts: Vec::new(),
@@ -131,6 +140,19 @@ impl Model {
     fn nodes(&self) -> usize {
         self.n / self.g
     }
+    /// The chunk of the call in progress (the config's, which may change between calls).
+    fn chunk(&self) -> usize {
+        if self.protocol.odd_chunk > 0 && self.call % 2 == 1 {
+            self.protocol.odd_chunk
+        } else {
+            self.protocol.chunk
+        }
+    }
+    /// The word of the chunk at position p.
+    fn word_index(&self, p: u64) -> usize {
+        let chunk = self.chunk();
+        (p as usize / chunk) % (self.protocol.ring / chunk)
+    }
     /// The source of node b that forwarder f hears from: its rail peer there.
     fn rail_peer(&self, f: usize, b: usize) -> usize {
         b * self.g + f % self.g
@@ -145,13 +167,39 @@ impl Model {
 
     /// A new dispatch after the barrier: cursors back to 0, each forwarder told its counts.
     fn start_call(&mut self) {
+        let c = self.chunk() as u64;
         for s in 0..self.n {
             self.senders[s].cursor = 0;
+            if self.protocol.round_at_start {
+                for k in 0..self.nodes() {
+                    let pos = self.senders[s].pos[k].next_multiple_of(c);
+                    self.senders[s].pos[k] = pos;
+                    self.senders[s].posted[k] = pos;
+                }
+            }
         }
         for f in 0..self.n {
             for b in 0..self.nodes() {
                 self.fwd_left[f][b] = self.stream(self.rail_peer(f, b), f / self.g).len();
                 self.fwd_seen[f][b] = 0;
+                let was = self.fwd_pos[f][b];
+                let pos = was.next_multiple_of(c);
+                if !self.protocol.round_at_start || pos == was {
+                    continue;
+                }
+                // The skipped positions back to the sender's head (own node: a store).
+                self.fwd_pos[f][b] = pos;
+                let (s, node) = (self.rail_peer(f, b), f / self.g);
+                if b == node {
+                    self.heads[s][node] = pos;
+                } else {
+                    let value = if self.protocol.head_add {
+                        pos - was
+                    } else {
+                        pos
+                    };
+                    self.head_ops.push(HeadOp { to: s, node, value });
+                }
             }
         }
     }
@@ -174,14 +222,21 @@ impl Model {
 
     /// Chunk [p, p + m) of sender s's stream to node k is complete: its put leaves (own node:
     /// the slots are in place, the word is stored).
-    fn post(&mut self, s: usize, k: usize, p: u64, m: u64) {
+    fn post(&mut self, s: usize, k: usize, p: u64, m: u64) -> Result<(), String> {
         let f = self.rail_peer(s, k);
         let b = s / self.g;
+        let ring = self.protocol.ring as u64;
+        if p % ring + m > ring {
+            return Err(format!(
+                "sender {s}'s chunk [{p}, {}) to node {k} crosses the ring's end: its one put \
+                 writes past the ring",
+                p + m
+            ));
+        }
         if k == b {
             self.signal(f, b, p, m);
-            return;
+            return Ok(());
         }
-        let ring = self.protocol.ring as u64;
         let tags = (p..p + m)
             .map(|q| self.staging[s][k][(q % ring) as usize].tag.unwrap())
             .collect();
@@ -191,16 +246,17 @@ impl Model {
             p,
             tags,
         });
+        Ok(())
     }
 
     /// The chunk's signal on forwarder f for source node b: its word set to p + m, or, mutated,
     /// the one tail advanced by the chunk's span (c positions, the last one rounded).
     fn signal(&mut self, f: usize, b: usize, p: u64, m: u64) {
         if self.protocol.chunk_words {
-            let chunks = self.protocol.ring / self.protocol.chunk;
-            self.words[f][b][(p as usize / self.protocol.chunk) % chunks] = p + m;
+            let word = self.word_index(p);
+            self.words[f][b][word] = p + m;
         } else {
-            self.tails[f][b] += self.protocol.chunk as u64;
+            self.tails[f][b] += self.chunk() as u64;
         }
     }
 
@@ -208,7 +264,7 @@ impl Model {
     fn send_window(&mut self, s: usize) -> Result<bool, String> {
         let (w, c, ring) = (
             self.protocol.window,
-            self.protocol.chunk as u64,
+            self.chunk() as u64,
             self.protocol.ring as u64,
         );
         let tokens = self.routing[self.call][s].clone();
@@ -256,7 +312,7 @@ impl Model {
                 if m < c && !done {
                     break;
                 }
-                self.post(s, k, p, m);
+                self.post(s, k, p, m)?;
                 self.senders[s].posted[k] = p + c;
             }
             if done {
@@ -303,13 +359,12 @@ impl Model {
 
     /// Forwarder f takes one ready chunk from source node b, if there is one.
     fn forward(&mut self, f: usize, b: usize) -> Result<bool, String> {
-        let (c, ring) = (self.protocol.chunk as u64, self.protocol.ring as u64);
+        let (c, ring) = (self.chunk() as u64, self.protocol.ring as u64);
         let left = self.fwd_left[f][b] as u64;
         let p = self.fwd_pos[f][b];
         let m = left.min(c);
         let ready = if self.protocol.chunk_words {
-            let chunks = self.protocol.ring / self.protocol.chunk;
-            self.words[f][b][(p as usize / self.protocol.chunk) % chunks] > p
+            self.words[f][b][self.word_index(p)] > p
         } else {
             self.tails[f][b] >= p + c
         };
@@ -410,6 +465,17 @@ fn routing(rng: &mut StdRng, calls: usize, n: usize, nodes: usize) -> Vec<Vec<Ve
         .collect()
 }
 
+/// The config's chunk changing between calls (2 on even calls, 4 on odd; the ring a whole
+/// number of both and at least a window plus the larger), as a tuning loop like DeepEP's
+/// test_internode.py does over one buffer.
+const CHANGING: Protocol = Protocol {
+    window: 4,
+    chunk: 2,
+    ring: 8,
+    odd_chunk: 4,
+    ..KERNEL
+};
+
 /// Runs `schedules` random routings and interleavings on n ranks in nodes of g; the first
 /// violation, if any.
 fn run(n: usize, g: usize, protocol: Protocol, schedules: u64) -> Result<(), String> {
@@ -425,6 +491,9 @@ fn run(n: usize, g: usize, protocol: Protocol, schedules: u64) -> Result<(), Str
     Ok(())
 }
 
+/// Words per ring in the model (the kernel's MAX_RDMA_CHUNKS).
+const MAX_CHUNKS: usize = 8;
+
 const TOPOLOGIES: [(usize, usize); 4] = [(4, 2), (4, 1), (6, 3), (6, 2)];
 
 #[test]
@@ -435,7 +504,7 @@ fn every_slot_is_read_once_as_written_and_the_rings_drain() {
         ring: 8,
         ..KERNEL
     };
-    for protocol in [KERNEL, wider] {
+    for protocol in [KERNEL, wider, CHANGING] {
         for (n, g) in TOPOLOGIES {
             run(n, g, protocol, 300)
                 .unwrap_or_else(|e| panic!("{n} in nodes of {g}, {protocol:?}: {e}"));
@@ -470,6 +539,13 @@ fn the_model_fails_without_each_part_of_the_protocol() {
         (
             "a ring below a window plus a chunk",
             Protocol { ring: 4, ..KERNEL },
+        ),
+        (
+            "the chunk changing, no rounding at a call's start",
+            Protocol {
+                round_at_start: false,
+                ..CHANGING
+            },
         ),
     ];
     for (what, protocol) in mutations {

@@ -25,11 +25,19 @@ fn rdma_ring(config: &Config) -> Result<(usize, usize), BufferError> {
     let ring = config.num_max_rdma_chunked_recv_tokens as usize;
     let chunk = config.num_max_rdma_chunked_send_tokens as usize;
     let window = WINDOW_TOKENS as usize;
-    if chunk > window || ring < window + chunk || ring / chunk > MAX_RDMA_CHUNKS {
+    // Config's fields are public: a ring not a whole number of chunks would let a chunk, and
+    // its one put, cross the ring's end (Config::new rounds the ring up; this holds the rest).
+    if chunk == 0
+        || !ring.is_multiple_of(chunk)
+        || chunk > window
+        || ring < window + chunk
+        || ring / chunk > MAX_RDMA_CHUNKS
+    {
         return Err(invalid(format!(
             "num_max_rdma_chunked_send_tokens = {chunk} and num_max_rdma_chunked_recv_tokens = \
              {ring}: a chunk holds at most {window} tokens, a ring at least {window} + the chunk \
-             and at most MAX_RDMA_CHUNKS = {MAX_RDMA_CHUNKS} chunks (a sender's window of \
+             and at most MAX_RDMA_CHUNKS = {MAX_RDMA_CHUNKS} chunks, a whole number of them \
+             (a sender's window of \
              {window} tokens must fit beside the chunk it has not posted yet)"
         )));
     }

@@ -168,9 +168,13 @@ fn rings_the_protocol_cannot_run_are_refused_naming_why() {
     let (n, g) = (8, 4);
     let spec = spec(n, g, 0);
     let x = call(n, g, 12, 64, 0);
-    // A chunk past a window, a ring below a window and a chunk, too many chunks.
-    for (chunk, ring) in [(40, 128), (16, 32), (2, 128)] {
-        let config = Config::new(24, 8, 256, chunk, ring).unwrap();
+    // A chunk past a window, a ring below a window and a chunk, too many chunks, and (the
+    // fields set past Config::new, which rounds the ring) a ring not a whole number of chunks
+    // or a chunk of 0.
+    for (chunk, ring) in [(40, 128), (16, 32), (2, 128), (12, 128), (0, 128)] {
+        let mut config = Config::new(24, 8, 256, 4, 128).unwrap();
+        config.num_max_rdma_chunked_send_tokens = chunk;
+        config.num_max_rdma_chunked_recv_tokens = ring;
         let error = error_of(&spec, &config, &x);
         assert_mentions(
             &error,

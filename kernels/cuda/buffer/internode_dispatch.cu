@@ -23,7 +23,10 @@
 //   start - R_r + c_r. On our own node the sender's stores are in place and a release store
 //   of the word publishes them (each word: one writer by one route).
 // - Both ends round their position up to a chunk at the end of a call (both know the count:
-//   the sender walks it, the forwarder has handle 3), so a chunk never spans two calls.
+//   the sender walks it, the forwarder has handle 3), so a chunk never spans two calls; and
+//   again at the start, to this call's c_r (a config may change it between calls: a chunk
+//   off its grid would cross the ring's end, and its one put write past the ring). The
+//   forwarder returns the skipped positions to the sender's head then.
 // - Heads count positions and go back by signal ADD of c_r per chunk (own node: a release
 //   store of the count): two SETs from one forwarder could land out of order and leave the
 //   head below what was consumed. A head past a slot proves the put that filled it landed,
@@ -176,7 +179,8 @@ __device__ void rdma_send(const Workspace& ws, const InternodeDispatchArgs& a, u
     const LlTopology& topo = a.topo;
     const int N = num_nodes(topo), me = my_node(topo), lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     const int k = threadIdx.x;  // the node this thread plans for (k < N)
-    const uint64_t base = k < N ? a.rdma_sent[c * N + k] : 0;
+    // Our chunks start on a multiple of this call's c_r (the last call may have had another).
+    const uint64_t base = k < N ? round_to_chunk(a.rdma_sent[c * N + k], a.rdma_chunk_tokens) : 0;
     auto sync = [] { named_barrier_sync(SENDER_BARRIER, RDMA_SENDER_WARPS * WARP_SIZE); };
     if (k < N) pos[k] = posted[k] = base;
     if (threadIdx.x == 0) alive = 1;
@@ -324,7 +328,18 @@ __device__ void forward(const Workspace& ws, const InternodeDispatchArgs& a, uin
     const int N = num_nodes(topo), C = a.num_channels;
     for (int b = threadIdx.x; b < N; b += blockDim.x) {
         const int* prefix = a.recv_rdma_channel_prefix_matrix + b * C;
-        f.pos[b] = a.rdma_received[c * N + b];
+        // As the sender: the call's first chunk on a multiple of this call's c_r. If the last
+        // call's c_r was another, the skipped positions go back to the sender's head now.
+        const uint64_t was = a.rdma_received[c * N + b];
+        f.pos[b] = round_to_chunk(was, a.rdma_chunk_tokens);
+        if (f.pos[b] != was) {
+            if (b == my_node(topo)) {
+                st_release_sys(a.rdma_heads + c * N + b, f.pos[b]);
+            } else {
+                nvshmemx_signal_op(a.rdma_heads + c * N + my_node(topo), f.pos[b] - was, NVSHMEM_SIGNAL_ADD,
+                                   b * topo.node_pes + my_local(topo));
+            }
+        }
         f.left[b] = prefix[c] - (c > 0 ? prefix[c - 1] : 0);
         f.taken[b] = 0;
     }
