@@ -51,6 +51,8 @@ use shared::{AnyError, soak};
 const NUM_CALLS: usize = 1000;
 /// bf16 columns of a row, by call.
 const HIDDEN: [usize; 3] = [128, 512, 2048];
+/// num_max_rdma_chunked_send_tokens, by call (5 calls each, across the channel counts).
+const RDMA_CHUNKS: [u32; 4] = [6, 4, 8, 5];
 
 fn main() -> ExitCode {
     ch01_bootstrap::checks::exit_code("internode-dispatch", run())
@@ -109,6 +111,12 @@ fn run() -> Result<bool, AnyError> {
             g,
             i,
         );
+        // The RDMA chunk changes between calls (as DeepEP's tuning loop changes it over one
+        // buffer): a call then starts its chunks on its own grid, the forwarder returning the
+        // skipped positions to the head. Rings of 128 rounded up to the chunk (at most the
+        // hint's 132).
+        let rdma_chunk = RDMA_CHUNKS[(i / 5) % RDMA_CHUNKS.len()];
+        case.config = Config::new(case.config.num_sms, 8, 256, rdma_chunk, 128)?;
         // Every block of the dispatch must be resident: a PE with a share of a GPU gets fewer.
         if case.config.num_sms > max_num_sms {
             case.config.num_sms = max_num_sms;
@@ -117,8 +125,8 @@ fn run() -> Result<bool, AnyError> {
         let (hidden, with_topk) = (HIDDEN[i % HIDDEN.len()], i % 2 == 1);
         if !dispatch_and_check(&buffer, &case, hidden, with_topk, &mut calls)? {
             eprintln!(
-                "pe {me}: call {i} ({}, hidden {hidden}, top-k {with_topk}) differed from the \
-                 reference",
+                "pe {me}: call {i} ({}, hidden {hidden}, top-k {with_topk}, RDMA chunk \
+                 {rdma_chunk}) differed from the reference",
                 case.describe()
             );
         }
@@ -467,6 +475,18 @@ fn check_heads(
 mod tests {
     use super::*;
     use nvshmem_tutorial::internode::flat;
+
+    /// Every call's RDMA ring fits the regions sized for the hint's (chunk 6: 132 slots).
+    #[test]
+    fn every_calls_rdma_ring_fits_the_regions() {
+        for chunk in RDMA_CHUNKS {
+            let config = Config::new(128, 8, 256, chunk, 128).unwrap();
+            assert!(
+                config.num_max_rdma_chunked_recv_tokens <= 132,
+                "chunk {chunk}"
+            );
+        }
+    }
 
     /// The reference agrees with `flat` (DeepEP's definitions, which the notify is checked
     /// against): every rank receives handle 6's rows, forwards handle 4's, and its tokens'
