@@ -2,7 +2,7 @@
 
     torchrun --standalone --nproc_per_node=N scripts/ch04_collectives.py
 
-Mirrors chapters/ch04-collectives/examples/ch04_collectives.rs with the Python package: every
+Mirrors chapters/ch04-collectives/examples/ch04_collectives/main.rs with the Python package: every
 collective and algorithm at sizes from 0 to 1 MB (odd ones, ones no PE count divides), into
 poisoned outputs, against references computed with plain torch from every rank's input
 (every rank can rebuild every other rank's input from the shared seed); a CUDA graph of an

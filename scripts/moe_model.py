@@ -334,3 +334,9 @@ def decode_two_micro_batches(layer: MoeLayer, xs: List[torch.Tensor],
         c1[1]()
         return [c0[0], c1[0]]
 # ANCHOR_END: decode
+
+
+def relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    """The relative error of `a` against the reference `b`: the norm of their difference over
+    b's norm (the checks' one comparator)."""
+    return float((a.float() - b.float()).norm() / b.float().norm().clamp(min=1e-12))

@@ -10,6 +10,9 @@
 //! threshold (the table's choice there), 1000 calls in a row with no reset, a CUDA graph
 //! replayed with new inputs, the barrier's ordering, and the mistakes, made on purpose.
 
+mod failures;
+mod large;
+
 use std::process::ExitCode;
 
 use ch01_bootstrap::World;
@@ -20,6 +23,8 @@ use ch04_collectives::{
     Algorithm, CollError, Collective, CollectivesConfig, Communicator, DType, Reducible, SIZE_TABLE,
 };
 use cudarc::driver::{DeviceRepr, ValidAsZeroBits};
+use failures::*;
+use large::*;
 
 type AnyError = Box<dyn std::error::Error>;
 type Buffer<'w, T> = SymmetricBuffer<&'w World, T>;
@@ -199,156 +204,7 @@ where
 }
 
 // ANCHOR: all_to_all_v
-/// all-to-all-v with counts only the device knows: random splits (often none from a PE to a
-/// peer), then everything to PE 0. Rows of 7168 bytes, one token of a hidden-size-7168 model.
-fn check_all_to_all_v(
-    comm: &Communicator<&World>,
-    check: &mut Checker,
-    seed: u32,
-) -> Result<(), AnyError> {
-    let world = comm.world();
-    let (me, n, stream) = (world.my_pe(), world.n_pes(), world.stream());
-    let row_len = 7168;
-    // Random: up to 8 rows from each PE. All to PE 0: 5 + p rows from PE p, so PE 0 receives
-    // 5n + n(n - 1)/2 (68 at n = 8).
-    let max_rows = (8 * n).max(5 * n + n * (n - 1) / 2);
-    let input = Buffer::<u8>::new(world, max_rows * row_len)?;
-    let out = Buffer::<u8>::new(world, max_rows * row_len)?;
-    for shape in ["random", "all to pe 0"] {
-        let rows = |p: usize, q: usize| match shape {
-            "random" => (kernels::pattern_word(p, q as u64, seed) % 9) as usize,
-            _ => usize::from(q == 0) * (5 + p),
-        };
-        let splits: Vec<Vec<usize>> = (0..n)
-            .map(|p| (0..n).map(|q| rows(p, q)).collect())
-            .collect();
-        let inputs: Vec<Vec<u8>> = (0..n)
-            .map(|p| {
-                (0..splits[p].iter().sum::<usize>() * row_len)
-                    .map(|i| pattern_byte(p, i, seed))
-                    .collect()
-            })
-            .collect();
-        let (expected, counts, offsets) = reference::all_to_all_v(&inputs, &splits, me, row_len);
-        let in_splits =
-            stream.clone_htod(&splits[me].iter().map(|&r| r as i64).collect::<Vec<_>>())?;
-        let mut out_splits_offsets = stream.alloc_zeros::<i64>(2 * n)?;
-        check.case(
-            comm,
-            Collective::AllToAllV,
-            Algorithm::Direct,
-            shape,
-            (&input, &inputs[me]),
-            (&out, &expected),
-            || comm.all_to_all_v(&out, &input, row_len, &in_splits, &mut out_splits_offsets),
-        )?;
-        let got = stream.clone_dtoh(&out_splits_offsets)?;
-        check
-            .tally
-            .check(me, got == [counts, offsets].concat(), || {
-                format!("all_to_all_v {shape}: counts {got:?}")
-            });
-    }
-    Ok(())
-}
 // ANCHOR_END: all_to_all_v
-
-/// The all-reduce past the size table's last threshold, by the table's choice (rs_ag there):
-/// a count no PE count or vector divides, out of place and in place, f32. The sizes above
-/// stop at 4 MB of all-reduce, where every block moves one piece of its chunk; here each
-/// moves several.
-fn check_largest_all_reduce(
-    comm: &Communicator<&World>,
-    check: &mut Checker,
-    seed: u32,
-) -> Result<(), AnyError> {
-    let (me, n) = (comm.world().my_pe(), comm.world().n_pes());
-    let threshold = SIZE_TABLE
-        .iter()
-        .filter(|r| r.0 == Collective::AllReduce && r.1 < usize::MAX)
-        .map(|r| r.1)
-        .max()
-        .unwrap_or(0);
-    let count = threshold / 4 + 1001;
-    let algorithm = comm
-        .plan(Collective::AllReduce, None, 4 * count, Some(DType::F32))?
-        .algorithm;
-    check.tally.check(me, algorithm == Algorithm::RsAg, || {
-        format!(
-            "all_reduce of {} B: the table chose {}",
-            4 * count,
-            algorithm.name()
-        )
-    });
-    let input = Buffer::<f32>::new(comm.world(), count)?;
-    let out = Buffer::<f32>::new(comm.world(), count)?;
-    let inputs: Vec<Vec<f32>> = (0..n)
-        .map(|p| (0..count).map(|i| pattern_value(p, i, seed)).collect())
-        .collect();
-    let expected = reference::all_reduce(&inputs, count);
-    for in_place in [false, true] {
-        let out = if in_place { &input } else { &out };
-        check.case(
-            comm,
-            Collective::AllReduce,
-            algorithm,
-            if in_place {
-                "largest, in place"
-            } else {
-                "largest"
-            },
-            (&input, &inputs[me]),
-            (out, &expected),
-            || comm.all_reduce(out, &input, count, None),
-        )?;
-    }
-    Ok(())
-}
-
-/// A broadcast long enough for the pipeline's steps (the byte cases above stop at 1 MB, one
-/// step): 24 MiB + 5 bytes by the table's choice (scatter), from the last PE and from PE 0,
-/// out of place and in place. At N = 4 the pipeline runs 2 steps; at N = 2 there is one step
-/// and no forwarder.
-fn check_pipelined_broadcast(
-    comm: &Communicator<&World>,
-    check: &mut Checker,
-    seed: u32,
-) -> Result<(), AnyError> {
-    let (me, n) = (comm.world().my_pe(), comm.world().n_pes());
-    let count = (24 << 20) + 5;
-    let algorithm = comm
-        .plan(Collective::Broadcast, None, count, None)?
-        .algorithm;
-    let input = Buffer::<u8>::new(comm.world(), count)?;
-    let out = Buffer::<u8>::new(comm.world(), count)?;
-    for root in [n - 1, 0] {
-        let inputs: Vec<Vec<u8>> = (0..n)
-            .map(|p| {
-                (0..count)
-                    .map(|i| pattern_byte(p, i, seed + root as u32))
-                    .collect()
-            })
-            .collect();
-        let expected = reference::broadcast(&inputs, root);
-        for in_place in [false, true] {
-            let out = if in_place { &input } else { &out };
-            check.case(
-                comm,
-                Collective::Broadcast,
-                algorithm,
-                if in_place {
-                    "pipelined, in place"
-                } else {
-                    "pipelined"
-                },
-                (&input, &inputs[me]),
-                (out, &expected),
-                || comm.broadcast(out, &input, count, root, None),
-            )?;
-        }
-    }
-    Ok(())
-}
 
 /// 1000 calls in a row, cycling through algorithms, no host synchronisation and no reset in
 /// between: the call numbering and the double-buffered scratch must hold up.
@@ -465,99 +321,7 @@ fn check_sync_all(
     Ok(comm.check()?)
 }
 
-/// Every mistake is an error before anything is launched.
-fn check_mistakes(
-    comm: &Communicator<&World>,
-    check: &mut Checker,
-    (input, out): &(Buffer<u8>, Buffer<u8>),
-    floats: &Buffer<f32>,
-) -> Result<(), AnyError> {
-    let world = comm.world();
-    let (me, n) = (world.my_pe(), world.n_pes());
-    let local = world.stream().alloc_zeros::<u8>(4096)?;
-    let (local_ptr, _) = cudarc::driver::DevicePtr::device_ptr(&local, world.stream());
-    let stream = world.stream().cu_stream();
-    let tally = &mut check.tally;
-    let non_symmetric = comm.all_gather_raw(out.device_ptr(), local_ptr, 64, None, stream);
-    tally.expect_error(
-        me,
-        "non-symmetric input",
-        non_symmetric,
-        "not inside NVSHMEM's symmetric heap",
-    );
-    let too_small = comm.all_gather(out, input, MAX_ELEMENTS / n + 1, None);
-    tally.expect_error(me, "output too small", too_small, "past the end");
-    let wrong = comm.all_reduce(floats, floats, 16, Some(Algorithm::Ring));
-    tally.expect_error(
-        me,
-        "algorithm of another collective",
-        wrong,
-        "one_shot, two_shot",
-    );
-    let past_ll = comm.all_gather(out, input, MAX_ELEMENTS / 8, Some(Algorithm::OneShot));
-    tally.expect_error(me, "LL past its scratch", past_ll, "ll_max_bytes");
-    tally.expect_error(
-        me,
-        "root out of range",
-        comm.broadcast(out, input, 16, n, None),
-        "out of range",
-    );
-    Ok(())
-}
-
 // ANCHOR: device_errors
-/// Failures only the device can see: all-to-all-v counts that do not add up, and a peer that
-/// never joins a call. The kernel records each and returns; the host raises.
-fn check_device_errors(world: &World, check: &mut Checker) -> Result<(), AnyError> {
-    let (me, n, stream) = (world.my_pe(), world.n_pes(), world.stream());
-    let config = CollectivesConfig {
-        timeout_ms: 300,
-        ..CollectivesConfig::default()
-    };
-    let input = Buffer::<u8>::new(world, 64)?;
-    let out = Buffer::<u8>::new(world, 64)?;
-
-    let comm = Communicator::new(world, config)?;
-    // PE 0 claims to send more rows than its input has: every PE sees it in the counts.
-    let in_splits = stream.clone_htod(&vec![if me == 0 { 100i64 } else { 1 }; n])?;
-    let mut out_splits_offsets = stream.alloc_zeros::<i64>(2 * n)?;
-    comm.all_to_all_v(&out, &input, 4, &in_splits, &mut out_splits_offsets)?;
-    stream.synchronize()?;
-    check
-        .tally
-        .expect_error(me, "bad splits", comm.check(), "pe 0's in_splits");
-    check.tally.expect_error(
-        me,
-        "a failed communicator stays failed",
-        comm.sync_all(),
-        "unusable",
-    );
-    drop(comm);
-
-    if n > 1 {
-        let comm = Communicator::new(world, config)?;
-        if me == 0 {
-            comm.sync_all()?; // a barrier no other PE enters
-            stream.synchronize()?;
-            check.tally.expect_error(
-                me,
-                "timeout",
-                comm.check(),
-                "timed out after 300 ms waiting for pe",
-            );
-        } else {
-            let healthy = comm.check();
-            check.tally.check(me, healthy.is_ok(), || {
-                format!("a PE that made no call failed: {healthy:?}")
-            });
-        }
-        world.barrier_all()?;
-        // PE 0's timeout marked its job broken (its teardown skips the collective frees); the
-        // others must skip them too, or their frees would wait for PE 0 in vain.
-        ch01_bootstrap::world::mark_broken();
-    }
-    Ok(())
-}
 // ANCHOR_END: device_errors
 
 // ---- the checking harness: ch01's Tally, one case at a time ----------------------------------
