@@ -7,7 +7,7 @@
 set -u
 export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_SYMMETRIC_SIZE=8G
 mkdir -p /tmp/z/bc; t0=$SECONDS
-pack() { tar czf "$OUT/bc.tgz" -C /tmp/z bc; }
+pack() { tar czf "$OUT/bc.tgz" -C /tmp/z bc; }  # the caller may pack /tmp/z whole
 { date -u; nvidia-smi -L; git log -1 --format='commit %H %s'; } >/tmp/z/bc/machine.txt 2>&1
 rm -rf .carry/bin && python3 -c 'import tarfile; tarfile.open(".carry/bins.tar.xz").extractall(".carry")'
 declare -A BIN=([A]=.carry/bin/ch04-coll-bench)
@@ -19,7 +19,7 @@ done
 echo "variants: ${!BIN[*]}"
 for v in W V X; do
   [[ -x /tmp/ch04-collectives-$v ]] || continue
-  for n in 4 2; do
+  for n in ${BC_TEST_NS:-4 2}; do
     timeout 150 torchrun --standalone --nproc_per_node=$n --no-python /tmp/ch04-collectives-$v >/tmp/z/bc/test.$v.n$n.log 2>&1
     echo "test $v n=$n exit $?: $(grep -a 'passed,' /tmp/z/bc/test.$v.n$n.log | tail -1)"; pack
   done
