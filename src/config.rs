@@ -293,29 +293,23 @@ mod tests {
     }
 
     /// DeepEP 567632d's tables (deep_ep/buffer.py get_dispatch_config / get_combine_config)
-    /// up to our MAX_NORMAL_RANKS: (nvl send, nvl recv, rdma send); rdma recv is 128, rounded up
-    /// to the send chunk as DeepEP's Config does.
+    /// up to our MAX_NORMAL_RANKS, a row per rank count: (nvl send, nvl recv, rdma send) for the
+    /// dispatch, then for the combine; rdma recv is 128, rounded up to the send chunk as
+    /// DeepEP's Config does.
     #[test]
     fn the_config_tables_are_deepeps_up_to_64_ranks() {
-        let dispatch = [
-            (16, (36, 288, 20)),
-            (24, (32, 288, 8)),
-            (32, (32, 288, 8)),
-            (48, (32, 288, 8)),
-            (64, (32, 288, 8)),
+        let table = [
+            (16, (36, 288, 20), (4, 288, 12)),
+            (24, (32, 288, 8), (1, 288, 8)),
+            (32, (32, 288, 8), (1, 288, 8)),
+            (48, (32, 288, 8), (1, 288, 8)),
+            (64, (32, 288, 8), (1, 288, 8)),
         ];
-        let combine = [
-            (16, (4, 288, 12)),
-            (24, (1, 288, 8)),
-            (32, (1, 288, 8)),
-            (48, (1, 288, 8)),
-            (64, (1, 288, 8)),
-        ];
-        for (table, make) in [
-            (dispatch, dispatch_config as fn(usize, u32) -> _),
-            (combine, combine_config),
-        ] {
-            for (n, (send, recv, rdma_send)) in table {
+        for (n, dispatch, combine) in table {
+            for (make, (send, recv, rdma_send)) in [
+                (dispatch_config as fn(usize, u32) -> _, dispatch),
+                (combine_config, combine),
+            ] {
                 let c = make(n, 24).unwrap();
                 assert_eq!(
                     (
