@@ -35,6 +35,9 @@
 #                    sanitizer (default 300000: 5x the bootstrap's 60 s, 3x the buffer's 100 s)
 #   GPU_TEST_SANITIZER_PAIRS  dispatch/combine pairs in a row of ch07-buffer and ch08-low-latency
 #                    under a sanitizer (default 4; they run 200 and 50 without one)
+#   GPU_TEST_NODE_SIZES  the node sizes to run chapter 5, the low-latency mode and the internode
+#                    steps at, instead of the table below (e.g. "4" for 2 nodes of 4 only at
+#                    N = 8; "-" is one node): one topology per device call when each is long
 #   GPU_TEST_LL_PAIRS  round trips in a row, no cleaning, of ch08-low-latency on each virtual
 #                    topology (default 1000; its one-node runs keep their own 50)
 #   GPU_TEST_PY      the Python runs to make, by name (e.g. "pytest ch08_low_latency.py@g2";
@@ -75,6 +78,13 @@ CHAPTER_BINS=(
 # default.
 node_sizes() {
   local bin=$1 n=$2
+  if [[ -n "${GPU_TEST_NODE_SIZES:-}" ]]; then
+    case $bin in
+      ch05-inter-node | ch08-low-latency | internode-notify | internode-dispatch) echo "$GPU_TEST_NODE_SIZES" ;;
+      *) echo - ;;
+    esac
+    return
+  fi
   case $bin in
     ch05-inter-node)
       case $n in
