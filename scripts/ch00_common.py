@@ -80,6 +80,21 @@ def start() -> float:
     return time.perf_counter() - started
 
 
+PAIRS_VAR = "NVSHMEM_TUTORIAL_PAIRS"
+
+
+def pairs_in_a_row(default: int) -> int:
+    """How many dispatch/combine pairs a script's "in a row" check makes: `default`, or
+    NVSHMEM_TUTORIAL_PAIRS when set (scripts/gpu_test.sh sets it under compute-sanitizer, as it
+    passes `--pairs` to the Rust programs, whose runs would otherwise outlast their bounds)."""
+    value = os.environ.get(PAIRS_VAR)
+    if value is None:
+        return default
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{PAIRS_VAR}={value!r} is not a positive integer: unset it, or give a count such as 4")
+    return int(value)
+
+
 def job_seed() -> int:
     """A random 32-bit number every rank shares (rank 0 draws it): sender and receiver derive
     the same test data without sending it, and data left from another run cannot pass."""

@@ -20,7 +20,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from ch00_common import Tally, gather_rows, main, nv, print_by_pe, start
+from ch00_common import Tally, gather_rows, main, nv, pairs_in_a_row, print_by_pe, start
 from nvshmem_tutorial.buffer import Buffer, Config
 
 EXPERTS_PER_RANK = 8
@@ -174,8 +174,9 @@ def run() -> bool:
         round_trip(buffer, tally, 1000, hidden, hidden + 1, fp8=True, what="random routing")
     round_trip(buffer, tally, 0 if me == 0 else 300, 2048, 5, what="a rank with no tokens")
     round_trip(buffer, tally, 500, 2048, 6, skew=True, what="expert 0 first for every token")
-    ok = all(round_trip(buffer, Tally(), 64 + i % 50, 2048, 100 + i, what="pair") for i in range(1000))
-    tally.check(ok, "1000 dispatch/combine pairs in a row: a result differed")
+    pairs = pairs_in_a_row(1000)
+    ok = all(round_trip(buffer, Tally(), 64 + i % 50, 2048, 100 + i, what="pair") for i in range(pairs))
+    tally.check(ok, f"{pairs} dispatch/combine pairs in a row: a result differed")
     print_by_pe(f"{tally.passed} checks passed")
     bad_input(buffer, tally)
     round_trip(buffer, tally, 300, 2048, 7, what="after bad input")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ch00_common import Tally, gather_rows, main, nv, print_by_pe, start
+from ch00_common import Tally, gather_rows, main, nv, pairs_in_a_row, print_by_pe, start
 from nvshmem_tutorial.buffer import Buffer
 
 MAX_TOKENS = 128  # num_max_dispatch_tokens_per_rank
@@ -285,8 +285,9 @@ def run() -> bool:
     pair(buffer, tally, MAX_TOKENS, 384, 13, use_fp8=True, what="hidden not a multiple of 512")
     pair(buffer, tally, 0 if me == n - 1 else 50, 2048, 9, what="a rank that sends nothing")
     graph_replays(buffer, tally, 7168, 20)
-    ok = all(pair(buffer, Tally(), 1 + (i * 37) % MAX_TOKENS, 2048, 100 + i, use_fp8=i % 2 == 1, what="pair") for i in range(200))
-    tally.check(ok, "200 dispatch/combine pairs in a row: a result differed")
+    pairs = pairs_in_a_row(200)
+    ok = all(pair(buffer, Tally(), 1 + (i * 37) % MAX_TOKENS, 2048, 100 + i, use_fp8=i % 2 == 1, what="pair") for i in range(pairs))
+    tally.check(ok, f"{pairs} dispatch/combine pairs in a row: a result differed")
     buffer.clean_low_latency_buffer(MAX_TOKENS, 7168, num_experts)
     pair(buffer, tally, MAX_TOKENS, 7168, 11, use_fp8=True, what="after clean_low_latency_buffer")
     print_by_pe(f"{tally.passed} checks passed")

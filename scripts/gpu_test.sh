@@ -34,7 +34,8 @@
 #   GPU_TEST_SANITIZER_TIMEOUT_MS  the bound on every wait a program lets us set, under a
 #                    sanitizer (default 300000: 5x the bootstrap's 60 s, 3x the buffer's 100 s)
 #   GPU_TEST_SANITIZER_PAIRS  dispatch/combine pairs in a row of ch07-buffer and ch08-low-latency
-#                    under a sanitizer (default 4; they run 200 and 50 without one)
+#                    under a sanitizer (default 4; they run 200 and 50 without one), and of
+#                    ch07_buffer.py and ch08_low_latency.py (NVSHMEM_TUTORIAL_PAIRS; 1000 and 200)
 #   GPU_TEST_NODE_SIZES  the node sizes to run chapter 5, the low-latency mode and the internode
 #                    steps at, instead of the table below (e.g. "4" for 2 nodes of 4 only at
 #                    N = 8; "-" is one node): one topology per device call when each is long
@@ -201,6 +202,9 @@ if [[ -n "$sanitizer" ]]; then
   san_cmd=("$compute_sanitizer" --tool "$sanitizer" --target-processes all --print-limit 1000
     --show-backtrace yes "${san_tool_args[@]}")
   export NVSHMEM_TUTORIAL_TIMEOUT_MS=$san_timeout_ms NVSHMEM_TUTORIAL_BUFFER_TIMEOUT_MS=$san_timeout_ms
+  # The Python scripts' pairs in a row (ch07_buffer.py 1000, ch08_low_latency.py 200), as the
+  # Rust programs take --pairs (scripts/ch00_common.py's pairs_in_a_row).
+  export NVSHMEM_TUTORIAL_PAIRS=$san_pairs
 fi
 
 # The compute-sanitizer command of one run whose logs start with PREFIX (none without a
