@@ -298,6 +298,9 @@ def run() -> bool:
     parser.add_argument("--overlap-rounds", type=int, default=0, metavar="R",
                         help="with --bench: also check the pipelined schedules, then time every "
                         "two-micro-batch schedule (one layer and four) in turn over R rounds")
+    parser.add_argument("--hidden-sms", type=int, nargs="+", default=[8, 4], metavar="S",
+                        help="with --overlap-rounds: the SM counts of the four-layer schedule's "
+                        "hidden exchanges, the GEMMs leaving as many (default 8 4)")
     parser.add_argument("--timeline", metavar="PREFIX", help="profile two micro-batches at "
                         "DeepSeek-V3 shapes, serial and overlapped; rank 0 writes "
                         "PREFIX_<case>.json, .svg and .csv")
@@ -307,6 +310,9 @@ def run() -> bool:
     args = parser.parse_args()
     if args.overlap_rounds and not args.bench:
         parser.error("--overlap-rounds needs --bench")
+    if any(s < 2 or s % 2 for s in args.hidden_sms):
+        parser.error(f"--hidden-sms {args.hidden_sms}: each count is an even number of SMs, 2 or more "
+                     "(a channel is two blocks, a sender and a receiver)")
     start()
     tally = Tally()
     group = dist.group.WORLD
@@ -333,7 +339,7 @@ def run() -> bool:
         if args.overlap_rounds:
             print_by_pe(check_pipeline(tally, buffer))
             started = time.perf_counter()
-            print_by_pe(bench_in_turn(buffer, args.overlap_rounds))
+            print_by_pe(bench_in_turn(buffer, args.overlap_rounds, args.hidden_sms))
             print_by_pe(f"{args.overlap_rounds} rounds in turn took "
                         f"{time.perf_counter() - started:.1f} s")
             write_csv(args.bench, args.overlap_rounds)

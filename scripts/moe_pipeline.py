@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import statistics
-from typing import Any, Callable, Dict, Iterator, List
+from typing import Any, Callable, Dict, Iterator, List, Sequence
 
 import torch
 import torch.distributed as dist
@@ -209,9 +209,11 @@ def turn_lines(case: str, times: Dict[str, List[float]], key: str,
     return lines + [f"  {extra}"]
 
 
-def bench_in_turn(buffer: Buffer, rounds: int) -> List[str]:
+def bench_in_turn(buffer: Buffer, rounds: int, hidden_sms: Sequence[int] = (8, 4)) -> List[str]:
     """The forward of two micro-batches at DeepSeek-V3 shapes, one layer and four, every
-    schedule timed in turn over `rounds` rounds; the CSV gets the medians (slowest rank's)."""
+    schedule timed in turn over `rounds` rounds; the CSV gets the medians (slowest rank's).
+    Four layers run once per count in `hidden_sms`: the hidden exchanges on that many SMs, the
+    GEMMs leaving them (LEAN_CONFIG's 8 and TINY_CONFIG's 4 by default)."""
     rank, ranks = dist.get_rank(), dist.get_world_size()
     shape = DEEPSEEK_V3
     layer = MoeLayer(shape, buffer, rank, ranks, 98)
@@ -250,20 +252,22 @@ def bench_in_turn(buffer: Buffer, rounds: int) -> List[str]:
                           compute_carveout_ms=statistics.median(t1["compute_tiny"]))[0]
     lines.append(f"  experts alone with GEMMs leaving {tiny} SMs: {compute_tiny:.2f} ms")
     layers = 4
+
+    def hidden_config(sms: int) -> Config:
+        return Config(sms, 8, 256)  # LEAN_CONFIG's and TINY_CONFIG's chunk and ring, sms SMs
+
     four = {
         "serial": lambda: serial_layers(layer, xs, layers),
         "overlapped": lambda: pipelined(layer, xs, layers),
-        "lean_carve": lambda: pipelined(layer, xs, layers, LEAN_CONFIG, CONFIG, lean),
-        "tiny_carve": lambda: pipelined(layer, xs, layers, TINY_CONFIG, CONFIG, tiny),
         "compute": experts_alone(0, layers),
-        "compute_lean": experts_alone(lean, layers),
-        "compute_tiny": experts_alone(tiny, layers),
     }
+    for sms in hidden_sms:
+        four[f"carve_{sms}"] = (lambda c=hidden_config(sms), sms=sms: pipelined(layer, xs, layers, c, CONFIG, sms))
+        four[f"compute_{sms}"] = experts_alone(sms, layers)
     t4 = in_turn(four, rounds, repeats=5)
     what = f"{layers} layers x two micro-batches of {half} tokens, forward, pipelined, in turn"
     lines += turn_lines(what, t4, "overlapped")
-    lines += turn_lines(f"{what}, hidden exchanges on {lean} SMs, GEMMs leave {lean}", t4,
-                        "lean_carve", "compute_lean")
-    lines += turn_lines(f"{what}, hidden exchanges on {tiny} SMs, GEMMs leave {tiny}", t4,
-                        "tiny_carve", "compute_tiny")
+    for sms in hidden_sms:
+        lines += turn_lines(f"{what}, hidden exchanges on {sms} SMs, GEMMs leave {sms}", t4,
+                            f"carve_{sms}", f"compute_{sms}")
     return lines
