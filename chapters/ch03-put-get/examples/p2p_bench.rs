@@ -46,6 +46,10 @@ const STORE_BLOCKS: [u32; 5] = [66, 132, 264, 528, 1056];
 /// Blocks of the put written as stores: one slice each, so small puts want few of them.
 const STORE_PUT_BLOCKS: [u32; 7] = [8, 16, 32, 66, 132, 264, 528];
 const THREADS: [u32; 3] = [256, 512, 1024];
+/// How many SMs a stream of stores needs: blocks of 1024 threads (one per SM) storing one
+/// FEW_SMS_BYTES message to the peer and within this GPU, and the copy engine within it.
+const FEW_SMS_BLOCKS: [u32; 7] = [2, 4, 8, 12, 16, 24, 32];
+const FEW_SMS_BYTES: usize = 64 << 20;
 /// Latency message sizes, and round trips per timed kernel or graph.
 const LATENCY_BYTES: [usize; 3] = [8, 1024, 16384];
 const PUT_PINGPONG_ITERS: u64 = 2000;
@@ -209,6 +213,7 @@ fn run() -> Result<bool, AnyError> {
         }
         let best_shapes = KERNEL_METHODS.map(|m| bench::best_shapes_comment(&sweep, m, &sizes));
         comments.extend(best_shapes);
+        few_sms(&bench, &ops, &dst, &src, &mut sweep, &mut rows)?;
     }
     world.barrier_all()?;
 
@@ -441,9 +446,75 @@ fn header(world: &World, gpu_name: &str) -> Result<Vec<String>, AnyError> {
              fence per block, {STORE_PUT_BLOCKS:?} blocks x {THREADS:?} threads; \
              store = int4 stores through nvshmem_ptr, no fence (the kernel's end completes \
              them), {STORE_BLOCKS:?} blocks x {THREADS:?} threads; store_fenced = the same with \
-             a system fence in every thread at the end (a put's completion); copy_engine = cuMemcpyDtoDAsync into the peer pointer; nccl = ncclSend/ncclRecv"
+             a system fence in every thread at the end (a put's completion); copy_engine = cuMemcpyDtoDAsync into the peer pointer; nccl = ncclSend/ncclRecv; \
+             at {} MiB only: store_by_sms / store_local_by_sms = store with {FEW_SMS_BLOCKS:?} blocks x 1024 threads to the peer / \
+             within this GPU (sweep csv), copy_engine_local = cuMemcpyDtoDAsync within this GPU",
+            FEW_SMS_BYTES >> 20
         ),
     ])
+}
+
+/// The stores' rate by SM count, to the peer (`store_by_sms`) and within this GPU
+/// (`store_local_by_sms`), into the sweep; the copy engine within this GPU
+/// (`copy_engine_local`) into the rows. What a kernel that moves rows on few SMs can expect of
+/// each SM (benchmarks/notes/buffer_few_sms.md).
+fn few_sms<W: std::ops::Deref<Target = World>>(
+    bench: &Bench,
+    ops: &DeviceOps,
+    dst: &SymmetricBuffer<W, u8>,
+    src: &CudaSlice<u8>,
+    sweep: &mut Vec<SweepPoint>,
+    rows: &mut Vec<Row>,
+) -> Result<(), AnyError> {
+    let num_bytes = FEW_SMS_BYTES;
+    let remote = Put::new(dst, 0, src, num_bytes, 1)?;
+    let local = Put::new(dst, 0, src, num_bytes, 0)?;
+    for num_blocks in FEW_SMS_BLOCKS {
+        let shape = LaunchShape {
+            num_blocks,
+            threads_per_block: 1024,
+        };
+        for (method, put) in [("store_by_sms", &remote), ("store_local_by_sms", &local)] {
+            let us = bench.time_ops(num_bytes, || Ok(ops.store(shape, put, false)?))?;
+            sweep.push(SweepPoint {
+                method,
+                scope: "grid",
+                num_blocks,
+                threads_per_block: 1024,
+                num_bytes,
+                us,
+            });
+        }
+    }
+    let stream = ops.world().stream();
+    let (to, from) = (local.dest(), src.device_address(stream));
+    let us = bench.time_ops(num_bytes, || {
+        // SAFETY: `to` is this PE's own copy of `dst` (FEW_SMS_BYTES checked by `local`),
+        // `from` the local source of at least as many bytes.
+        unsafe {
+            cudarc::driver::result::memcpy_dtod_async(to, from, num_bytes, stream.cu_stream())
+        }?;
+        Ok(())
+    })?;
+    rows.push(Row::new("copy_engine_local", num_bytes, us));
+    let line = |m: &str, b: u32| {
+        sweep
+            .iter()
+            .find(|p| p.method == m && p.num_blocks == b && p.num_bytes == num_bytes)
+            .map_or(0.0, |p| num_bytes as f64 / p.us / 1e3)
+    };
+    for b in FEW_SMS_BLOCKS {
+        println!(
+            "pe 0: {b:>2} SMs, 64 MiB: stores to the peer {:.0} GB/s, within this GPU {:.0} GB/s",
+            line("store_by_sms", b),
+            line("store_local_by_sms", b)
+        );
+    }
+    println!(
+        "pe 0: copy engine within this GPU, 64 MiB: {:.0} GB/s",
+        num_bytes as f64 / us / 1e3
+    );
+    Ok(())
 }
 
 fn write_results(

@@ -74,11 +74,12 @@ impl Row {
 }
 
 /// The order of methods in the CSV: bandwidth, one per implementation, then latency.
-pub const METHODS: [&str; 7] = [
+pub const METHODS: [&str; 8] = [
     "nvshmem_put",
     "bulk_put",
     "store",
     "copy_engine",
+    "copy_engine_local",
     "nccl",
     "put_signal_pingpong",
     "nccl_pingpong",
