@@ -169,8 +169,10 @@ fn good_arguments_pass_every_plan() {
 #[test]
 fn the_kernels_get_the_input_error_record_and_the_rows_the_outputs_hold() {
     let (spec, a) = (normal_spec(), normal());
+    let layout = plan_layout(&spec, &a.topk_idx, EXPERTS, &a.layout).unwrap();
+    assert_eq!(layout.args.bad_input, spec.input_error);
     let notify = plan_notify(&spec, &config(), &a.notify_in, &a.notify_out).unwrap();
-    assert_eq!(notify.input_error, spec.input_error);
+    assert_eq!(notify.prepare.bad_input, spec.input_error);
     let d = plan_dispatch(&spec, &config(), &a.dispatch_in, &a.handle, &a.dispatch_out).unwrap();
     assert_eq!(d.args.bad_input, spec.input_error);
     assert_eq!(d.args.num_recv_rows, ROWS as i32);

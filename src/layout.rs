@@ -7,7 +7,7 @@ use std::ops::Deref;
 use ch01_bootstrap::World;
 use ch04_collectives::LaunchSpec;
 use cudarc::driver::sys;
-use kernels::contract::{InputError, LAYOUT_THREADS};
+use kernels::contract::{LAYOUT_THREADS, LayoutArgs};
 
 use crate::buffer::{Blocks, NvshmemBuffer, arg};
 use crate::checks;
@@ -27,23 +27,14 @@ pub struct LayoutOutputs {
     pub is_token_in_rank: View,
 }
 
-/// A checked layout step: the counts to zero, then one launch of `moe_layout`.
+/// A checked layout step: the counts to zero, then one launch of `moe_layout` with `args`.
 #[derive(Debug, Clone, Copy)]
 pub struct LayoutPlan {
     pub launch: LaunchSpec,
     /// The counts the kernel adds into: (address, bytes), zeroed on the stream first (bytes 0:
     /// none, the per-node counts of a one-node buffer).
     pub zeroed: [(u64, usize); 3],
-    pub topk_idx: u64,
-    pub num_tokens: i32,
-    pub num_topk: i32,
-    pub num_experts: i32,
-    pub n_pes: i32,
-    pub node_pes: i32,
-    /// The per-node counts' address, 0 when the buffer spans one node.
-    pub per_node: u64,
-    pub out: LayoutOutputs,
-    pub input_error: InputError,
+    pub args: LayoutArgs,
 }
 
 // ANCHOR: plan_layout
@@ -123,15 +114,19 @@ pub fn plan_layout(
             (out.num_tokens_per_expert.ptr, num_experts * 4),
             (per_node, per_node_bytes),
         ],
-        topk_idx: topk_idx.ptr,
-        num_tokens: num_tokens as i32,
-        num_topk: num_topk as i32,
-        num_experts: num_experts as i32,
-        n_pes: n as i32,
-        node_pes: spec.node_pes as i32,
-        per_node,
-        out: *out,
-        input_error: spec.input_error,
+        args: LayoutArgs {
+            topk_idx: topk_idx.ptr,
+            num_tokens_per_rank: out.num_tokens_per_rank.ptr,
+            num_tokens_per_rdma_rank: per_node,
+            num_tokens_per_expert: out.num_tokens_per_expert.ptr,
+            is_token_in_rank: out.is_token_in_rank.ptr,
+            bad_input: spec.input_error,
+            num_tokens: num_tokens as i32,
+            num_topk: num_topk as i32,
+            num_experts: num_experts as i32,
+            n_pes: n as i32,
+            node_pes: spec.node_pes as i32,
+        },
     })
 }
 // ANCHOR_END: plan_layout
@@ -158,27 +153,8 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
             // SAFETY: the plan checked that the views hold these many bytes.
             unsafe { self.memset_zero(ptr, bytes, stream, "zeroing the layout counts") }?;
         }
-        // SAFETY: the kernel's parameters in order, from a checked plan; the caller vouches for
-        // the views and the stream.
-        unsafe {
-            self.launch(
-                p.launch,
-                Blocks::MayWait,
-                stream,
-                &mut [
-                    arg(&p.topk_idx),
-                    arg(&p.num_tokens),
-                    arg(&p.num_topk),
-                    arg(&p.num_experts),
-                    arg(&p.n_pes),
-                    arg(&p.node_pes),
-                    arg(&p.out.num_tokens_per_rank.ptr),
-                    arg(&p.per_node),
-                    arg(&p.out.num_tokens_per_expert.ptr),
-                    arg(&p.out.is_token_in_rank.ptr),
-                    arg(&p.input_error),
-                ],
-            )
-        }
+        // SAFETY: the kernel's one parameter, from a checked plan; the caller vouches for the
+        // views and the stream.
+        unsafe { self.launch(p.launch, Blocks::MayWait, stream, &mut [arg(&p.args)]) }
     }
 }

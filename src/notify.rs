@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use ch01_bootstrap::World;
 use ch04_collectives::LaunchSpec;
 use cudarc::driver::sys;
-use kernels::contract::{InputError, NOTIFY_THREADS};
+use kernels::contract::{NOTIFY_THREADS, NotifyFinishArgs, NotifyPrepareArgs};
 
 use crate::buffer::{Blocks, NvshmemBuffer, arg};
 use crate::checks;
@@ -50,24 +50,15 @@ pub struct RecvCounts {
 }
 
 /// A checked notify step: `moe_notify_prepare` (one block per destination), the all-gather
-/// of every rank's row, `moe_notify_finish` (one block).
+/// of every rank's row (`prepare.row`, `row_bytes` each) into `finish.rows`,
+/// `moe_notify_finish` (one block).
 #[derive(Debug, Clone, Copy)]
 pub struct NotifyPlan {
-    pub inputs: NotifyInputs,
-    pub outputs: NotifyOutputs,
-    pub num_tokens: i32,
-    pub n_pes: i32,
-    pub my_pe: i32,
-    pub num_channels: i32,
-    pub num_experts: i32,
-    pub expert_alignment: i32,
-    /// This rank's row and everyone's (symmetric), and a row's bytes.
-    pub my_row: u64,
-    pub rows: u64,
+    pub prepare: NotifyPrepareArgs,
+    /// `counts` is 0: the buffer's host-mapped counts, filled at launch.
+    pub finish: NotifyFinishArgs,
     pub row_bytes: usize,
     pub num_local_experts: usize,
-    /// Where `moe_notify_prepare` records num_tokens_per_rank that disagrees with the routing.
-    pub input_error: InputError,
 }
 
 // ANCHOR: plan_notify
@@ -113,20 +104,33 @@ pub fn plan_notify(
         ));
     }
     let (my_row, rows) = spec.notify_rows();
+    let (n_pes, num_channels) = (n as i32, c as i32);
     Ok(NotifyPlan {
-        inputs: *inputs,
-        outputs: *outputs,
-        num_tokens: inputs.is_token_in_rank.rows() as i32,
-        n_pes: n as i32,
-        my_pe: spec.my_pe as i32,
-        num_channels: c as i32,
-        num_experts: num_experts as i32,
-        expert_alignment: inputs.expert_alignment as i32,
-        my_row,
-        rows,
+        prepare: NotifyPrepareArgs {
+            is_token_in_rank: inputs.is_token_in_rank.ptr,
+            num_tokens_per_rank: inputs.num_tokens_per_rank.ptr,
+            num_tokens_per_expert: inputs.num_tokens_per_expert.ptr,
+            channel_prefix_matrix: outputs.channel_prefix_matrix.ptr,
+            row: my_row,
+            bad_input: spec.input_error,
+            num_tokens: inputs.is_token_in_rank.rows() as i32,
+            n_pes,
+            num_channels,
+            num_experts: num_experts as i32,
+        },
+        finish: NotifyFinishArgs {
+            rows,
+            rank_prefix_matrix: outputs.rank_prefix_matrix.ptr,
+            recv_channel_prefix_matrix: outputs.recv_channel_prefix_matrix.ptr,
+            counts: 0, // the buffer's host-mapped counts, filled at launch
+            n_pes,
+            my_pe: spec.my_pe as i32,
+            num_channels,
+            num_experts: num_experts as i32,
+            expert_alignment: inputs.expert_alignment as i32,
+        },
         row_bytes: row_ints(n, num_experts, c) * 4,
         num_local_experts: num_experts / n,
-        input_error: spec.input_error,
     })
 }
 // ANCHOR_END: plan_notify
@@ -155,81 +159,26 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
             // SAFETY: the caller vouches for the stream.
             unsafe { self.mark_started(stream) }?;
         }
-        // SAFETY: a checked plan; the caller vouches for the views and the stream.
-        unsafe { self.launch_notify_prepare(&p, stream) }?;
+        let prepare = notify_kernel("moe_notify_prepare", p.prepare.n_pes as u32);
+        // SAFETY: a checked plan; the caller vouches for the views and the stream. Each block
+        // counts one destination on its own.
+        unsafe { self.launch(prepare, Blocks::Independent, stream, &mut [arg(&p.prepare)]) }?;
+        let (rows, my_row) = (p.finish.rows, p.prepare.row);
         self.comm
-            .all_gather_raw(p.rows, p.my_row, p.row_bytes, None, stream)?;
+            .all_gather_raw(rows, my_row, p.row_bytes, None, stream)?;
+        let finish = NotifyFinishArgs {
+            counts: self.counts.device_ptr(),
+            ..p.finish
+        };
+        let one_block = notify_kernel("moe_notify_finish", 1);
         // SAFETY: as above.
-        unsafe { self.launch_notify_finish(&p, stream) }?;
+        unsafe { self.launch(one_block, Blocks::MayWait, stream, &mut [arg(&finish)]) }?;
         if !wait {
             return Ok(None);
         }
         self.wait_for_counts(p.num_local_experts).map(Some)
     }
     // ANCHOR_END: notify
-
-    /// `moe_notify_prepare`, one block per destination rank: the kernel's parameters in
-    /// order.
-    ///
-    /// # Safety
-    /// `p` comes from `plan_notify`; its views and `stream` are live.
-    unsafe fn launch_notify_prepare(
-        &self,
-        p: &NotifyPlan,
-        stream: sys::CUstream,
-    ) -> Result<(), BufferError> {
-        // SAFETY: the caller's; each block counts one destination on its own.
-        unsafe {
-            self.launch(
-                notify_kernel("moe_notify_prepare", p.n_pes as u32),
-                Blocks::Independent,
-                stream,
-                &mut [
-                    arg(&p.inputs.is_token_in_rank.ptr),
-                    arg(&p.num_tokens),
-                    arg(&p.n_pes),
-                    arg(&p.num_channels),
-                    arg(&p.num_experts),
-                    arg(&p.inputs.num_tokens_per_rank.ptr),
-                    arg(&p.inputs.num_tokens_per_expert.ptr),
-                    arg(&p.outputs.channel_prefix_matrix.ptr),
-                    arg(&p.my_row),
-                    arg(&p.input_error),
-                ],
-            )
-        }
-    }
-
-    /// `moe_notify_finish`, one block: the handle's prefix matrices and the host's counts.
-    ///
-    /// # Safety
-    /// As `launch_notify_prepare`.
-    unsafe fn launch_notify_finish(
-        &self,
-        p: &NotifyPlan,
-        stream: sys::CUstream,
-    ) -> Result<(), BufferError> {
-        let counts = self.counts.device_ptr();
-        // SAFETY: the caller's.
-        unsafe {
-            self.launch(
-                notify_kernel("moe_notify_finish", 1),
-                Blocks::MayWait,
-                stream,
-                &mut [
-                    arg(&p.rows),
-                    arg(&p.n_pes),
-                    arg(&p.my_pe),
-                    arg(&p.num_channels),
-                    arg(&p.num_experts),
-                    arg(&p.expert_alignment),
-                    arg(&p.outputs.rank_prefix_matrix.ptr),
-                    arg(&p.outputs.recv_channel_prefix_matrix.ptr),
-                    arg(&counts),
-                ],
-            )
-        }
-    }
 
     /// Spins on the host-mapped total the notify kernel writes last. The bound counts from
     /// when the step's first kernel started (an event recorded before it), not from when it

@@ -181,6 +181,68 @@ contract! {
         words: u64 => "uint64_t*",
     }
 
+    /// Normal mode's layout step (`moe_layout` in buffer/layout.cu): local, one thread per token.
+    struct LayoutArgs {
+        /// local [num_tokens, num_topk] global expert ids or -1
+        topk_idx: u64 => "const int64_t*",
+        /// local [n_pes], zeroed before launch: the kernel adds into it
+        num_tokens_per_rank: u64 => "int*",
+        /// local [n_pes / node_pes], zeroed before launch, or null (one node: no per-node counts)
+        num_tokens_per_rdma_rank: u64 => "int*",
+        /// local [num_experts], zeroed before launch
+        num_tokens_per_expert: u64 => "int*",
+        /// local [num_tokens, n_pes], written: the routing
+        is_token_in_rank: u64 => "bool*",
+        /// where an expert id outside [-1, num_experts) is recorded (BAD_EXPERT)
+        bad_input: InputError => "InputError",
+        num_tokens: i32 => "int",
+        num_topk: i32 => "int",
+        num_experts: i32 => "int",
+        n_pes: i32 => "int",
+        node_pes: i32 => "int",
+    }
+
+    /// The notify step's first kernel (`moe_notify_prepare` in buffer/notify.cu): block d counts
+    /// the tokens going to rank d, per channel, into this rank's row.
+    struct NotifyPrepareArgs {
+        /// local [num_tokens, n_pes]: the routing
+        is_token_in_rank: u64 => "const bool*",
+        /// local [n_pes]: only compared with what the routing sends (COUNTS_MISMATCH)
+        num_tokens_per_rank: u64 => "const int*",
+        /// local [num_experts]: copied into the row
+        num_tokens_per_expert: u64 => "const int*",
+        /// local [n_pes, num_channels], written (handle 1)
+        channel_prefix_matrix: u64 => "int*",
+        /// symmetric [n_pes + num_experts + n_pes * num_channels]: this rank's row of the all-gather
+        row: u64 => "int*",
+        /// where num_tokens_per_rank that disagrees with the routing is recorded (COUNTS_MISMATCH)
+        bad_input: InputError => "InputError",
+        num_tokens: i32 => "int",
+        n_pes: i32 => "int",
+        num_channels: i32 => "int",
+        num_experts: i32 => "int",
+    }
+
+    /// The notify step's last kernel (`moe_notify_finish` in buffer/notify.cu, one block): this
+    /// rank's receive side from every rank's row.
+    struct NotifyFinishArgs {
+        /// symmetric [n_pes][n_pes + num_experts + n_pes * num_channels], read here only: the
+        /// all-gather's output, every rank's row
+        rows: u64 => "const int*",
+        /// local [n_pes, n_pes], written (handle 0)
+        rank_prefix_matrix: u64 => "int*",
+        /// local [n_pes, num_channels], written (handle 2)
+        recv_channel_prefix_matrix: u64 => "int*",
+        /// host-mapped i32 [1 + num_experts / n_pes]: [0] rows to receive (written last), [1 + e]
+        /// local expert e's rows rounded up to expert_alignment
+        counts: u64 => "int*",
+        n_pes: i32 => "int",
+        my_pe: i32 => "int",
+        num_channels: i32 => "int",
+        num_experts: i32 => "int",
+        expert_alignment: i32 => "int",
+    }
+
     /// Where one token's parts sit in a dispatch ring slot: [row: hidden_bytes][src_idx: i32]
     /// [pad: i32][topk_idx: i64 x K][topk_weights: f32 x K][scales: f32 x S], the row and the
     /// metadata each 16-byte aligned; `bytes` is the whole slot.

@@ -66,15 +66,89 @@ fn the_generated_header_compiles() {
 
 #[test]
 fn a_swapped_field_does_not_build() {
-    let header = swap_fields(
-        &contract::c_header(),
-        "Workspace",
-        "timeout_cycles",
-        "my_pe",
-    );
-    let err = compile("swapped", &header).expect_err("a swapped field built");
-    assert!(err.contains("Workspace::"), "{err}");
-    assert!(err.contains("offset differs from the Rust struct"), "{err}");
+    // Fields of one type too: what a hand-ordered parameter list would get wrong unseen.
+    let swaps = [
+        ("Workspace", "timeout_cycles", "my_pe"),
+        ("LayoutArgs", "num_tokens_per_rank", "num_tokens_per_expert"),
+        ("NotifyPrepareArgs", "num_tokens", "n_pes"),
+        ("NotifyFinishArgs", "n_pes", "my_pe"),
+    ];
+    for (name, a, b) in swaps {
+        let header = swap_fields(&contract::c_header(), name, a, b);
+        let err = compile("swapped", &header).expect_err("a swapped field built");
+        assert!(err.contains(&format!("{name}::")), "{name}: {err}");
+        assert!(
+            err.contains("offset differs from the Rust struct"),
+            "{name}: {err}"
+        );
+    }
+}
+
+/// The parameter types of every `extern "C"` kernel in `source`: (kernel, types), each type
+/// without `const`, `__grid_constant__` and the parameter's name.
+fn extern_c_parameters(source: &str) -> Vec<(String, Vec<String>)> {
+    source
+        .split("extern \"C\" __global__ void ")
+        .skip(1)
+        .map(|rest| {
+            let rest = match rest.strip_prefix("__launch_bounds__") {
+                Some(bounds) => bounds[bounds.find(')').unwrap() + 1..].trim_start(),
+                None => rest,
+            };
+            let open = rest.find('(').unwrap();
+            let close = open + rest[open..].find(')').unwrap();
+            let types = rest[open + 1..close]
+                .split(',')
+                .map(|param| {
+                    let words: Vec<&str> = param
+                        .split_whitespace()
+                        .filter(|w| !matches!(*w, "const" | "__grid_constant__"))
+                        .collect();
+                    words[..words.len().saturating_sub(1)].join(" ")
+                })
+                .collect();
+            (rest[..open].trim().to_string(), types)
+        })
+        .collect()
+}
+
+/// The buffer's kernels take contract structs only: a scalar or pointer parameter would be
+/// one more list written in the same order on both sides, which no build checks.
+#[test]
+fn every_buffer_kernel_takes_contract_structs_only() {
+    let header = contract::c_header();
+    let buffer = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("cuda/buffer");
+    let mut kernels = Vec::new();
+    for entry in std::fs::read_dir(&buffer).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "cu") {
+            let source = std::fs::read_to_string(&path).unwrap();
+            kernels.extend(extern_c_parameters(&source));
+        }
+    }
+    for kernel in [
+        "moe_layout",
+        "moe_notify_prepare",
+        "moe_notify_finish",
+        "moe_scatter",
+    ] {
+        assert!(
+            kernels.iter().any(|(k, _)| k == kernel),
+            "{kernel} not found in {buffer:?}"
+        );
+    }
+    for (kernel, types) in &kernels {
+        for ty in types {
+            assert!(
+                header.contains(&format!("\nstruct {ty} {{")),
+                "{kernel}: parameter type `{ty}` is no struct of the contract (kernels/contract/defs.rs)"
+            );
+        }
+    }
+    let of = |name: &str| &kernels.iter().find(|(k, _)| k == name).unwrap().1;
+    assert_eq!(of("moe_layout"), &["LayoutArgs"]);
+    assert_eq!(of("moe_notify_prepare"), &["NotifyPrepareArgs"]);
+    assert_eq!(of("moe_notify_finish"), &["NotifyFinishArgs"]);
 }
 
 #[test]

@@ -105,14 +105,15 @@ fn the_layout_step_plans_any_rank_count_with_per_node_counts_across_nodes() {
             let plan = |per_node| plan_layout(&spec, &topk, num_experts, &out(per_node));
             if num_nodes == 1 {
                 let p = plan(None).unwrap_or_else(|e| panic!("n {n}, g {g}: {e}"));
-                assert_eq!((p.per_node, p.zeroed[2].1), (0, 0));
+                assert_eq!((p.args.num_tokens_per_rdma_rank, p.zeroed[2].1), (0, 0));
                 let e = plan(Some(1)).unwrap_err().to_string();
                 assert!(e.contains("one node") && e.contains("pass none"), "{e}");
                 continue;
             }
             let p = plan(Some(num_nodes)).unwrap_or_else(|e| panic!("n {n}, g {g}: {e}"));
-            assert_eq!((p.per_node, p.zeroed[2]), (at(5), (at(5), num_nodes * 4)));
-            assert_eq!(p.node_pes as usize, g);
+            let per_node = p.args.num_tokens_per_rdma_rank;
+            assert_eq!((per_node, p.zeroed[2]), (at(5), (at(5), num_nodes * 4)));
+            assert_eq!(p.args.node_pes as usize, g);
             let shared = p.launch.shared_mem_bytes as usize;
             assert_eq!(shared, (n + num_experts + num_nodes) * 4);
             assert!(shared <= 48 << 10, "n {n}: {shared} B of shared counts");
