@@ -34,7 +34,7 @@ impl Collective {
         use Algorithm::*;
         match self {
             Self::SyncAll => &[Signal],
-            Self::Broadcast => &[OneShot, ScatterGather],
+            Self::Broadcast => &[OneShot, ScatterGather, ScatterGatherUnits],
             Self::AllGather => &[OneShot, Direct, Ring],
             Self::ReduceScatter => &[OneShot, Pull],
             Self::AllReduce => &[OneShot, TwoShot, RsAg],
@@ -71,8 +71,13 @@ pub enum Algorithm {
     Direct,
     /// n - 1 steps, each PE forwarding one block to its successor.
     Ring,
-    /// Broadcast as scatter, then all-gather: no PE sends much more than the message.
+    /// Broadcast as scatter, then all-gather: no PE sends much more than the message. Its
+    /// pipeline runs in units of a whole block, each signalling its own steps.
     ScatterGather,
+    /// The same pipeline in units of 4 warps (4 per block, on at most
+    /// [`BROADCAST_UNIT_BLOCKS`] blocks): each unit waits for its own steps only, so the first
+    /// steps are shorter. Large broadcasts at more than 2 PEs ([`BROADCAST_UNITS_FROM`]).
+    ScatterGatherUnits,
     /// Each PE reads its chunk from every peer's symmetric input and sums it.
     Pull,
     /// All-reduce as two launches: the two-shot's reduce-scatter into this PE's chunk of the
@@ -89,6 +94,7 @@ impl Algorithm {
             Self::Direct => "direct",
             Self::Ring => "ring",
             Self::ScatterGather => "scatter_gather",
+            Self::ScatterGatherUnits => "scatter_gather_units",
             Self::Pull => "pull",
             Self::RsAg => "rs_ag",
         }
@@ -102,6 +108,7 @@ impl Algorithm {
             Self::Direct,
             Self::Ring,
             Self::ScatterGather,
+            Self::ScatterGatherUnits,
             Self::Pull,
             Self::RsAg,
         ]
@@ -133,10 +140,23 @@ pub const SIZE_TABLE: &[(Collective, usize, Algorithm)] = &[
     (Collective::AllToAllV, usize::MAX, Algorithm::Direct),
     (Collective::SyncAll, usize::MAX, Algorithm::Signal),
 ];
+
+/// Where the PE count changes the table's choice: from this size, at more than 2 PEs, the
+/// broadcast's pipeline runs in 4-warp units on [`BROADCAST_UNIT_BLOCKS`] blocks instead of
+/// whole blocks (`scatter_gather_units`). Measured on 4x H100 at N = 4 against the block
+/// pipeline (benchmarks/notes/collectives.md, "per-unit broadcast steps"): 7% faster at 4 MiB,
+/// 10% at 16 MiB, 2% at 64 MiB, equal at 256 MiB, 18% slower at 1 MiB. At 2 PEs there is no
+/// forwarder, and the block pipeline stays.
+pub const BROADCAST_UNITS_FROM: usize = 4 << 20;
 // ANCHOR_END: size_table
 
+/// The blocks the 4-warp units run on (4 units each, one done word per unit in the root's row
+/// of MAX_BLOCKS): the grid of the measured variant, 256 units.
+pub const BROADCAST_UNIT_BLOCKS: u32 = 64;
+
 /// The table's choice for a call of `size_bytes`, falling back to the next algorithm when the
-/// LL scratch (`ll_max_bytes` per peer) cannot hold it.
+/// LL scratch (`ll_max_bytes` per peer) cannot hold it; then the PE count's rule
+/// ([`BROADCAST_UNITS_FROM`]).
 pub fn choose(
     collective: Collective,
     size_bytes: usize,
@@ -148,8 +168,15 @@ pub fn choose(
         .find(|(c, up_to, _)| *c == collective && size_bytes <= *up_to)
         .map(|&(_, _, algorithm)| algorithm)
         .unwrap_or(*collective.algorithms().last().unwrap());
-    if chosen == Algorithm::OneShot && collective.per_peer_bytes(size_bytes, n_pes) > ll_max_bytes {
+    let chosen = if chosen == Algorithm::OneShot
+        && collective.per_peer_bytes(size_bytes, n_pes) > ll_max_bytes
+    {
         collective.algorithms()[1]
+    } else {
+        chosen
+    };
+    if chosen == Algorithm::ScatterGather && n_pes > 2 && size_bytes >= BROADCAST_UNITS_FROM {
+        Algorithm::ScatterGatherUnits
     } else {
         chosen
     }
@@ -243,12 +270,16 @@ pub fn plan(
                 .clamp(1, max_blocks as usize) as u32,
             COLL_THREADS,
         ),
-        _ => (
-            per_peer
+        _ => {
+            let blocks = per_peer
                 .div_ceil(BYTES_PER_BLOCK)
-                .clamp(1, max_blocks as usize) as u32,
-            COLL_THREADS,
-        ),
+                .clamp(1, max_blocks as usize) as u32;
+            if algorithm == Algorithm::ScatterGatherUnits {
+                (blocks.min(BROADCAST_UNIT_BLOCKS), COLL_THREADS)
+            } else {
+                (blocks, COLL_THREADS)
+            }
+        }
     };
     Ok(Plan {
         collective,
@@ -272,6 +303,7 @@ fn kernel_name(collective: Collective, algorithm: Algorithm, dtype: Option<DType
     match (collective, algorithm) {
         (C::SyncAll, _) => "coll_sync_all",
         (C::Broadcast, A::OneShot) => "coll_broadcast_ll",
+        (C::Broadcast, A::ScatterGatherUnits) => "coll_broadcast_scatter_units",
         (C::Broadcast, _) => "coll_broadcast_scatter",
         (C::AllGather, A::OneShot) => "coll_all_gather_ll",
         (C::AllGather, A::Ring) => "coll_all_gather_ring",
@@ -350,6 +382,52 @@ mod tests {
         assert!(
             err.contains("1048576 bytes per peer") && err.contains("ll_max_bytes"),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn broadcast_runs_in_units_from_4_mib_at_more_than_2_pes() {
+        use Algorithm::{ScatterGather, ScatterGatherUnits};
+        let ll = 512 << 10;
+        let bcast = |size, n| choose(Collective::Broadcast, size, n, ll);
+        for n in [3, 4, 8] {
+            assert_eq!(bcast(BROADCAST_UNITS_FROM, n), ScatterGatherUnits);
+            assert_eq!(bcast(256 << 20, n), ScatterGatherUnits);
+            assert_eq!(bcast(BROADCAST_UNITS_FROM - 1, n), ScatterGather);
+            assert_eq!(bcast(1 << 20, n), ScatterGather);
+            assert_eq!(bcast(1 << 10, n), Algorithm::OneShot);
+        }
+        for size in [1 << 20, BROADCAST_UNITS_FROM, 256 << 20] {
+            assert_eq!(bcast(size, 2), ScatterGather);
+        }
+        // The LL fallback lands on the block pipeline below the rule's size.
+        assert_eq!(
+            choose(Collective::Broadcast, 1 << 10, 4, 512),
+            ScatterGather
+        );
+        assert_eq!(
+            choose(Collective::AllGather, 256 << 20, 8, ll),
+            Algorithm::Direct
+        );
+        // The units run on at most BROADCAST_UNIT_BLOCKS blocks (4 units each: one done word
+        // per unit in the root's row of MAX_BLOCKS), the block pipeline's grid is unchanged.
+        assert!(BROADCAST_UNIT_BLOCKS as usize * 4 <= MAX_BLOCKS);
+        let grid = |a, size| plan(Collective::Broadcast, a, size, 4, None, ll, 132).unwrap();
+        let units = grid(ScatterGatherUnits, 256 << 20);
+        assert_eq!(
+            (units.kernel, units.num_blocks, units.threads_per_block),
+            ("coll_broadcast_scatter_units", 64, COLL_THREADS)
+        );
+        let blocks = grid(ScatterGather, 256 << 20);
+        assert_eq!(
+            (blocks.kernel, blocks.num_blocks),
+            ("coll_broadcast_scatter", 132)
+        );
+        assert_eq!(grid(ScatterGatherUnits, 100 << 10).num_blocks, 7);
+        assert_eq!(grid(ScatterGather, 100 << 10).num_blocks, 7);
+        assert_eq!(
+            Algorithm::from_name("scatter_gather_units"),
+            Some(ScatterGatherUnits)
         );
     }
 

@@ -1,5 +1,8 @@
 //! The cases past the byte sweep: all-to-all-v with counts only the GPU knows, the largest
-//! all-reduce (the size table's last algorithm), and a broadcast long enough for its pipeline.
+//! all-reduce (the size table's last algorithm), and broadcasts long enough for their pipeline,
+//! by both of its units.
+
+use ch04_collectives::algorithm::BROADCAST_UNITS_FROM;
 
 use super::*;
 
@@ -108,46 +111,64 @@ pub(crate) fn check_largest_all_reduce(
     Ok(())
 }
 
-/// A broadcast long enough for the pipeline's steps (the byte cases above stop at 1 MB, one
-/// step): 24 MiB + 5 bytes by the table's choice (scatter), from the last PE and from PE 0,
-/// out of place and in place. At N = 4 the pipeline runs 2 steps; at N = 2 there is one step
-/// and no forwarder.
+/// Broadcasts long enough for the pipeline's steps (the byte cases above stop at 1 MB, one
+/// step), by both of its units: the block (`scatter_gather`) and the 4-warp unit
+/// (`scatter_gather_units`), each from the last PE and from PE 0, out of place and in place.
+/// Two sizes: where the table switches to the units at n > 2 (`BROADCAST_UNITS_FROM`, 4 MiB:
+/// one step), and 24 MiB + 5 bytes (on 4x H100 at N = 4, 2 steps of the block pipeline and 5 of
+/// the units', the last round 16 bytes of one unit; at N = 2 one step and no forwarder).
+/// First, that the table chooses the units there at n > 2 and the block pipeline at n = 2.
 pub(crate) fn check_pipelined_broadcast(
     comm: &Communicator<&World>,
     check: &mut Checker,
     seed: u32,
 ) -> Result<(), AnyError> {
     let (me, n) = (comm.world().my_pe(), comm.world().n_pes());
-    let count = (24 << 20) + 5;
-    let algorithm = comm
-        .plan(Collective::Broadcast, None, count, None)?
-        .algorithm;
-    let input = Buffer::<u8>::new(comm.world(), count)?;
-    let out = Buffer::<u8>::new(comm.world(), count)?;
-    for root in [n - 1, 0] {
-        let inputs: Vec<Vec<u8>> = (0..n)
-            .map(|p| {
-                (0..count)
-                    .map(|i| pattern_byte(p, i, seed + root as u32))
-                    .collect()
-            })
-            .collect();
-        let expected = reference::broadcast(&inputs, root);
-        for in_place in [false, true] {
-            let out = if in_place { &input } else { &out };
-            check.case(
-                comm,
-                Collective::Broadcast,
-                algorithm,
-                if in_place {
-                    "pipelined, in place"
-                } else {
-                    "pipelined"
-                },
-                (&input, &inputs[me]),
-                (out, &expected),
-                || comm.broadcast(out, &input, count, root, None),
-            )?;
+    let largest = (24 << 20) + 5;
+    let input = Buffer::<u8>::new(comm.world(), largest)?;
+    let out = Buffer::<u8>::new(comm.world(), largest)?;
+    for count in [BROADCAST_UNITS_FROM, largest] {
+        let chosen = comm
+            .plan(Collective::Broadcast, None, count, None)?
+            .algorithm;
+        let rule = if n > 2 {
+            Algorithm::ScatterGatherUnits
+        } else {
+            Algorithm::ScatterGather
+        };
+        check.tally.check(me, chosen == rule, || {
+            format!(
+                "broadcast of {count} B at n = {n}: the table chose {}",
+                chosen.name()
+            )
+        });
+        for root in [n - 1, 0] {
+            let inputs: Vec<Vec<u8>> = (0..n)
+                .map(|p| {
+                    (0..count)
+                        .map(|i| pattern_byte(p, i, seed + root as u32))
+                        .collect()
+                })
+                .collect();
+            let expected = reference::broadcast(&inputs, root);
+            for algorithm in [Algorithm::ScatterGather, Algorithm::ScatterGatherUnits] {
+                for in_place in [false, true] {
+                    let out = if in_place { &input } else { &out };
+                    let variant = format!(
+                        "pipelined {count} B{}",
+                        if in_place { ", in place" } else { "" }
+                    );
+                    check.case(
+                        comm,
+                        Collective::Broadcast,
+                        algorithm,
+                        &variant,
+                        (&input, &inputs[me]),
+                        (out, &expected),
+                        || comm.broadcast(out, &input, count, root, Some(algorithm)),
+                    )?;
+                }
+            }
         }
     }
     Ok(())

@@ -27,7 +27,9 @@ use std::sync::Arc;
 use ch01_bootstrap::World;
 use ch02_symmetric_memory::SymmetricBuffer;
 use ch03_put_get::bench::{self, median, ops_per_sample};
-use ch04_collectives::{Collective, CollectivesConfig, Communicator, DType, SIZE_TABLE, team};
+use ch04_collectives::{
+    Algorithm, Collective, CollectivesConfig, Communicator, DType, SIZE_TABLE, algorithm, team,
+};
 use cudarc::driver::{CudaGraph, CudaStream, sys};
 
 mod nvshmem_peer;
@@ -381,8 +383,8 @@ fn header(world: &World) -> Result<String, AnyError> {
 }
 
 // ANCHOR: print_table
-/// The size table in the code next to what this run measured: per collective and size, the
-/// fastest algorithm.
+/// The size table in the code (and the PE count's rule of `choose`) next to what this run
+/// measured: per collective and size, the fastest algorithm.
 fn print_table(rows: &[String]) {
     println!(
         "pe 0: SIZE_TABLE (code): {:?}",
@@ -390,6 +392,11 @@ fn print_table(rows: &[String]) {
             .iter()
             .map(|(c, up_to, a)| (c.name(), *up_to, a.name()))
             .collect::<Vec<_>>()
+    );
+    println!(
+        "pe 0: and at n > 2 from {} B: broadcast by {} (choose)",
+        algorithm::BROADCAST_UNITS_FROM,
+        Algorithm::ScatterGatherUnits.name()
     );
     let parsed: Vec<(&str, &str, usize, f64)> = rows
         .iter()
