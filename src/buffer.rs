@@ -45,8 +45,13 @@ const COUNT_WORDS: usize = 1 + MAX_EXPERTS / 2;
 pub(crate) const LL_STATE_WORDS: usize = std::mem::size_of::<LlState>().div_ceil(8);
 /// u64 words of the internode notify's per-rank state (`InternodeNotifyState`).
 const INTERNODE_STATE_WORDS: usize = std::mem::size_of::<InternodeNotifyState>().div_ceil(8);
-/// The internode notify's and dispatch's modules, loaded by buffers that span nodes in normal mode.
-const INTERNODE_MODULES: [&str; 2] = ["buffer/internode_notify", "buffer/internode_dispatch"];
+/// The internode notify's, dispatch's and combine's modules, loaded by buffers that span nodes
+/// in normal mode.
+const INTERNODE_MODULES: [&str; 3] = [
+    "buffer/internode_notify",
+    "buffer/internode_dispatch",
+    "buffer/internode_combine",
+];
 
 /// Symmetric heap bytes one buffer takes on `n_pes` PEs: the communicator's own (it spans one
 /// node, at most MAX_PES of them: the most it can take), then the buffer's regions

@@ -218,16 +218,47 @@ pub(crate) fn describe(error: CollError, last: LastRingCall, node_pes: usize) ->
             f.seen,
             f.expected,
         )),
-        Failure::RdmaSpace | Failure::RdmaData => {
-            let (side, what) = match f.kind {
+        Failure::RdmaSpace
+        | Failure::RdmaData
+        | Failure::CombineRdmaSpace
+        | Failure::CombineRdmaData
+        | Failure::CombineNvlSpace
+        | Failure::CombineNvlData => {
+            let (op, side, what) = match f.kind {
                 Failure::RdmaSpace => (
+                    "dispatch",
                     "sender",
                     "waited for space in its ring to the rail peer, whose forwarder never freed it",
                 ),
-                _ => ("forwarder", "waited for a chunk the rail peer never sent"),
+                Failure::RdmaData => (
+                    "dispatch",
+                    "forwarder",
+                    "waited for a chunk the rail peer never sent",
+                ),
+                Failure::CombineRdmaSpace => (
+                    "combine",
+                    "forwarder",
+                    "waited for space in its ring to the rail peer, whose home receivers never \
+                     freed it",
+                ),
+                Failure::CombineRdmaData => (
+                    "combine",
+                    "home receiver",
+                    "waited for a chunk of sums the rail peer's forwarder never sent",
+                ),
+                Failure::CombineNvlSpace => (
+                    "combine",
+                    "NVL sender",
+                    "waited for sub-ring space the node member's forwarder never freed",
+                ),
+                _ => (
+                    "combine",
+                    "forwarder",
+                    "waited for rows the node member never sent back",
+                ),
             };
             BufferError::Ring(format!(
-                "rank {}: internode dispatch (call {} of this buffer), block {} (channel {}, \
+                "rank {}: internode {op} (call {} of this buffer), block {} (channel {}, \
                  {side}): timed out after {} ms: {what}: {} (position {} expected, {} seen). It \
                  is dead or stalled (a crash, a checkpoint save, a compilation), or the ranks' \
                  calls disagree (handles or configs). The buffer is unusable from here on: \

@@ -32,12 +32,16 @@
 //!   internode.rs                    normal mode across nodes (issue 32): the notify step's
 //!                                   two-level arithmetic on the host, against DeepEP's definitions
 //!   internode_notify/               its kernel's area and launch (mod.rs), plan (plan.rs), tests
+//!   internode_dispatch/             the two-level dispatch (step 4): launch, plan, tests
+//!   internode_combine/              the two-level combine (step 5): launch, plan, tests
 //!   bin/                            ch07-buffer, ch08-low-latency (self-checking, typed layer);
-//!                                   internode-notify (issue 32 step 3's GPU test, raw layer)
+//!                                   internode-notify, internode-dispatch (issue 32's GPU tests,
+//!                                   raw layer; the latter runs dispatch and combine pairs)
 //! kernels/cuda/buffer/            moe.cuh (ring protocol NOTES), layout.cu, notify.cu,
 //!                                 dispatch.cu (moe_scatter), combine.cu (moe_gather),
 //!                                 low_latency.cuh, ll_dispatch.cu, ll_combine.cu,
-//!                                 internode_notify.cu;
+//!                                 internode_notify.cu, internode.cuh (the RDMA rings),
+//!                                 internode_dispatch.cu, internode_combine.cu;
 //!                                 kernels/cuda/ptx.cuh holds every PTX wrapper
 //!
 //! # From a call to its kernel
@@ -60,6 +64,7 @@ pub mod dispatch;
 pub mod error;
 pub mod handle;
 pub mod internode;
+pub mod internode_combine;
 pub mod internode_dispatch;
 pub mod internode_notify;
 pub mod layout;
@@ -72,6 +77,8 @@ pub mod view;
 
 #[cfg(test)]
 mod bad_inputs;
+#[cfg(test)]
+mod internode_combine_protocol_tests;
 #[cfg(test)]
 mod internode_dispatch_protocol_tests;
 #[cfg(test)]
@@ -89,6 +96,7 @@ pub use config::Config;
 pub use dispatch::{DispatchInputs, DispatchOutputs, DispatchPlan, plan_dispatch};
 pub use error::BufferError;
 pub use handle::Handle;
+pub use internode_combine::{InternodeCombineHandle, InternodeCombinePlan, plan_internode_combine};
 pub use internode_dispatch::{
     InternodeDispatchOutputs, InternodeDispatchPlan, plan_internode_dispatch,
 };

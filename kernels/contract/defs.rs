@@ -92,6 +92,12 @@ contract! {
         /// Warps of an `internode_dispatch` sender block that copy tokens into the RDMA rings; the
         /// block's other warps receive from the NVL rings.
         RDMA_SENDER_WARPS: usize = 8 => "int";
+        /// Warps of an `internode_combine` block 2c that send rows back into the NVL sub-rings
+        /// (a group per forwarder of the node); the block's other warps are the home receivers.
+        COMBINE_SENDER_WARPS: usize = 8 => "int";
+        /// Rows an `internode_combine` NVL sender publishes at once (at most: a sub-ring also
+        /// holds a forwarder's chunk beside them, internode_combine.cu NOTES).
+        COMBINE_NVL_WINDOW: usize = 16 => "int";
     }
 
     failures {
@@ -146,6 +152,15 @@ contract! {
         RdmaSpace = 26 => WAIT_RDMA_SPACE;
         /// an internode dispatch forwarder waited for a chunk its rail peer never sent
         RdmaData = 27 => WAIT_RDMA_DATA;
+        /// an internode combine forwarder waited for RDMA ring space its rail peer's home
+        /// receivers never freed
+        CombineRdmaSpace = 28 => WAIT_COMBINE_RDMA_SPACE;
+        /// an internode combine home receiver waited for a chunk its rail peer's forwarder never sent
+        CombineRdmaData = 29 => WAIT_COMBINE_RDMA_DATA;
+        /// an internode combine NVL sender waited for sub-ring space a forwarder of its node never freed
+        CombineNvlSpace = 30 => WAIT_COMBINE_NVL_SPACE;
+        /// an internode combine forwarder waited for rows a member of its node never sent
+        CombineNvlData = 31 => WAIT_COMBINE_NVL_DATA;
     }
 
     /// The communicator as every chapter-4 kernel receives it (by value, first argument).
@@ -594,6 +609,77 @@ contract! {
         rdma_ring_tokens: i32 => "int",
         rdma_chunk_tokens: i32 => "int",
         nvl_ring_tokens: i32 => "int",
+        num_recv_rows: i32 => "int",
+        num_forwarded_rows: i32 => "int",
+    }
+
+    /// Normal mode's combine across nodes (`internode_combine` in buffer/internode_combine.cu):
+    /// the dispatch backwards. Each rank's rows go back to the forwarder they came through (NVL
+    /// sub-rings, stores), which sums a token's rows of its node and sends the sum once to the
+    /// token's rank (the dispatch's RDMA rings and words, put-with-signal), which adds the nodes'
+    /// sums and the biases. Both rings' slots: [row: a16(hidden_bytes) bf16][weights: f32 x K],
+    /// padded to 16 bytes (`slot_bytes`).
+    struct InternodeCombineArgs {
+        /// local [num_recv_rows, hidden_bytes] bf16: a row per row the dispatch delivered here
+        x: u64 => "const uint8_t*",
+        /// local [num_recv_rows, num_topk] f32, or null (no weights)
+        topk_weights: u64 => "const float*",
+        /// local [num_tokens, hidden_bytes] bf16, or null
+        bias0: u64 => "const uint8_t*",
+        bias1: u64 => "const uint8_t*",
+        /// local [N, C] i32 (handle 1): our tokens to node k in channels 0..=c
+        rdma_channel_prefix_matrix: u64 => "const int*",
+        /// local [N, C] i32 (handle 3): rows we forwarded from node b in channels 0..=c
+        recv_rdma_channel_prefix_matrix: u64 => "const int*",
+        /// local [N] i32 (handle 4): rows we forwarded from nodes 0..=b
+        recv_rdma_rank_prefix_sum: u64 => "const int*",
+        /// local [n, C] i32 (handle 5): our first received row of rank s's channel c
+        recv_gbl_channel_prefix_matrix: u64 => "const int*",
+        /// local [n] i32 (handle 6): rows we received from ranks 0..=s
+        recv_gbl_rank_prefix_sum: u64 => "const int*",
+        /// local [num_tokens, N] i32 (handle 8): token t's index in its channel's stream to node k, or -1
+        send_rdma_head: u64 => "const int*",
+        /// local [num_forwarded_rows, G] i32 (handle 9): -1 where forwarded row j skipped member l'
+        /// (the combine reads only which entries are -1)
+        send_nvl_head: u64 => "const int*",
+        /// local [num_tokens, hidden_bytes] bf16, written
+        combined_x: u64 => "uint8_t*",
+        /// local [num_tokens, num_topk] f32, written; null without topk_weights
+        combined_topk_weights: u64 => "float*",
+        /// symmetric: the dispatch's RDMA rings (landing (c, b), then staging (c, k))
+        rdma: u64 => "uint8_t*",
+        /// the dispatch's ring words (InternodeDispatchArgs): chunk words, heads (symmetric),
+        /// sent, received (local); the combine's positions run on from the dispatch's
+        chunk_words: u64 => "uint64_t*",
+        rdma_heads: u64 => "uint64_t*",
+        rdma_sent: u64 => "uint64_t*",
+        rdma_received: u64 => "uint64_t*",
+        /// local [MAX_DISPATCH_BLOCKS] u64: the combines each block finished
+        calls: u64 => "uint64_t*",
+        /// symmetric: NVL sub-ring (c, l', k) at slot ((c G + l') N + k) nvl_sub_ring_tokens, on
+        /// the forwarder: what member l' sends back for node k
+        nvl: u64 => "uint8_t*",
+        /// [MAX_CHANNELS][MAX_NORMAL_RANKS] u64 by (member, node) = l N + k: tails (symmetric, on
+        /// the forwarder, from member l), heads (symmetric, on the sender, from forwarder l),
+        /// sent, received (local)
+        nvl_tails: u64 => "uint64_t*",
+        nvl_heads: u64 => "uint64_t*",
+        nvl_sent: u64 => "uint64_t*",
+        nvl_received: u64 => "uint64_t*",
+        /// where a handle naming more rows than x or send_nvl_head hold is recorded (RECV_OVERFLOW)
+        bad_input: InputError => "InputError",
+        topo: LlTopology => "LlTopology",
+        num_tokens: i32 => "int",
+        hidden_bytes: i32 => "int",
+        num_topk: i32 => "int",
+        slot_bytes: i32 => "int",
+        num_channels: i32 => "int",
+        /// R_r, c_r; a sub-ring's slots floor(R_n / N) and an NVL sender's window
+        rdma_ring_tokens: i32 => "int",
+        rdma_chunk_tokens: i32 => "int",
+        nvl_sub_ring_tokens: i32 => "int",
+        nvl_window_tokens: i32 => "int",
+        /// rows of x (M) and of send_nvl_head (M_r): rows past them are never read
         num_recv_rows: i32 => "int",
         num_forwarded_rows: i32 => "int",
     }

@@ -54,6 +54,7 @@ mod plan;
 mod tests;
 
 pub use plan::plan_internode_dispatch;
+pub(crate) use plan::{fits, rdma_ring};
 
 impl<W: Deref<Target = World>> NvshmemBuffer<W> {
     // ANCHOR: internode_dispatch
@@ -82,36 +83,74 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
             handle,
             outputs,
         )?;
-        let max = self.internode_max_num_sms()?;
-        if 2 * plan.num_channels as u32 > max {
-            return Err(BufferError::invalid(
+        // SAFETY: a checked plan; the caller vouches for the views and stream.
+        unsafe {
+            self.launch_internode(
                 "internode_dispatch",
+                config,
+                plan.num_channels,
+                &plan.args,
+                stream,
+            )
+        }
+    }
+    // ANCHOR_END: internode_dispatch
+
+    /// Launches the internode dispatch or combine (`kernel`) on `num_channels` channels: 2C
+    /// blocks of CHANNEL_THREADS, after `check_resident`.
+    ///
+    /// # Safety
+    /// As `launch_resident`: `args` is the kernel's checked argument struct.
+    pub(crate) unsafe fn launch_internode<A>(
+        &self,
+        kernel: &'static str,
+        config: &Config,
+        num_channels: usize,
+        args: &A,
+        stream: sys::CUstream,
+    ) -> Result<(), BufferError> {
+        self.check_resident(kernel, config, num_channels)?;
+        let spec = LaunchSpec {
+            kernel,
+            num_blocks: 2 * num_channels as u32,
+            threads_per_block: CHANNEL_THREADS,
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: forwarded to the caller.
+        unsafe { self.launch_resident(spec, args, stream) }
+    }
+
+    /// `Err` for `kernel` unless this PE keeps all 2C blocks of `num_channels` channels resident
+    /// (senders, forwarders and receivers wait for each other).
+    pub(crate) fn check_resident(
+        &self,
+        kernel: &'static str,
+        config: &Config,
+        num_channels: usize,
+    ) -> Result<(), BufferError> {
+        let max = self.internode_max_num_sms()?;
+        if 2 * num_channels as u32 > max {
+            return Err(BufferError::invalid(
+                kernel,
                 format!(
-                    "Config.num_sms = {}: this PE can keep at most {max} dispatch blocks \
-                     resident (every block waits for others); use internode_max_num_sms()",
+                    "Config.num_sms = {}: this PE can keep at most {max} blocks of the internode \
+                     dispatch and combine resident (every block waits for others); use \
+                     internode_max_num_sms()",
                     config.num_sms
                 ),
             ));
         }
-        let spec = LaunchSpec {
-            kernel: "internode_dispatch",
-            num_blocks: 2 * plan.num_channels as u32,
-            threads_per_block: CHANNEL_THREADS,
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: a checked plan (senders, forwarders and receivers wait for each other: every
-        // block resident); the caller vouches for the views and stream.
-        unsafe { self.launch_resident(spec, &plan.args, stream) }
+        Ok(())
     }
-    // ANCHOR_END: internode_dispatch
 
-    /// The largest `Config::num_sms` (even) whose internode dispatch grid, 2C blocks of
-    /// CHANNEL_THREADS all resident, this PE can launch: the GPU's SMs with one PE per GPU,
-    /// its share under MPS.
+    /// The largest `Config::num_sms` (even) whose internode dispatch and combine grids, 2C
+    /// blocks of CHANNEL_THREADS all resident, this PE can launch: the GPU's SMs with one PE
+    /// per GPU, its share under MPS.
     pub fn internode_max_num_sms(&self) -> Result<u32, BufferError> {
-        let resident = self
-            .kernels
-            .max_co_resident("internode_dispatch", CHANNEL_THREADS, 0)?;
-        Ok(resident.min(2 * MAX_CHANNELS as u32) & !1)
+        let mut most = 2 * MAX_CHANNELS as u32;
+        for kernel in ["internode_dispatch", "internode_combine"] {
+            most = most.min(self.kernels.max_co_resident(kernel, CHANNEL_THREADS, 0)?);
+        }
+        Ok(most & !1)
     }
 }

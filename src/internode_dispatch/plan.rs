@@ -7,7 +7,7 @@ use super::{InternodeDispatchOutputs, InternodeDispatchPlan};
 use crate::config::{Config, internode_dispatch_slot_bytes};
 use crate::dispatch::{DispatchInputs, RowFormat, check_inputs};
 use crate::error::BufferError;
-use crate::internode_notify::{InternodeHandle, check_buffer, check_handle};
+use crate::internode_notify::{InternodeCall, InternodeHandle, check_call};
 use crate::low_latency::regions::CONTROL_BYTES;
 use crate::spec::{BufferSpec, Progress};
 use crate::view::{ElemType, View};
@@ -18,10 +18,14 @@ fn invalid(message: String) -> BufferError {
     BufferError::invalid(WHAT, message)
 }
 
-/// The RDMA rings of `config`, checked: (R_r, c_r). Chunks of c_r leave in one put each and
-/// fill a 32-bit lane mask (c_r <= WINDOW_TOKENS); a sender window needs R_r >= WINDOW_TOKENS
-/// + c_r, as the forwarder frees whole chunks only; a ring has at most MAX_RDMA_CHUNKS words.
-fn rdma_ring(config: &Config) -> Result<(usize, usize), BufferError> {
+/// The RDMA rings of `config`, checked for `what` (the dispatch or the combine): (R_r, c_r).
+/// Chunks of c_r leave in one put each and fill a 32-bit lane mask (c_r <= WINDOW_TOKENS); a
+/// sender window (a round of home receivers) needs R_r >= WINDOW_TOKENS + c_r, as whole chunks
+/// are written; a ring has at most MAX_RDMA_CHUNKS words.
+pub(crate) fn rdma_ring(
+    what: &'static str,
+    config: &Config,
+) -> Result<(usize, usize), BufferError> {
     let ring = config.num_max_rdma_chunked_recv_tokens as usize;
     let chunk = config.num_max_rdma_chunked_send_tokens as usize;
     let window = WINDOW_TOKENS as usize;
@@ -33,13 +37,16 @@ fn rdma_ring(config: &Config) -> Result<(usize, usize), BufferError> {
         || ring < window + chunk
         || ring / chunk > MAX_RDMA_CHUNKS
     {
-        return Err(invalid(format!(
-            "num_max_rdma_chunked_send_tokens = {chunk} and num_max_rdma_chunked_recv_tokens = \
+        return Err(BufferError::invalid(
+            what,
+            format!(
+                "num_max_rdma_chunked_send_tokens = {chunk} and num_max_rdma_chunked_recv_tokens = \
              {ring}: a chunk holds at most {window} tokens, a ring at least {window} + the chunk \
              and at most MAX_RDMA_CHUNKS = {MAX_RDMA_CHUNKS} chunks, a whole number of them \
              (a sender's window of \
              {window} tokens must fit beside the chunk it has not posted yet)"
-        )));
+            ),
+        ));
     }
     Ok((ring, chunk))
 }
@@ -82,14 +89,23 @@ fn check_outputs(
     Ok((rows, nvl.rows()))
 }
 
-/// `Err` naming the hint unless `needed` bytes of `region` fit in the buffer's `have`.
-fn fits(region: &str, needed: usize, have: usize, rings: String) -> Result<(), BufferError> {
+/// `Err` (for `what`) naming the hint unless `needed` bytes of `region` fit in the buffer's `have`.
+pub(crate) fn fits(
+    what: &'static str,
+    region: &str,
+    needed: usize,
+    have: usize,
+    rings: String,
+) -> Result<(), BufferError> {
     if needed > have {
-        return Err(invalid(format!(
-            "this call needs {region} >= {needed} ({rings}) but the buffer has {have}: create \
+        return Err(BufferError::invalid(
+            what,
+            format!(
+                "this call needs {region} >= {needed} ({rings}) but the buffer has {have}: create \
              it with Config.get_buffer_size_hints_for_nodes(hidden_bytes, num_ranks, \
              node_pes) or more"
-        )));
+            ),
+        ));
     }
     Ok(())
 }
@@ -106,13 +122,14 @@ pub fn plan_internode_dispatch(
     handle: &InternodeHandle,
     outputs: &InternodeDispatchOutputs,
 ) -> Result<InternodeDispatchPlan, BufferError> {
-    let area = check_buffer(WHAT, spec)?;
-    let (n, g, nodes) = (spec.n_pes, spec.node_pes, area.num_nodes);
-    config.check_for_launch(g)?;
-    let c = config.num_channels();
-    check_handle(WHAT, handle, n, nodes, c)?;
-    is_token_in_rank.expect(WHAT, "is_token_in_rank", ElemType::Bool, &[None, Some(n)])?;
-    let num_tokens = is_token_in_rank.rows();
+    let InternodeCall {
+        area,
+        n,
+        g,
+        nodes,
+        c,
+        num_tokens,
+    } = check_call(WHAT, spec, config, handle, is_token_in_rank)?;
     if inputs.x.elem != ElemType::Bf16 || inputs.x_scales.is_some() {
         return Err(invalid(format!(
             "x is {}: across nodes the dispatch takes bfloat16 rows for now (fp8 with scales \
@@ -122,7 +139,7 @@ pub fn plan_internode_dispatch(
     }
     let f = check_inputs(WHAT, inputs, num_tokens, n)?;
     let (rows, forwarded) = check_outputs(outputs, &f, num_tokens, (nodes, g))?;
-    let (rdma_ring, rdma_chunk) = rdma_ring(config)?;
+    let (rdma_ring, rdma_chunk) = rdma_ring(WHAT, config)?;
     let nvl_ring = config.num_max_nvl_chunked_recv_tokens as usize;
     let slot_bytes = internode_dispatch_slot_bytes(f.hidden_bytes(), f.num_topk, 0);
     let rdma_needed = CONTROL_BYTES + 2 * c * nodes * rdma_ring * slot_bytes;
@@ -131,9 +148,10 @@ pub fn plan_internode_dispatch(
     };
     let (rdma_have, nvl_have) = (spec.options.num_rdma_bytes, spec.options.num_nvl_bytes);
     let rdma_rings = rings(nodes, "staging and landing", rdma_ring);
-    fits("num_rdma_bytes", rdma_needed, rdma_have, rdma_rings)?;
+    fits(WHAT, "num_rdma_bytes", rdma_needed, rdma_have, rdma_rings)?;
     let nvl_rings = rings(g, "ranks of the node", nvl_ring);
     fits(
+        WHAT,
         "num_nvl_bytes",
         c * g * nvl_ring * slot_bytes,
         nvl_have,

@@ -254,15 +254,20 @@ fn spec_one_node() -> BufferSpec {
     BufferSpec::for_tests(4, options)
 }
 
-/// The route rule (DESIGN.md, across nodes) read off the kernel's source: ranks become
-/// addresses only through node_peer, other nodes are reached by put-with-signal and signal ops
-/// only (no nvshmem_ptr, fence, quiet, barrier or trap), and every wait is bounded with a kind
-/// that names what it waited for.
+/// The route rule (DESIGN.md, across nodes) read off the kernel's source and the RDMA rings'
+/// header it shares with the combine: ranks become addresses only through node_peer, other
+/// nodes are reached by put-with-signal and signal ops only (no nvshmem_ptr, fence, quiet,
+/// barrier or trap), and every wait is bounded with a kind that names what it waited for.
 #[test]
 fn the_kernel_reaches_other_nodes_by_signals_only_and_bounds_every_wait() {
-    let code = assert_route_rules(
-        "internode_dispatch.cu",
+    let source = [
         include_str!("../../kernels/cuda/buffer/internode_dispatch.cu"),
+        include_str!("../../kernels/cuda/buffer/internode.cuh"),
+    ]
+    .concat();
+    let code = assert_route_rules(
+        "internode_dispatch.cu + internode.cuh",
+        &source,
         &["nvshmemx_putmem_signal_nbi_warp", "nvshmemx_signal_op"],
     );
     let peer = code.matches("peer(").count();

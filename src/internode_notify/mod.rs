@@ -15,7 +15,7 @@ use ch04_collectives::LaunchSpec;
 use cudarc::driver::sys;
 use kernels::contract::{
     INTERNODE_NOTIFY_THREADS, InternodeNotifyArgs, MAX_CHANNELS, MAX_DISPATCH_BLOCKS, MAX_NODES,
-    MAX_PES, MAX_RDMA_CHUNKS,
+    MAX_NORMAL_RANKS, MAX_PES, MAX_RDMA_CHUNKS,
 };
 
 use crate::buffer::NvshmemBuffer;
@@ -39,6 +39,10 @@ use crate::view::View;
 /// heads    [MAX_CHANNELS][N]        positions node k's forwarder consumed of our ring (c, k)
 /// sent, received [MAX_CHANNELS][N]  the sender's and the forwarder's positions (local use)
 /// calls    [MAX_DISPATCH_BLOCKS]    the dispatches each block finished (local use)
+/// then the combine's (internode_combine.cu; its RDMA rings use the dispatch's words above):
+/// calls    [MAX_DISPATCH_BLOCKS]    the combines each block finished (local use)
+/// NVL sub-ring words [MAX_CHANNELS][MAX_NORMAL_RANKS] each, by (member, node) = l N + k:
+///          tails, heads (symmetric), sent, received (local use)
 /// ```
 ///
 /// A row's stride bounds every call's row (`rail_row_words`): E / N <= MAX_EXPERTS / N expert
@@ -94,8 +98,15 @@ impl NotifyArea {
     pub fn dispatch_calls(&self) -> usize {
         self.rdma_received() + self.per_channel_node() * 8
     }
+    pub fn combine_calls(&self) -> usize {
+        self.dispatch_calls() + MAX_DISPATCH_BLOCKS * 8
+    }
+    /// The combine's NVL sub-ring words: `which` 0 tails, 1 heads, 2 sent, 3 received.
+    pub fn combine_nvl_words(&self, which: usize) -> usize {
+        self.combine_calls() + MAX_DISPATCH_BLOCKS * 8 + which * MAX_CHANNELS * MAX_NORMAL_RANKS * 8
+    }
     pub fn bytes(&self) -> usize {
-        (self.dispatch_calls() + MAX_DISPATCH_BLOCKS * 8).next_multiple_of(256)
+        self.combine_nvl_words(4).next_multiple_of(256)
     }
     /// The largest area any split of `n_pes` ranks into several nodes needs (nodes of 1 to
     /// MAX_PES ranks): what `heap_bytes` reserves, as it does not know the node size. 0 when
@@ -184,7 +195,7 @@ mod plan;
 mod tests;
 
 pub use plan::plan_internode_notify;
-pub(crate) use plan::{check_buffer, check_handle};
+pub(crate) use plan::{InternodeCall, check_call};
 
 impl<W: Deref<Target = World>> NvshmemBuffer<W> {
     // ANCHOR: internode_notify

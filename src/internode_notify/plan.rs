@@ -56,6 +56,51 @@ pub(crate) fn check_buffer(
     }
 }
 
+/// What every internode call checks first, and what it learns: the buffer's area, n ranks in
+/// N nodes of G, C channels, T tokens.
+pub(crate) struct InternodeCall {
+    pub area: NotifyArea,
+    pub n: usize,
+    pub g: usize,
+    pub nodes: usize,
+    pub c: usize,
+    pub num_tokens: usize,
+}
+
+/// The start of every internode plan (`what`: the notify, the dispatch or the combine): a
+/// normal-mode buffer across nodes (`check_buffer`), a config that launches, positions 1-6 of
+/// `handle` for its channels, and `is_token_in_rank` [T, n] with T < 2^31.
+pub(crate) fn check_call(
+    what: &'static str,
+    spec: &BufferSpec,
+    config: &Config,
+    handle: &InternodeHandle,
+    is_token_in_rank: View,
+) -> Result<InternodeCall, BufferError> {
+    let area = check_buffer(what, spec)?;
+    let (n, g, nodes) = (spec.n_pes, spec.node_pes, area.num_nodes);
+    // The NVL stage has G peers: its warps and rings are checked as chapter 7's for G ranks.
+    config.check_for_launch(g)?;
+    let c = config.num_channels();
+    check_handle(what, handle, n, nodes, c)?;
+    is_token_in_rank.expect(what, "is_token_in_rank", ElemType::Bool, &[None, Some(n)])?;
+    let num_tokens = is_token_in_rank.rows();
+    if num_tokens > i32::MAX as usize {
+        return Err(BufferError::invalid(
+            what,
+            format!("{num_tokens} tokens: at most {} per call", i32::MAX),
+        ));
+    }
+    Ok(InternodeCall {
+        area,
+        n,
+        g,
+        nodes,
+        c,
+        num_tokens,
+    })
+}
+
 /// Shapes of positions 1-6 for n ranks, N nodes, C channels (`what`: the notify or the dispatch).
 pub(crate) fn check_handle(
     what: &'static str,
@@ -141,24 +186,18 @@ pub fn plan_internode_notify(
     call: &InternodeNotifyCall,
     handle: &InternodeHandle,
 ) -> Result<InternodeNotifyPlan, BufferError> {
-    let area = check_buffer(WHAT, spec)?;
-    let (n, g, nodes) = (spec.n_pes, spec.node_pes, area.num_nodes);
-    // The NVL stage has G peers: its warps and rings are checked as chapter 7's for G ranks.
-    config.check_for_launch(g)?;
-    let c = config.num_channels();
-    check_handle(WHAT, handle, n, nodes, c)?;
     let (is_token_in_rank, full) = match call {
         InternodeNotifyCall::Full(inputs) => (inputs.is_token_in_rank, Some(inputs)),
         InternodeNotifyCall::Cached { is_token_in_rank } => (*is_token_in_rank, None),
     };
-    is_token_in_rank.expect(WHAT, "is_token_in_rank", ElemType::Bool, &[None, Some(n)])?;
-    let num_tokens = is_token_in_rank.rows();
-    if num_tokens > i32::MAX as usize {
-        return Err(invalid(format!(
-            "{num_tokens} tokens: at most {} per call",
-            i32::MAX
-        )));
-    }
+    let InternodeCall {
+        area,
+        n,
+        g,
+        nodes,
+        c,
+        num_tokens,
+    } = check_call(WHAT, spec, config, handle, is_token_in_rank)?;
     // A cached notify sends no rows and writes no counts: its expert count is not needed.
     let num_experts = match full {
         Some(inputs) => check_inputs(inputs, n, nodes)?,

@@ -42,7 +42,7 @@
 //   forwarder never freed space, WAIT_RDMA_DATA the first rail peer still owing a chunk,
 //   WAIT_RING_SPACE / WAIT_RING_DATA the node member (chapter 7's kinds).
 // ANCHOR_END: internode_dispatch_notes
-#include "low_latency.cuh"
+#include "internode.cuh"
 
 namespace nvshmem_tutorial {
 
@@ -64,25 +64,6 @@ struct SlotParts {
     __device__ explicit SlotParts(const DispatchSlot& s)
         : meta(round_up_to_vector(s.hidden_bytes)), topk_idx(meta + 8), topk_weights(meta + 8 + 4 * s.num_topk) {}
 };
-
-__device__ __forceinline__ uint8_t* slot_at(const InternodeDispatchArgs& a, uint8_t* ring, uint64_t pos, int ring_tokens) {
-    return ring + static_cast<int64_t>(pos % ring_tokens) * a.slot.bytes;
-}
-// Landing ring (c, b): what node b's rail peer sends us. Staging ring (c, k): what we put to k.
-__device__ __forceinline__ uint8_t* landing(const InternodeDispatchArgs& a, int c, int b) {
-    return a.rdma + static_cast<int64_t>(c * num_nodes(a.topo) + b) * a.rdma_ring_tokens * a.slot.bytes;
-}
-__device__ __forceinline__ uint8_t* staging(const InternodeDispatchArgs& a, int c, int k) {
-    const int N = num_nodes(a.topo);
-    return a.rdma + static_cast<int64_t>(a.num_channels * N + c * N + k) * a.rdma_ring_tokens * a.slot.bytes;
-}
-// The word of the chunk at `pos` of ring (c, b) (symmetric: the same on the rail peer).
-__device__ __forceinline__ uint64_t* chunk_word(const InternodeDispatchArgs& a, int c, int b, uint64_t pos) {
-    const int chunks = a.rdma_ring_tokens / a.rdma_chunk_tokens;
-    return a.chunk_words + static_cast<int64_t>(c * num_nodes(a.topo) + b) * MAX_RDMA_CHUNKS +
-           static_cast<int>(pos / a.rdma_chunk_tokens % chunks);
-}
-__device__ __forceinline__ uint64_t round_to_chunk(uint64_t pos, int chunk) { return (pos + chunk - 1) / chunk * chunk; }
 
 // ---- sender ----------------------------------------------------------------------------------
 
@@ -140,28 +121,18 @@ __device__ __forceinline__ void write_slot(const InternodeDispatchArgs& a, int t
 }
 
 // ANCHOR: post_chunks
-// Node k's complete chunks from `posted` leave (the last, partial one too when `last`): one
-// put-with-signal each from staging, or on our own node a release store of the word. Returns
-// the next chunk's start. One warp, after the sender barrier (every slot of the chunks stored).
+// Node k's complete chunks from `posted` leave (the last, partial one too when `last`), each by
+// post_chunk (internode.cuh). Returns the next chunk's start. One warp, after the sender barrier
+// (every slot of the chunks stored).
 __device__ __forceinline__ uint64_t post_chunks(const InternodeDispatchArgs& a, int c, int k, uint64_t posted, uint64_t pos,
                                                 bool last, int lane) {
-    const LlTopology& topo = a.topo;
-    const int chunk = a.rdma_chunk_tokens, me = my_node(topo);
-    bool fenced = false;
+    const int chunk = a.rdma_chunk_tokens;
+    bool first = true;
     while (posted < pos) {  // past pos after the last, partial chunk: then done
         const uint64_t m = min(pos - posted, uint64_t(chunk));
         if (m < uint64_t(chunk) && !last) break;
-        uint64_t* word = chunk_word(a, c, me, posted);
-        if (k == me) {
-            if (lane == 0) st_release_sys(word, posted + m);
-        } else {
-            if (!fenced && lane == 0) __threadfence_system();  // the NIC reads the staged slots over PCIe
-            fenced = true;
-            __syncwarp();
-            nvshmemx_putmem_signal_nbi_warp(slot_at(a, landing(a, c, me), posted, a.rdma_ring_tokens),
-                                            slot_at(a, staging(a, c, k), posted, a.rdma_ring_tokens), m * a.slot.bytes, word,
-                                            posted + m, NVSHMEM_SIGNAL_SET, k * topo.node_pes + my_local(topo));
-        }
+        post_chunk(a, c, k, posted, m, first, lane);
+        first = false;
         posted += chunk;
     }
     return last ? round_to_chunk(pos, chunk) : posted;
@@ -310,12 +281,7 @@ __device__ __forceinline__ void forward_chunk(const Workspace& ws, const Interno
         f.pos[b] = p + a.rdma_chunk_tokens;  // a chunk spans c_r positions (the call's last: rounded)
         f.left[b] -= m;
         f.taken[b] += m;
-        if (b == my_node(topo)) {
-            st_release_sys(a.rdma_heads + c * N + b, f.pos[b]);
-        } else {
-            nvshmemx_signal_op(a.rdma_heads + c * N + my_node(topo), a.rdma_chunk_tokens, NVSHMEM_SIGNAL_ADD,
-                               b * G + me);
-        }
+        return_head(a, c, b, p, f.pos[b]);
     }
 }
 // ANCHOR_END: forward_chunk
@@ -332,14 +298,7 @@ __device__ void forward(const Workspace& ws, const InternodeDispatchArgs& a, uin
         // call's c_r was another, the skipped positions go back to the sender's head now.
         const uint64_t was = a.rdma_received[c * N + b];
         f.pos[b] = round_to_chunk(was, a.rdma_chunk_tokens);
-        if (f.pos[b] != was) {
-            if (b == my_node(topo)) {
-                st_release_sys(a.rdma_heads + c * N + b, f.pos[b]);
-            } else {
-                nvshmemx_signal_op(a.rdma_heads + c * N + my_node(topo), f.pos[b] - was, NVSHMEM_SIGNAL_ADD,
-                                   b * topo.node_pes + my_local(topo));
-            }
-        }
+        if (f.pos[b] != was) return_head(a, c, b, was, f.pos[b]);
         f.left[b] = prefix[c] - (c > 0 ? prefix[c - 1] : 0);
         f.taken[b] = 0;
     }
