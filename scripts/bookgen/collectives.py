@@ -55,13 +55,33 @@ def size_table() -> List[Tuple[str, int, str]]:
     return rows
 
 
+def broadcast_units_from() -> int:
+    """BROADCAST_UNITS_FROM of chapter 4's algorithm.rs: from this size at more than 2 PEs,
+    `choose` turns the table's scatter_gather broadcast into scatter_gather_units."""
+    found = re.search(r"pub const BROADCAST_UNITS_FROM: usize = (\d+)\s*<<\s*(\d+);", read_text(SIZE_TABLE_SOURCE))
+    if not found:
+        raise GenError(f"{SIZE_TABLE_SOURCE}: BROADCAST_UNITS_FROM not found")
+    return int(found.group(1)) << int(found.group(2))
+
+
 class Coll:
-    """One chapter 4 run: ours (the size table's choice), the peers, NVSHMEM's row if any."""
+    """One chapter 4 run: ours (`choose`'s choice: the size table, then its rule for the
+    broadcast's units), the peers, NVSHMEM's row if any."""
 
     def __init__(self, result: Result, table_rows: List[Tuple[str, int, str]]):
         self.r = result
         self.table = table_rows
         self.n = int(result.rows[0]["n_pes"])
+        self.units_from = broadcast_units_from()
+
+    def choices(self, collective: str, size: int) -> List[str]:
+        """`choose`'s algorithm first, then the table's others (a run older than a change of
+        the table, or LL past its scratch, falls back to them in this order)."""
+        out = [a for c, up_to, a in self.table if c == collective and size <= up_to]
+        if (collective == "broadcast" and out and out[0] == "scatter_gather" and self.n > 2
+                and size >= self.units_from):
+            out.insert(0, "scatter_gather_units")
+        return out + [a for c, _, a in self.table if c == collective]
 
     def us(self, collective: str, size: int, method: str, algorithm: Optional[str] = None) -> Optional[float]:
         found = [float(r["us"]) for r in self.r.select(collective=collective, num_bytes=size, method=method)
@@ -69,10 +89,8 @@ class Coll:
         return min(found) if found else None
 
     def ours(self, collective: str, size: int) -> Tuple[float, str]:
-        """The table's choice, and the next algorithm when LL did not run at this size."""
-        choices = [a for c, up_to, a in self.table if c == collective and size <= up_to]
-        choices += [a for c, _, a in self.table if c == collective]
-        for algorithm in choices:
+        """`choose`'s choice, and the next algorithm when it did not run at this size."""
+        for algorithm in self.choices(collective, size):
             t = self.us(collective, size, "ours", algorithm)
             if t is not None:
                 return t, algorithm
@@ -85,7 +103,7 @@ class Coll:
         out = []
         for r in self.r.select(method="ours"):
             collective, size = r["collective"], int(r["num_bytes"])
-            first = next((a for c, up_to, a in self.table if c == collective and size <= up_to), None)
+            first = next(iter(self.choices(collective, size)), None)
             if collective not in COLLECTIVES or first is None or first == "one_shot":
                 continue
             if self.us(collective, size, "ours", first) is None:

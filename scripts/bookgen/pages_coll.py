@@ -79,7 +79,7 @@ def unmeasured_note(c: Coll) -> str:
     by_choice: Dict[Tuple[str, str, str], List[int]] = {}
     for collective, size, first, shown in missing:
         by_choice.setdefault((collective, first, shown), []).append(size)
-    parts = [f"{COLL_LABEL[col]} at {' and '.join(size_label(z) for z in sorted(zs))}: the size table chooses "
+    parts = [f"{COLL_LABEL[col]} at {' and '.join(size_label(z) for z in sorted(zs))}: chapter 4 chooses "
              f"{first}, which this run did not time; the {shown.replace('_', '-')}'s time is shown"
              for (col, first, shown), zs in by_choice.items()]
     text = "; ".join(parts)
@@ -94,7 +94,8 @@ def gen_ch04(book: Book) -> None:
         r = c.r
         s.add(f"{key}_run", f"{r.device}, {r.date}")
         s.add(f"{key}_table", coll_table(c) + "\n\n" +
-              f"*Time per call in us, CUDA-graph replay; ours: the size table's choice; best peer: the fastest of "
+              f"*Time per call in us, CUDA-graph replay; ours: chapter 4's choice (the size table, and the broadcast's units "
+              f"from {size_label(c.units_from)} at more than 2 PEs); best peer: the fastest of "
               f"NCCL, torch SymmetricMemory{' and NVSHMEM' if c.has_nvshmem() else ''} at that size. "
               f"`{r.path}`: {r.device}, {r.date}.{unmeasured_note(c)}*" + book.caveat(key))
         ours128 = [float(x["us"]) for x in r.select(collective="all_to_all_v", algorithm="direct_128tok")]
