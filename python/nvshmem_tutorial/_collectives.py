@@ -7,7 +7,8 @@ PE must make the same calls in the same order with the same sizes. All of them c
 captured in a CUDA graph (``torch.cuda.graph``): the call numbers live on the GPU.
 
 ``algorithm=None`` lets the size table of chapter 4 choose; a name (``"one_shot"``,
-``"two_shot"``, ``"direct"``, ``"ring"``, ``"scatter_gather"``, ``"pull"``, ``"rs_ag"``)
+``"two_shot"``, ``"direct"``, ``"ring"``, ``"scatter_gather"``, ``"scatter_gather_units"``,
+``"pull"``, ``"rs_ag"``)
 forces one.
 """
 
@@ -84,7 +85,8 @@ def all_to_all(output: Tensor, input: Tensor, *, algorithm: Optional[str] = None
 def broadcast(output: Tensor, input: Tensor, root: int, *, algorithm: Optional[str] = None, stream: StreamLike = None) -> None:
     """``root``'s ``input`` into every PE's ``output`` (``output`` may be ``input``).
     Symmetric, contiguous, same dtype and numel. ``algorithm``: ``"one_shot"``,
-    ``"scatter_gather"`` or None. Raises ``PeOutOfRangeError`` for a root outside 0..n_pes()."""
+    ``"scatter_gather"``, ``"scatter_gather_units"`` or None. Raises ``PeOutOfRangeError`` for a
+    root outside 0..n_pes()."""
     run(_native.broadcast, algorithm, broadcast_args, stream, output, input, root)
 
 

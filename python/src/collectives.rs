@@ -25,9 +25,11 @@ impl From<CollError> for Error {
 fn parse_algorithm(name: Option<&str>) -> Result<Option<Algorithm>, Error> {
     name.map(|name| {
         Algorithm::from_name(name).ok_or_else(|| {
+            let names: Vec<&str> = Algorithm::ALL.iter().map(|a| a.name()).collect();
             Error::Invalid(format!(
-                "unknown algorithm {name:?}: use one of one_shot, two_shot, direct, ring, \
-                 scatter_gather, pull, rs_ag (which apply depends on the collective), or None"
+                "unknown algorithm {name:?}: use one of {} (which apply depends on the \
+                 collective), or None",
+                names.join(", ")
             ))
         })
     })

@@ -100,20 +100,21 @@ impl Algorithm {
         }
     }
 
+    /// Every algorithm, in the order messages list them.
+    pub const ALL: [Self; 9] = [
+        Self::Signal,
+        Self::OneShot,
+        Self::TwoShot,
+        Self::Direct,
+        Self::Ring,
+        Self::ScatterGather,
+        Self::ScatterGatherUnits,
+        Self::Pull,
+        Self::RsAg,
+    ];
+
     pub fn from_name(name: &str) -> Option<Self> {
-        [
-            Self::Signal,
-            Self::OneShot,
-            Self::TwoShot,
-            Self::Direct,
-            Self::Ring,
-            Self::ScatterGather,
-            Self::ScatterGatherUnits,
-            Self::Pull,
-            Self::RsAg,
-        ]
-        .into_iter()
-        .find(|a| a.name() == name)
+        Self::ALL.into_iter().find(|a| a.name() == name)
     }
 }
 
