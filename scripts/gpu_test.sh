@@ -50,7 +50,8 @@
 # Python script ch08_low_latency.py once as 2 nodes of 2 (at N = 4). The internode notify
 # (internode-notify, issue 32 step 3) runs on every topology of several nodes: 2 x 1, 2 x 2,
 # 4 x 1, 2 x 4, 4 x 2, 8 x 1 (and at N = 1, 2 as one node, where it checks the refusal); the
-# internode dispatch (internode-dispatch, step 4: 1,000 dispatches per topology) on the same.
+# internode dispatch and combine (internode-dispatch, steps 4 and 5: 1,000 dispatch and
+# combine pairs per topology) on the same.
 # The last line printed is "<P> passed, <F> failed" over all runs; the exit code is 0 only
 # when every run passed.
 set -euo pipefail

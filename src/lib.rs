@@ -96,7 +96,9 @@ pub use config::Config;
 pub use dispatch::{DispatchInputs, DispatchOutputs, DispatchPlan, plan_dispatch};
 pub use error::BufferError;
 pub use handle::Handle;
-pub use internode_combine::{InternodeCombineHandle, InternodeCombinePlan, plan_internode_combine};
+pub use internode_combine::{
+    InternodeCombineCall, InternodeCombineHandle, InternodeCombinePlan, plan_internode_combine,
+};
 pub use internode_dispatch::{
     InternodeDispatchOutputs, InternodeDispatchPlan, plan_internode_dispatch,
 };

@@ -37,6 +37,15 @@ pub struct InternodeCombineHandle {
     pub send_nvl_head: View,
 }
 
+/// One combine's views: what each rank sends back (a row per row the dispatch delivered, in
+/// its order), the dispatch's handle, and what the combine fills ([T, H] rows, [T, K] weights).
+#[derive(Debug, Clone, Copy)]
+pub struct InternodeCombineCall {
+    pub inputs: CombineInputs,
+    pub handle: InternodeCombineHandle,
+    pub outputs: CombineOutputs,
+}
+
 /// A checked internode combine: the kernel's arguments and its channels (grid 2C).
 #[derive(Debug, Clone, Copy)]
 pub struct InternodeCombinePlan {
@@ -52,8 +61,8 @@ pub use plan::plan_internode_combine;
 
 impl<W: Deref<Target = World>> NvshmemBuffer<W> {
     // ANCHOR: internode_combine
-    /// The combine across nodes with the handle of the dispatch that delivered `inputs.x`'s
-    /// rows, on `stream`: combined_x[t] = bias0[t] + bias1[t] + the rows of every rank t went
+    /// The combine across nodes of `call`, with the handle of the dispatch that delivered
+    /// `call.inputs.x`'s rows, on `stream`: combined_x[t] = bias0[t] + bias1[t] + the rows of every rank t went
     /// to, summed per node (member order) and then over nodes (node order), in fp32, rounded
     /// to bf16 once per node and once at home; the weights likewise (never rounded). First the
     /// cached notify, as DeepEP's `internode_combine` (the entry barrier: the dispatch before
@@ -65,15 +74,14 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
     /// live stream of this buffer's context, and `handle` is the dispatch's, on the same stream.
     pub unsafe fn internode_combine_raw(
         &self,
-        inputs: &CombineInputs,
-        handle: &InternodeCombineHandle,
-        outputs: &CombineOutputs,
+        call: &InternodeCombineCall,
         config: &Config,
         stream: sys::CUstream,
     ) -> Result<(), BufferError> {
         self.check()?;
-        let plan = plan_internode_combine(&self.spec, config, inputs, handle, outputs)?;
+        let plan = plan_internode_combine(&self.spec, config, call)?;
         self.check_resident("internode_combine", config, plan.num_channels)?;
+        let handle = &call.handle;
         let barrier = InternodeNotifyCall::Cached {
             is_token_in_rank: handle.is_token_in_rank,
         };

@@ -3,13 +3,12 @@
 
 use kernels::contract::{COMBINE_NVL_WINDOW, InternodeCombineArgs, MAX_NORMAL_RANKS};
 
-use super::{InternodeCombineHandle, InternodeCombinePlan};
+use super::{InternodeCombineCall, InternodeCombinePlan};
 use crate::checks;
-use crate::combine::{CombineInputs, CombineOutputs};
 use crate::config::Config;
 use crate::error::BufferError;
 use crate::internode_dispatch::{fits, rdma_ring};
-use crate::internode_notify::{InternodeCall, check_call};
+use crate::internode_notify::check_call;
 use crate::low_latency::regions::CONTROL_BYTES;
 use crate::regions::combine_slot_bytes;
 use crate::spec::BufferSpec;
@@ -28,11 +27,10 @@ type Named<'a> = (Option<View>, &'a str, ElemType, [Option<usize>; 2], bool);
 /// x and the views sized by it, checked: (M rows, hidden, K top-k). Every view with its name,
 /// dtype and shape, bf16 rows 16-byte aligned; the combined weights exactly with the weights.
 fn check_views(
-    inputs: &CombineInputs,
-    handle: &InternodeCombineHandle,
-    outputs: &CombineOutputs,
+    call: &InternodeCombineCall,
     (num_tokens, nodes, g): (usize, usize, usize),
 ) -> Result<(usize, usize, usize), BufferError> {
+    let (inputs, handle, outputs) = (&call.inputs, &call.handle, &call.outputs);
     let x = &inputs.x;
     x.expect(WHAT, "x", ElemType::Bf16, &[None, None])?;
     x.expect_aligned(WHAT, "x", 16)?;
@@ -147,25 +145,19 @@ fn sub_rings(
 pub fn plan_internode_combine(
     spec: &BufferSpec,
     config: &Config,
-    inputs: &CombineInputs,
-    handle: &InternodeCombineHandle,
-    outputs: &CombineOutputs,
+    call: &InternodeCombineCall,
 ) -> Result<InternodeCombinePlan, BufferError> {
-    let InternodeCall {
-        area,
-        g,
-        nodes,
-        c,
-        num_tokens,
-        ..
-    } = check_call(
+    let handle = &call.handle;
+    let checked = check_call(
         WHAT,
         spec,
         config,
         &handle.prefixes,
         handle.is_token_in_rank,
     )?;
-    let (rows, hidden, num_topk) = check_views(inputs, handle, outputs, (num_tokens, nodes, g))?;
+    let (area, c, num_tokens) = (checked.area, checked.c, checked.num_tokens);
+    let (g, nodes) = (checked.g, checked.nodes);
+    let (rows, hidden, num_topk) = check_views(call, (num_tokens, nodes, g))?;
     let (rdma_ring, rdma_chunk) = rdma_ring(WHAT, config)?;
     let (sub_ring, window) = sub_rings(config, nodes, g, rdma_chunk)?;
     let slot_bytes = combine_slot_bytes(2 * hidden, num_topk);
@@ -194,7 +186,7 @@ pub fn plan_internode_combine(
     let base = spec.notify_area_base().unwrap_or_default();
     let at = |offset: usize| base + offset as u64;
     let optional = |view: Option<View>| view.map_or(0, |v| v.ptr);
-    let prefixes = &handle.prefixes;
+    let (inputs, outputs, prefixes) = (&call.inputs, &call.outputs, &handle.prefixes);
     let args = InternodeCombineArgs {
         x: inputs.x.ptr,
         topk_weights: optional(inputs.topk_weights),

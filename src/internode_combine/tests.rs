@@ -38,11 +38,7 @@ fn spec_for(config: &Config, n: usize, g: usize, me: usize) -> BufferSpec {
 
 /// A combine's views: T tokens, M = 3T rows received, M_r = 2T forwarded, K top-k (0: no
 /// weights), the two biases, n ranks in N nodes of G, C channels.
-struct Call {
-    inputs: CombineInputs,
-    handle: InternodeCombineHandle,
-    outputs: CombineOutputs,
-}
+type Call = InternodeCombineCall;
 
 fn call(n: usize, g: usize, c: usize, t: usize, k: usize) -> Call {
     let (nodes, m, m_r) = (n / g, 3 * t, 2 * t);
@@ -74,7 +70,7 @@ fn plan_of(
     config: &Config,
     x: &Call,
 ) -> Result<InternodeCombinePlan, BufferError> {
-    plan_internode_combine(spec, config, &x.inputs, &x.handle, &x.outputs)
+    plan_internode_combine(spec, config, x)
 }
 
 fn error_of(spec: &BufferSpec, config: &Config, x: &Call) -> String {

@@ -23,11 +23,10 @@ use std::process::ExitCode;
 
 use ch01_bootstrap::World;
 use ch01_bootstrap::checks::Tally;
-use nvshmem_tutorial::buffer::{heap_bytes, node_pes_from_env};
 use nvshmem_tutorial::internode::{Notified, flat};
 use nvshmem_tutorial::{
-    BufferOptions, DeviceArray, InternodeHandle, InternodeNotifyCall, InternodeRecvCounts,
-    NotifyInputs, NotifyOutputs, NvshmemBuffer,
+    DeviceArray, InternodeHandle, InternodeNotifyCall, InternodeRecvCounts, NotifyInputs,
+    NotifyOutputs, NvshmemBuffer,
 };
 
 #[path = "../shared/heap.rs"]
@@ -40,10 +39,8 @@ mod shared;
 
 #[cfg(test)]
 use internode_case::HostLayout;
-use internode_case::{
-    Case, HandleArrays, LayoutArrays, POISON, host_layout, notify, refused_on_one_node,
-};
-use shared::{AnyError, soak};
+use internode_case::{Case, HandleArrays, LayoutArrays, POISON, Program, host_layout, notify};
+use shared::AnyError;
 
 /// The notify uses no ring: small regions (num_rdma_bytes > 0 is what makes a normal-mode
 /// buffer span nodes).
@@ -52,33 +49,22 @@ const NUM_RDMA_BYTES: usize = 1 << 20;
 const NUM_CALLS: usize = 24;
 
 fn main() -> ExitCode {
-    ch01_bootstrap::checks::exit_code("internode-notify", run())
+    internode_case::main("internode-notify", region_bytes, checks)
 }
 
-fn run() -> Result<bool, AnyError> {
-    let args = soak::soak_args()?;
-    heap::size_the_heap(|n| heap_bytes(n, NUM_NVL_BYTES, NUM_RDMA_BYTES))?;
-    let world = World::from_env()?;
-    let (me, n) = (world.my_pe(), world.n_pes());
-    let options = args.apply(BufferOptions {
-        num_rdma_bytes: NUM_RDMA_BYTES,
-        ..BufferOptions::normal(NUM_NVL_BYTES)
-    });
-    let mut tally = Tally::default();
-    let g = node_pes_from_env(&world)?;
-    if g == n {
-        return refused_on_one_node(&world, options, "internode_notify");
-    }
-    let buffer = NvshmemBuffer::new(&world, options)?;
-    if me == 0 {
-        println!(
-            "topology: {n} rank(s) in {} node(s) of {g}: rail rows by NVSHMEM put-with-signal \
-             across nodes, the node's rows through peer pointers",
-            n / g
-        );
-    }
-    let seed = world.job_seed();
-    let num_calls = args.pairs.unwrap_or(NUM_CALLS);
+/// The notify uses no ring: the same small regions on any number of ranks.
+fn region_bytes(_: usize) -> (usize, usize) {
+    (NUM_NVL_BYTES, NUM_RDMA_BYTES)
+}
+
+/// The notifies, a cached one after every third, then the mistakes and one more good call.
+fn checks(program: &Program, tally: &mut Tally) -> Result<(), AnyError> {
+    program.announce(
+        "rail rows by NVSHMEM put-with-signal across nodes, the node's rows through peer pointers",
+    );
+    let (buffer, g) = (&program.buffer, program.node_pes);
+    let (me, n, seed) = (program.me, program.n, program.seed);
+    let num_calls = program.calls.unwrap_or(NUM_CALLS);
     let mut calls = Tally::default();
     for i in 0..num_calls {
         let case = Case::new(
@@ -88,7 +74,7 @@ fn run() -> Result<bool, AnyError> {
             i,
         );
         let cached = i % 3 == 2;
-        let ok = full_then_cached(&buffer, &case, cached, &mut calls)?;
+        let ok = full_then_cached(buffer, &case, cached, &mut calls)?;
         if !ok {
             eprintln!(
                 "pe {me}: call {i} ({}) differed from the reference",
@@ -104,17 +90,13 @@ fn run() -> Result<bool, AnyError> {
     tally.passed += calls.passed;
     tally.failed += calls.failed;
 
-    mistakes(&buffer, seed, &mut tally)?;
+    mistakes(buffer, seed, tally)?;
     let after = Case::new(seed ^ 0xA11CE, n, g, 1);
-    let ok = full_then_cached(&buffer, &after, true, &mut tally)?;
+    let ok = full_then_cached(buffer, &after, true, tally)?;
     tally.check(me, ok, || {
         "the notify after the refused calls differed".into()
     });
-    drop(buffer);
-    if let Some(count) = args.create_destroy {
-        soak::create_destroy(&world, count, options, &mut tally)?;
-    }
-    Ok(tally.finish(&world)?)
+    Ok(())
 }
 
 /// The reference's positions 1-6, flattened row-major as the arrays hold them.

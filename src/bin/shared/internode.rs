@@ -1,13 +1,16 @@
 //! What the internode test programs share (`#[path]`-included by internode-notify and
-//! internode-dispatch): a call's case (every rank's routing, rebuilt identically on every rank,
-//! its channels and alignment), this rank's layout computed on the host, the handle's and the
-//! layout's arrays on the GPU, and the full or cached notify as one collective call.
+//! internode-dispatch): how they start, a call's case (every rank's routing, rebuilt
+//! identically on every rank, its channels and alignment), this rank's layout computed on the
+//! host, the handle's and the layout's arrays on the GPU, and the full or cached notify as one
+//! collective call.
 
+use std::process::ExitCode;
 use std::sync::Arc;
 
 use ch01_bootstrap::World;
 use ch01_bootstrap::checks::{POISON_WORD, Tally};
 use cudarc::driver::CudaStream;
+use nvshmem_tutorial::buffer::{heap_bytes, node_pes_from_env};
 use nvshmem_tutorial::internode::Job;
 use nvshmem_tutorial::{
     BufferError, BufferOptions, Config, DeviceArray, InternodeHandle, InternodeNotifyCall,
@@ -15,9 +18,88 @@ use nvshmem_tutorial::{
 };
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
+use crate::heap;
+use crate::shared::soak;
 use crate::shared::{AnyError, routing};
 
 pub(crate) const POISON: i32 = POISON_WORD as i32;
+
+/// What an internode test program's checks get: the buffer (on the world), the node size G,
+/// this rank, the ranks, the job's seed, and how many calls `--pairs` asks for.
+pub(crate) struct Program<'a> {
+    pub(crate) buffer: NvshmemBuffer<&'a World>,
+    pub(crate) node_pes: usize,
+    pub(crate) me: usize,
+    pub(crate) n: usize,
+    pub(crate) seed: u64,
+    pub(crate) calls: Option<usize>,
+}
+
+impl Program<'_> {
+    /// Rank 0 names the topology and how the program's data travels.
+    pub(crate) fn announce(&self, route: &str) {
+        if self.me == 0 {
+            let (n, g) = (self.n, self.node_pes);
+            println!("topology: {n} rank(s) in {} node(s) of {g}: {route}", n / g);
+        }
+    }
+}
+
+/// The checks of an internode test program, into the tally.
+pub(crate) type Checks = fn(&Program, &mut Tally) -> Result<(), AnyError>;
+
+// ANCHOR: run_program
+/// An internode test program from start to end, its exit code: the soak options, NVSHMEM's
+/// heap sized for `region_bytes(n)` = (num_nvl_bytes, num_rdma_bytes) before the world exists,
+/// the world, and a normal-mode buffer with those regions; on one node the check that such a
+/// buffer is refused, else `checks` with the buffer, then the soak's create-and-destroy loop
+/// when asked. The tally's result is collective.
+pub(crate) fn main(
+    name: &str,
+    region_bytes: fn(usize) -> (usize, usize),
+    checks: Checks,
+) -> ExitCode {
+    ch01_bootstrap::checks::exit_code(name, run_program(name, region_bytes, checks))
+}
+
+fn run_program(
+    name: &str,
+    region_bytes: fn(usize) -> (usize, usize),
+    checks: Checks,
+) -> Result<bool, AnyError> {
+    let args = soak::soak_args()?;
+    heap::size_the_heap(|n| {
+        let (nvl, rdma) = region_bytes(n);
+        heap_bytes(n, nvl, rdma)
+    })?;
+    let world = World::from_env()?;
+    let n = world.n_pes();
+    let (nvl, rdma) = region_bytes(n);
+    let options = args.apply(BufferOptions {
+        num_rdma_bytes: rdma,
+        ..BufferOptions::normal(nvl)
+    });
+    let node_pes = node_pes_from_env(&world)?;
+    if node_pes == n {
+        return refused_on_one_node(&world, options, &name.replace('-', "_"));
+    }
+    let mut tally = Tally::default();
+    let program = Program {
+        buffer: NvshmemBuffer::new(&world, options)?,
+        node_pes,
+        me: world.my_pe(),
+        n,
+        seed: world.job_seed(),
+        calls: args.pairs,
+    };
+    checks(&program, &mut tally)?;
+    drop(program);
+    if let Some(count) = args.create_destroy {
+        soak::create_destroy(&world, count, options, &mut tally)?;
+    }
+    Ok(tally.finish(&world)?)
+}
+// ANCHOR_END: run_program
 
 /// One call's job: every rank's routing (rebuilt identically on every rank), its channels and
 /// alignment.
@@ -209,7 +291,7 @@ pub(crate) fn notify(
 
 /// On one node (no NVSHMEM_TUTORIAL_NODE_PES): a normal-mode buffer with an rdma region, which
 /// only spans nodes, is refused. The program's result.
-pub(crate) fn refused_on_one_node(
+fn refused_on_one_node(
     world: &World,
     options: BufferOptions,
     what: &str,
