@@ -1,6 +1,6 @@
 //! What can go wrong in the buffer, each with what to do about it.
 
-use ch04_collectives::CollError;
+use ch04_collectives::{CollError, DeviceFailure};
 use kernels::contract::{Failure, MAX_LL_RANKS};
 
 #[derive(Debug, thiserror::Error)]
@@ -175,35 +175,7 @@ pub(crate) fn describe(error: CollError, last: LastRingCall, node_pes: usize) ->
             "waited for ring space that the receiver never freed",
         ),
         Failure::RingData => ring("receiver", "waited for tokens that never came"),
-        Failure::LlDispatch | Failure::LlCombine | Failure::LlBarrier => {
-            // Every low-latency word is (call << 32) | rows; the barrier's counts barriers.
-            let (op, word_call) = match f.kind {
-                Failure::LlDispatch => ("dispatch", f.seen >> 32),
-                Failure::LlCombine => ("combine", f.seen >> 32),
-                _ => ("barrier (clean_low_latency_buffer)", f.seen),
-            };
-            let rank = ll_rank(f.pe, node_pes);
-            let cause = if word_call < f.call {
-                format!(
-                    "{rank} never arrived at this call: it is dead or stalled (a crash, a \
-                     checkpoint save, a compilation), or it skipped a call or a receive hook"
-                )
-            } else {
-                "its count word arrived but not its tokens: the ranks disagree on \
-                 num_max_dispatch_tokens_per_rank, hidden or num_experts"
-                    .into()
-            };
-            BufferError::Ring(format!(
-                "rank {}: low-latency {op} (call {} of this buffer, slot half {}), block {}: \
-                 timed out after {} ms waiting for {rank} (its word holds call {word_call}): \
-                 {cause}. The buffer is unusable from here on: destroy it and create a new one",
-                f.me,
-                f.call,
-                f.call & 1,
-                f.block,
-                f.timeout_ms,
-            ))
-        }
+        Failure::LlDispatch | Failure::LlCombine | Failure::LlBarrier => ll_timeout(f, node_pes),
         Failure::NotifyRows => BufferError::Ring(format!(
             "rank {}: internode notify (call {} of this buffer), block {}: timed out after {} ms \
              waiting for the rail row of {}, the rank with its local index on that node (its \
@@ -223,56 +195,7 @@ pub(crate) fn describe(error: CollError, last: LastRingCall, node_pes: usize) ->
         | Failure::CombineRdmaSpace
         | Failure::CombineRdmaData
         | Failure::CombineNvlSpace
-        | Failure::CombineNvlData => {
-            let (op, side, what) = match f.kind {
-                Failure::RdmaSpace => (
-                    "dispatch",
-                    "sender",
-                    "waited for space in its ring to the rail peer, whose forwarder never freed it",
-                ),
-                Failure::RdmaData => (
-                    "dispatch",
-                    "forwarder",
-                    "waited for a chunk the rail peer never sent",
-                ),
-                Failure::CombineRdmaSpace => (
-                    "combine",
-                    "forwarder",
-                    "waited for space in its ring to the rail peer, whose home receivers never \
-                     freed it",
-                ),
-                Failure::CombineRdmaData => (
-                    "combine",
-                    "home receiver",
-                    "waited for a chunk of sums the rail peer's forwarder never sent",
-                ),
-                Failure::CombineNvlSpace => (
-                    "combine",
-                    "NVL sender",
-                    "waited for sub-ring space the node member's forwarder never freed",
-                ),
-                _ => (
-                    "combine",
-                    "forwarder",
-                    "waited for rows the node member never sent back",
-                ),
-            };
-            BufferError::Ring(format!(
-                "rank {}: internode {op} (call {} of this buffer), block {} (channel {}, \
-                 {side}): timed out after {} ms: {what}: {} (position {} expected, {} seen). It \
-                 is dead or stalled (a crash, a checkpoint save, a compilation), or the ranks' \
-                 calls disagree (handles or configs). The buffer is unusable from here on: \
-                 destroy it and create a new one",
-                f.me,
-                f.call,
-                f.block,
-                f.block / 2,
-                f.timeout_ms,
-                ll_rank(f.pe, node_pes),
-                f.expected,
-                f.seen,
-            ))
-        }
+        | Failure::CombineNvlData => internode_timeout(f, node_pes),
         Failure::CrossNodePointer => BufferError::Ring(format!(
             "rank {}: a low-latency kernel asked for a peer pointer to {}, which is not on its \
              node of {node_pes} ranks {:?}: a route bug (across nodes only NVSHMEM's RMA calls \
@@ -283,6 +206,90 @@ pub(crate) fn describe(error: CollError, last: LastRingCall, node_pes: usize) ->
         )),
         _ => error.into(),
     }
+}
+
+/// A low-latency kernel's timeout: which call, which rank, and whether that rank never came
+/// or came with other sizes.
+fn ll_timeout(f: &DeviceFailure, node_pes: usize) -> BufferError {
+    // Every low-latency word is (call << 32) | rows; the barrier's counts barriers.
+    let (op, word_call) = match f.kind {
+        Failure::LlDispatch => ("dispatch", f.seen >> 32),
+        Failure::LlCombine => ("combine", f.seen >> 32),
+        _ => ("barrier (clean_low_latency_buffer)", f.seen),
+    };
+    let rank = ll_rank(f.pe, node_pes);
+    let cause = if word_call < f.call {
+        format!(
+            "{rank} never arrived at this call: it is dead or stalled (a crash, a \
+             checkpoint save, a compilation), or it skipped a call or a receive hook"
+        )
+    } else {
+        "its count word arrived but not its tokens: the ranks disagree on \
+         num_max_dispatch_tokens_per_rank, hidden or num_experts"
+            .into()
+    };
+    BufferError::Ring(format!(
+        "rank {}: low-latency {op} (call {} of this buffer, slot half {}), block {}: \
+         timed out after {} ms waiting for {rank} (its word holds call {word_call}): \
+         {cause}. The buffer is unusable from here on: destroy it and create a new one",
+        f.me,
+        f.call,
+        f.call & 1,
+        f.block,
+        f.timeout_ms,
+    ))
+}
+
+/// An internode dispatch or combine timeout: the side that waited, for what, on which rank.
+fn internode_timeout(f: &DeviceFailure, node_pes: usize) -> BufferError {
+    let (op, side, what) = match f.kind {
+        Failure::RdmaSpace => (
+            "dispatch",
+            "sender",
+            "waited for space in its ring to the rail peer, whose forwarder never freed it",
+        ),
+        Failure::RdmaData => (
+            "dispatch",
+            "forwarder",
+            "waited for a chunk the rail peer never sent",
+        ),
+        Failure::CombineRdmaSpace => (
+            "combine",
+            "forwarder",
+            "waited for space in its ring to the rail peer, whose home receivers never \
+             freed it",
+        ),
+        Failure::CombineRdmaData => (
+            "combine",
+            "home receiver",
+            "waited for a chunk of sums the rail peer's forwarder never sent",
+        ),
+        Failure::CombineNvlSpace => (
+            "combine",
+            "NVL sender",
+            "waited for sub-ring space the node member's forwarder never freed",
+        ),
+        _ => (
+            "combine",
+            "forwarder",
+            "waited for rows the node member never sent back",
+        ),
+    };
+    BufferError::Ring(format!(
+        "rank {}: internode {op} (call {} of this buffer), block {} (channel {}, \
+         {side}): timed out after {} ms: {what}: {} (position {} expected, {} seen). It \
+         is dead or stalled (a crash, a checkpoint save, a compilation), or the ranks' \
+         calls disagree (handles or configs). The buffer is unusable from here on: \
+         destroy it and create a new one",
+        f.me,
+        f.call,
+        f.block,
+        f.block / 2,
+        f.timeout_ms,
+        ll_rank(f.pe, node_pes),
+        f.expected,
+        f.seen,
+    ))
 }
 
 impl BufferError {
