@@ -545,6 +545,30 @@ contract! {
         cached: i32 => "int",
     }
 
+    /// The RDMA rings of normal mode across nodes, which the internode dispatch and combine share
+    /// (buffer/internode.cuh): landing ring (c, b), what our rail peer on node b sends us, at slot
+    /// (c N + b) R_r; staging ring (c, k), what we put to node k, at slot C N R_r + (c N + k) R_r;
+    /// and their words. Positions run on from one op into the next (both write ring (c, b) from
+    /// the same rail peer).
+    struct RdmaRings {
+        /// symmetric: the rings, in num_rdma_bytes after the low-latency control words
+        base: u64 => "uint8_t*",
+        /// symmetric [MAX_CHANNELS][N][MAX_RDMA_CHUNKS] u64: the chunk words, set by each chunk's put
+        chunk_words: u64 => "uint64_t*",
+        /// symmetric [MAX_CHANNELS][N] u64: positions node k's rail peer consumed of our ring (c, k)
+        /// (its signal adds; our own node: our release stores)
+        heads: u64 => "uint64_t*",
+        /// local [MAX_CHANNELS][N] u64: our next position in our ring to node k (chunk-aligned
+        /// between calls): the dispatch's sender, the combine's forwarder
+        sent: u64 => "uint64_t*",
+        /// local [MAX_CHANNELS][N] u64: our next position in landing ring (c, b): the dispatch's
+        /// forwarder, the combine's home receivers
+        received: u64 => "uint64_t*",
+        /// R_r, c_r
+        ring_tokens: i32 => "int",
+        chunk_tokens: i32 => "int",
+    }
+
     /// Normal mode's dispatch across nodes (`internode_dispatch` in
     /// buffer/internode_dispatch.cu): each token once to each destination node's rail peer
     /// (RDMA rings, put-with-signal), which forwards it to the node's ranks (NVL rings, stores).
@@ -579,17 +603,6 @@ contract! {
         send_rdma_head: u64 => "int*",
         /// local [num_forwarded_rows, G] i32 (handle 9), written: index in NVL stream (c, l'), or -1
         send_nvl_head: u64 => "int*",
-        /// symmetric: landing ring (c, b) at slot (c N + b) R_r, then staging ring (c, k) at
-        /// slot C N R_r + (c N + k) R_r
-        rdma: u64 => "uint8_t*",
-        /// symmetric [MAX_CHANNELS][N][MAX_RDMA_CHUNKS] u64: the chunk words, set by each chunk's put
-        chunk_words: u64 => "uint64_t*",
-        /// symmetric [MAX_CHANNELS][N] u64: positions node k's forwarder consumed (signal adds)
-        rdma_heads: u64 => "uint64_t*",
-        /// local [MAX_CHANNELS][N] u64: the sender's next position per node (chunk-aligned between calls)
-        rdma_sent: u64 => "uint64_t*",
-        /// local [MAX_CHANNELS][N] u64: the forwarder's next position per source node
-        rdma_received: u64 => "uint64_t*",
         /// local [MAX_DISPATCH_BLOCKS] u64: the dispatches each block finished
         calls: u64 => "uint64_t*",
         /// symmetric: NVL ring (c, l) at slot (c G + l) R_n, on the receiver
@@ -600,14 +613,13 @@ contract! {
         nvl_heads: u64 => "uint64_t*",
         nvl_sent: u64 => "uint64_t*",
         nvl_received: u64 => "uint64_t*",
+        rings: RdmaRings => "RdmaRings",
         topo: LlTopology => "LlTopology",
         slot: DispatchSlot => "DispatchSlot",
         num_tokens: i32 => "int",
         num_experts: i32 => "int",
         num_channels: i32 => "int",
-        /// R_r, c_r, R_n
-        rdma_ring_tokens: i32 => "int",
-        rdma_chunk_tokens: i32 => "int",
+        /// R_n
         nvl_ring_tokens: i32 => "int",
         num_recv_rows: i32 => "int",
         num_forwarded_rows: i32 => "int",
@@ -646,14 +658,6 @@ contract! {
         combined_x: u64 => "uint8_t*",
         /// local [num_tokens, num_topk] f32, written; null without topk_weights
         combined_topk_weights: u64 => "float*",
-        /// symmetric: the dispatch's RDMA rings (landing (c, b), then staging (c, k))
-        rdma: u64 => "uint8_t*",
-        /// the dispatch's ring words (InternodeDispatchArgs): chunk words, heads (symmetric),
-        /// sent, received (local); the combine's positions run on from the dispatch's
-        chunk_words: u64 => "uint64_t*",
-        rdma_heads: u64 => "uint64_t*",
-        rdma_sent: u64 => "uint64_t*",
-        rdma_received: u64 => "uint64_t*",
         /// local [MAX_DISPATCH_BLOCKS] u64: the combines each block finished
         calls: u64 => "uint64_t*",
         /// symmetric: NVL sub-ring (c, l', k) at slot ((c G + l') N + k) nvl_sub_ring_tokens, on
@@ -668,15 +672,15 @@ contract! {
         nvl_received: u64 => "uint64_t*",
         /// where a handle naming more rows than x or send_nvl_head hold is recorded (RECV_OVERFLOW)
         bad_input: InputError => "InputError",
+        /// the dispatch's rings and words: the combine's positions run on from the dispatch's
+        rings: RdmaRings => "RdmaRings",
         topo: LlTopology => "LlTopology",
         num_tokens: i32 => "int",
         hidden_bytes: i32 => "int",
         num_topk: i32 => "int",
         slot_bytes: i32 => "int",
         num_channels: i32 => "int",
-        /// R_r, c_r; a sub-ring's slots floor(R_n / N) and an NVL sender's window
-        rdma_ring_tokens: i32 => "int",
-        rdma_chunk_tokens: i32 => "int",
+        /// a sub-ring's slots floor(R_n / N) and an NVL sender's window
         nvl_sub_ring_tokens: i32 => "int",
         nvl_window_tokens: i32 => "int",
         /// rows of x (M) and of send_nvl_head (M_r): rows past them are never read

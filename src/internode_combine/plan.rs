@@ -7,7 +7,7 @@ use super::{InternodeCombineCall, InternodeCombinePlan};
 use crate::checks;
 use crate::config::Config;
 use crate::error::BufferError;
-use crate::internode_dispatch::{fits, rdma_ring};
+use crate::internode_dispatch::{fits, rdma_ring, rdma_rings};
 use crate::internode_notify::check_call;
 use crate::low_latency::regions::CONTROL_BYTES;
 use crate::regions::combine_slot_bytes;
@@ -201,11 +201,6 @@ pub fn plan_internode_combine(
         send_nvl_head: handle.send_nvl_head.ptr,
         combined_x: outputs.combined_x.ptr,
         combined_topk_weights: optional(outputs.combined_topk_weights),
-        rdma: spec.local_region(true).0 + CONTROL_BYTES as u64,
-        chunk_words: at(area.chunk_words()),
-        rdma_heads: at(area.rdma_heads()),
-        rdma_sent: at(area.rdma_sent()),
-        rdma_received: at(area.rdma_received()),
         calls: at(area.combine_calls()),
         nvl: spec.nvl(),
         nvl_tails: at(area.combine_nvl_words(0)),
@@ -213,14 +208,13 @@ pub fn plan_internode_combine(
         nvl_sent: at(area.combine_nvl_words(2)),
         nvl_received: at(area.combine_nvl_words(3)),
         bad_input: spec.input_error,
+        rings: rdma_rings(spec, rdma_ring, rdma_chunk),
         topo: spec.ll_topology(),
         num_tokens: num_tokens as i32,
         hidden_bytes: (2 * hidden) as i32,
         num_topk: num_topk as i32,
         slot_bytes: slot_bytes as i32,
         num_channels: c as i32,
-        rdma_ring_tokens: rdma_ring as i32,
-        rdma_chunk_tokens: rdma_chunk as i32,
         nvl_sub_ring_tokens: sub_ring as i32,
         nvl_window_tokens: window as i32,
         num_recv_rows: rows as i32,

@@ -19,9 +19,10 @@
 
 mod model;
 
+use rand::Rng;
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 
+use crate::internode_dispatch_protocol_tests::harness::{self, assert_all_pass, assert_each_fails};
 use model::Model;
 
 /// Which protocol the model runs: the kernel's, or one with a part changed.
@@ -79,8 +80,8 @@ const CHANGING: Protocol = Protocol {
 };
 
 /// Random routing: `calls` combines of up to 24 tokens per home rank (enough that a stream
-/// outlasts an RDMA ring and a sub-ring, which the blocking senders' deadlock needs), each sent (in the
-/// dispatch) to a random set of ranks: some to none, some to every rank.
+/// outlasts an RDMA ring and a sub-ring, which the blocking senders' deadlock needs), each
+/// sent (in the dispatch) to a random set of ranks: some to none, some to every rank.
 fn routing(rng: &mut StdRng, calls: usize, n: usize) -> Vec<Vec<Vec<u64>>> {
     (0..calls)
         .map(|_| {
@@ -100,19 +101,10 @@ fn routing(rng: &mut StdRng, calls: usize, n: usize) -> Vec<Vec<Vec<u64>>> {
         .collect()
 }
 
-/// Runs `schedules` random routings and interleavings on n ranks in nodes of g; the first
-/// violation, if any.
-fn run(n: usize, g: usize, protocol: Protocol, schedules: u64) -> Result<(), String> {
-    for seed in 0..schedules {
-        let mut rng = StdRng::seed_from_u64(seed);
-        let routes = routing(&mut rng, 5, n);
-        let mut model = Model::new(n, g, routes, protocol);
-        while model
-            .step(&mut rng)
-            .map_err(|e| format!("seed {seed}: {e}"))?
-        {}
-    }
-    Ok(())
+/// Runs 300 random routings and interleavings on n ranks in nodes of g; the first violation,
+/// if any.
+fn run(n: usize, g: usize, protocol: Protocol) -> Result<(), String> {
+    harness::run(300, |rng| Model::new(n, g, routing(rng, 5, n), protocol))
 }
 
 /// Words per RDMA ring in the model (the kernel's MAX_RDMA_CHUNKS).
@@ -130,68 +122,25 @@ fn every_slot_is_read_once_as_written_and_every_stage_drains() {
         window: 2,
         ..KERNEL
     };
-    for protocol in [KERNEL, wider, CHANGING] {
-        for (n, g) in TOPOLOGIES {
-            run(n, g, protocol, 300)
-                .unwrap_or_else(|e| panic!("{n} in nodes of {g}, {protocol:?}: {e}"));
-        }
-    }
+    assert_all_pass(&[KERNEL, wider, CHANGING], &TOPOLOGIES, run);
 }
 
 #[test]
 fn the_model_fails_without_each_part_of_the_protocol() {
+    let mutate = |what: &'static str, base: Protocol, change: fn(&mut Protocol)| {
+        let mut protocol = base;
+        change(&mut protocol);
+        (what, protocol)
+    };
+    #[rustfmt::skip]
     let mutations = [
-        (
-            "one tail by ADD",
-            Protocol {
-                chunk_words: false,
-                ..KERNEL
-            },
-        ),
-        (
-            "heads by SET",
-            Protocol {
-                head_add: false,
-                ..KERNEL
-            },
-        ),
-        (
-            "no sub-ring space wait",
-            Protocol {
-                nvl_space_wait: false,
-                ..KERNEL
-            },
-        ),
-        (
-            "a window that fills the sub-ring",
-            Protocol {
-                window: 4,
-                ..KERNEL
-            },
-        ),
-        (
-            "an RDMA ring below a round plus a chunk",
-            Protocol { ring: 4, ..KERNEL },
-        ),
-        (
-            "senders blocking on one stream at a time",
-            Protocol {
-                nvl_poll: false,
-                ..KERNEL
-            },
-        ),
-        (
-            "the chunk changing, no rounding at a call's start",
-            Protocol {
-                round_at_start: false,
-                ..CHANGING
-            },
-        ),
+        mutate("one tail by ADD", KERNEL, |p| p.chunk_words = false),
+        mutate("heads by SET", KERNEL, |p| p.head_add = false),
+        mutate("no sub-ring space wait", KERNEL, |p| p.nvl_space_wait = false),
+        mutate("a window that fills the sub-ring", KERNEL, |p| p.window = p.sub_ring),
+        mutate("an RDMA ring below a round plus a chunk", KERNEL, |p| p.ring = p.round),
+        mutate("senders blocking on one stream at a time", KERNEL, |p| p.nvl_poll = false),
+        mutate("the chunk changing, no rounding at a call's start", CHANGING, |p| p.round_at_start = false),
     ];
-    for (what, protocol) in mutations {
-        let failed = TOPOLOGIES
-            .iter()
-            .any(|&(n, g)| run(n, g, protocol, 300).is_err());
-        assert!(failed, "{what}: no schedule of the model found the hazard");
-    }
+    assert_each_fails(&mutations, &TOPOLOGIES, run);
 }

@@ -5,6 +5,7 @@ use rand::Rng;
 use rand::rngs::StdRng;
 
 use super::{MAX_CHUNKS, Protocol};
+use crate::internode_dispatch_protocol_tests::harness::{self, HeadOp, Schedule};
 
 /// What a slot holds: (writer rank, call, home rank, token): a member's piece in a sub-ring, a
 /// forwarder's sum in staging or landing.
@@ -56,21 +57,16 @@ struct Put {
     tags: Vec<Tag>,
 }
 
-/// A head's return in flight from a home receiver to forwarder `to`, for its ring to `node`.
-#[derive(Debug, Clone, Copy)]
-struct HeadOp {
-    to: usize,
-    node: usize,
-    value: u64,
-}
-
 /// [rank][member or local index][node], the shape of every NVL word and ring.
 type PerMemberNode<T> = Vec<Vec<Vec<T>>>;
 
 pub(super) struct Model {
+    protocol: Protocol,
+    /// Ranks, in nodes of g; the call's RDMA chunk (the config's, which may change between calls).
     n: usize,
     g: usize,
-    protocol: Protocol,
+    nodes: usize,
+    chunk: usize,
     /// routing[call][home][token]: the ranks the token went to in the dispatch, as a bit mask.
     routing: Vec<Vec<Vec<u64>>>,
     call: usize,
@@ -114,6 +110,8 @@ impl Model {
             protocol,
             routing,
             call: 0,
+            nodes,
+            chunk: protocol.chunk,
             sub_rings: vec![vec![vec![vec![Slot::default(); protocol.sub_ring]; nodes]; g]; n],
             nvl_tails: per(0),
             nvl_heads: per(0),
@@ -140,21 +138,9 @@ impl Model {
         model
     }
 
-    fn nodes(&self) -> usize {
-        self.n / self.g
-    }
-    /// The chunk of the call in progress (the config's, which may change between calls).
-    fn chunk(&self) -> usize {
-        if self.protocol.odd_chunk > 0 && self.call % 2 == 1 {
-            self.protocol.odd_chunk
-        } else {
-            self.protocol.chunk
-        }
-    }
-    /// The word of the chunk at position p.
-    fn word_index(&self, p: u64) -> usize {
-        let chunk = self.chunk();
-        (p as usize / chunk) % (self.protocol.ring / chunk)
+    /// The word of the chunk at position p of a ring (this call's chunk).
+    fn word(&self, p: u64) -> usize {
+        harness::word_index(p, self.chunk, self.protocol.ring)
     }
     /// The ranks token t of home h went to.
     fn dest(&self, h: usize, t: usize) -> u64 {
@@ -181,41 +167,6 @@ impl Model {
             .collect()
     }
 
-    /// A new combine after the barrier: per-call counts from the routing, positions rounded to
-    /// the call's chunk (the home returns what it skipped).
-    fn start_call(&mut self) {
-        let c = self.chunk() as u64;
-        for f in 0..self.n {
-            for b in 0..self.nodes() {
-                if self.protocol.round_at_start {
-                    self.fwd_pos[f][b] = self.fwd_pos[f][b].next_multiple_of(c);
-                }
-                self.fwd_left[f][b] = self.fwd_stream(f, b).len();
-                self.fwd_taken[f][b] = 0;
-            }
-        }
-        for s in 0..self.n {
-            for row in &mut self.nvl_rows[s] {
-                row.fill(0);
-            }
-        }
-        for h in 0..self.n {
-            self.home_cursor[h] = 0;
-            self.home_done[h] = false;
-            for k in 0..self.nodes() {
-                let was = self.home_received[h][k];
-                let base = if self.protocol.round_at_start {
-                    was.next_multiple_of(c)
-                } else {
-                    was
-                };
-                self.home_base[h][k] = base;
-                self.home_returned[h][k] = was;
-                self.return_head(h, k, base);
-            }
-        }
-    }
-
     /// Home h's positions of ring (from node k) up to `now` go back to its writer, forwarder
     /// (k, h's local index): by ADD (mutated: SET) in flight, or on our own node by a store.
     fn return_head(&mut self, h: usize, k: usize, now: u64) {
@@ -239,7 +190,7 @@ impl Model {
 
     /// NVL sender s toward forwarder l of its node: one window of a stream with space.
     fn nvl_send(&mut self, s: usize, l: usize, rng: &mut StdRng) -> Result<bool, String> {
-        let (g, nodes, p) = (self.g, self.nodes(), self.protocol);
+        let (g, nodes, p) = (self.g, self.nodes, self.protocol);
         let f = s / g * g + l;
         let left = |m: &Self, b: usize| m.nvl_stream(s, l, b).len() - m.nvl_rows[s][l][b];
         let has_space = |m: &Self, b: usize| {
@@ -280,7 +231,7 @@ impl Model {
     /// Forwarder f's next chunk to node b, if ring space and every member's pieces are there.
     fn forward(&mut self, f: usize, b: usize) -> Result<bool, String> {
         let (g, p) = (self.g, self.protocol);
-        let (c, ring) = (self.chunk() as u64, p.ring as u64);
+        let (c, ring) = (self.chunk as u64, p.ring as u64);
         let m = self.fwd_left[f][b].min(c as usize);
         let pos = self.fwd_pos[f][b];
         if m == 0 || self.heads[f][b] < (pos + m as u64).saturating_sub(ring) {
@@ -359,43 +310,32 @@ impl Model {
     /// the one tail advanced by the chunk's span.
     fn signal(&mut self, h: usize, k: usize, p: u64, m: u64) {
         if self.protocol.chunk_words {
-            let word = self.word_index(p);
+            let word = self.word(p);
             self.words[h][k][word] = p + m;
         } else {
-            self.tails[h][k] += self.chunk() as u64;
+            self.tails[h][k] += self.chunk as u64;
         }
     }
 
-    fn deliver_put(&mut self, i: usize) -> Result<(), String> {
-        let put = self.puts.swap_remove(i);
-        let (k, ring) = (put.from / self.g, self.protocol.ring as u64);
-        for (q, &tag) in (put.p..).zip(&put.tags) {
-            let what = format!(
-                "forwarder {}'s put lands on home {} at {q}",
-                put.from, put.to
-            );
-            self.landing[put.to][k][(q % ring) as usize].write(tag, &what)?;
-            self.staging[put.from][put.node][(q % ring) as usize].owed = false;
+    /// Put i lands: its sums into the home's landing ring (each write checked against the read
+    /// owed there), its staging slots free again, then its signal.
+    fn land_put(&mut self, i: usize) -> Result<bool, String> {
+        let Put {
+            from,
+            node,
+            to,
+            p,
+            tags,
+        } = self.puts.swap_remove(i);
+        let ring = self.protocol.ring as u64;
+        let slots = (p..p + tags.len() as u64).map(|q| (q % ring) as usize);
+        let what = format!("forwarder {from}'s put [{p}, ..) lands on home {to}");
+        for (slot, &tag) in slots.clone().zip(&tags) {
+            self.landing[to][from / self.g][slot].write(tag, &what)?;
         }
-        self.signal(put.to, k, put.p, put.tags.len() as u64);
-        Ok(())
-    }
-
-    fn deliver_head(&mut self, i: usize) -> Result<(), String> {
-        let op = self.head_ops.swap_remove(i);
-        let head = &mut self.heads[op.to][op.node];
-        if self.protocol.head_add {
-            *head += op.value;
-        } else if op.value < *head {
-            return Err(format!(
-                "forwarder {}'s head for node {} goes back from {} to {}: slots it had freed \
-                 look busy again, and a chunk that needs them waits forever",
-                op.to, op.node, *head, op.value
-            ));
-        } else {
-            *head = op.value;
-        }
-        Ok(())
+        slots.for_each(|slot| self.staging[from][node][slot].owed = false);
+        self.signal(to, from / self.g, p, tags.len() as u64);
+        Ok(true)
     }
 
     /// Token t of home h: the position of its sum in ring (from node k), if it went there.
@@ -410,7 +350,7 @@ impl Model {
     /// Home h's next round of tokens, once every sum of it landed: read, then heads returned up
     /// to the round's last position per ring (and at the call's end, to its rounded end).
     fn home_round(&mut self, h: usize) -> Result<bool, String> {
-        let (g, nodes, ring) = (self.g, self.nodes(), self.protocol.ring as u64);
+        let (g, nodes, ring) = (self.g, self.nodes, self.protocol.ring as u64);
         let len = self.routing[self.call][h].len();
         let cursor = self.home_cursor[h];
         if self.home_done[h] {
@@ -423,7 +363,7 @@ impl Model {
             .collect();
         let landed = |m: &Self, k: usize, p: u64| {
             if m.protocol.chunk_words {
-                m.words[h][k][m.word_index(p)] > p
+                m.words[h][k][m.word(p)] > p
             } else {
                 m.tails[h][k] > p
             }
@@ -447,7 +387,7 @@ impl Model {
         if end == len {
             // The call's end, zero tokens included: on to its rounded end.
             self.home_done[h] = true;
-            let c = self.chunk() as u64;
+            let c = self.chunk as u64;
             for k in 0..nodes {
                 let count = self.fwd_stream(k * g + h % g, h / g).len() as u64;
                 let done = (self.home_base[h][k] + count).next_multiple_of(c);
@@ -457,21 +397,55 @@ impl Model {
         }
         Ok(true)
     }
+}
 
+impl Schedule for Model {
+    fn calls(&mut self) -> (&mut usize, usize) {
+        (&mut self.call, self.routing.len())
+    }
     fn call_done(&self) -> bool {
         (0..self.n).all(|r| self.home_done[r] && self.fwd_left[r].iter().all(|&left| left == 0))
     }
-
-    /// One random step; Ok(false) once every call is done.
-    pub(super) fn step(&mut self, rng: &mut StdRng) -> Result<bool, String> {
-        while self.call_done() {
-            self.call += 1;
-            if self.call == self.routing.len() {
-                return Ok(false);
+    /// A new combine after the barrier: per-call counts from the routing, positions rounded to
+    /// the call's chunk (the home returns what it skipped).
+    fn start_call(&mut self) {
+        let p = self.protocol;
+        self.chunk = harness::call_chunk(p.chunk, p.odd_chunk, self.call);
+        let c = self.chunk as u64;
+        for f in 0..self.n {
+            for b in 0..self.nodes {
+                if self.protocol.round_at_start {
+                    self.fwd_pos[f][b] = self.fwd_pos[f][b].next_multiple_of(c);
+                }
+                self.fwd_left[f][b] = self.fwd_stream(f, b).len();
+                self.fwd_taken[f][b] = 0;
             }
-            self.start_call(); // the cached notify: a barrier over every rank
         }
-        let (g, nodes) = (self.g, self.nodes());
+        for s in 0..self.n {
+            for row in &mut self.nvl_rows[s] {
+                row.fill(0);
+            }
+        }
+        for h in 0..self.n {
+            self.home_cursor[h] = 0;
+            self.home_done[h] = false;
+            for k in 0..self.nodes {
+                let was = self.home_received[h][k];
+                let base = if self.protocol.round_at_start {
+                    was.next_multiple_of(c)
+                } else {
+                    was
+                };
+                self.home_base[h][k] = base;
+                self.home_returned[h][k] = was;
+                self.return_head(h, k, base);
+            }
+        }
+    }
+    fn one_move(&mut self, rng: &mut StdRng) -> Result<bool, String> {
+        let (g, nodes) = (self.g, self.nodes);
+        // (role, index): NVL sender (rank, forwarder of its node), forwarder (rank, node), put,
+        // head return, home receiver (rank).
         let mut moves: Vec<(u8, usize)> = Vec::new();
         for r in 0..self.n {
             moves.extend((0..g).filter(|&l| l != r % g).map(|l| (0, r * g + l)));
@@ -480,22 +454,20 @@ impl Model {
         }
         moves.extend((0..self.puts.len()).map(|i| (2, i)));
         moves.extend((0..self.head_ops.len()).map(|i| (3, i)));
-        while !moves.is_empty() {
-            let (kind, i) = moves.swap_remove(rng.random_range(0..moves.len()));
-            let moved = match kind {
-                0 => self.nvl_send(i / g, i % g, rng)?,
-                1 => self.forward(i / nodes, i % nodes)?,
-                2 => self.deliver_put(i).map(|_| true)?,
-                3 => self.deliver_head(i).map(|_| true)?,
-                _ => self.home_round(i)?,
-            };
-            if moved {
-                return Ok(true);
+        let call = self.call;
+        let try_move = |(role, i): (u8, usize), rng: &mut StdRng| match role {
+            0 => self.nvl_send(i / g, i % g, rng),
+            1 => self.forward(i / nodes, i % nodes),
+            2 => self.land_put(i),
+            3 => {
+                let op = self.head_ops.swap_remove(i);
+                op.land(&mut self.heads, self.protocol.head_add, "forwarder")
+                    .map(|_| true)
             }
-        }
-        Err(format!(
-            "deadlock in call {}: every sender, forwarder and home receiver waits",
-            self.call
-        ))
+            _ => self.home_round(i),
+        };
+        harness::one_move(moves, rng, try_move, || {
+            format!("deadlock in call {call}: every sender, forwarder and home receiver waits")
+        })
     }
 }

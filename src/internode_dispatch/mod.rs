@@ -51,10 +51,10 @@ pub struct InternodeDispatchPlan {
 
 mod plan;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 pub use plan::plan_internode_dispatch;
-pub(crate) use plan::{fits, rdma_ring};
+pub(crate) use plan::{fits, rdma_ring, rdma_rings};
 
 impl<W: Deref<Target = World>> NvshmemBuffer<W> {
     // ANCHOR: internode_dispatch

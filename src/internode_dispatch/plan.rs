@@ -1,13 +1,15 @@
 //! The internode dispatch's plan: every check of the buffer, the inputs, the handle and the
 //! outputs, the rings' sizes, then the kernel's argument struct (pure: no buffer, no device).
 
-use kernels::contract::{DispatchSlot, InternodeDispatchArgs, MAX_RDMA_CHUNKS, WINDOW_TOKENS};
+use kernels::contract::{
+    DispatchSlot, InternodeDispatchArgs, MAX_RDMA_CHUNKS, RdmaRings, WINDOW_TOKENS,
+};
 
 use super::{InternodeDispatchOutputs, InternodeDispatchPlan};
 use crate::config::{Config, internode_dispatch_slot_bytes};
 use crate::dispatch::{DispatchInputs, RowFormat, check_inputs};
 use crate::error::BufferError;
-use crate::internode_notify::{InternodeCall, InternodeHandle, check_call};
+use crate::internode_notify::{InternodeCall, InternodeHandle, NotifyArea, check_call};
 use crate::low_latency::regions::CONTROL_BYTES;
 use crate::spec::{BufferSpec, Progress};
 use crate::view::{ElemType, View};
@@ -89,6 +91,25 @@ fn check_outputs(
     Ok((rows, nvl.rows()))
 }
 
+/// The RDMA rings of `spec`'s buffer, R_r slots each with chunks of c_r, and their words
+/// (the notify area's): what the internode dispatch and combine share.
+pub(crate) fn rdma_rings(spec: &BufferSpec, ring: usize, chunk: usize) -> RdmaRings {
+    let (area, base) = (spec.notify_area(), spec.notify_area_base());
+    let word = |offset: fn(&NotifyArea) -> usize| {
+        area.zip(base)
+            .map_or(0, |(area, base)| base + offset(&area) as u64)
+    };
+    RdmaRings {
+        base: spec.local_region(true).0 + CONTROL_BYTES as u64,
+        chunk_words: word(NotifyArea::chunk_words),
+        heads: word(NotifyArea::rdma_heads),
+        sent: word(NotifyArea::rdma_sent),
+        received: word(NotifyArea::rdma_received),
+        ring_tokens: ring as i32,
+        chunk_tokens: chunk as i32,
+    }
+}
+
 /// `Err` (for `what`) naming the hint unless `needed` bytes of `region` fit in the buffer's `have`.
 pub(crate) fn fits(
     what: &'static str,
@@ -147,8 +168,14 @@ pub fn plan_internode_dispatch(
         format!("{what}: {c} channels x {peers} x {ring} slots x {slot_bytes} bytes")
     };
     let (rdma_have, nvl_have) = (spec.options.num_rdma_bytes, spec.options.num_nvl_bytes);
-    let rdma_rings = rings(nodes, "staging and landing", rdma_ring);
-    fits(WHAT, "num_rdma_bytes", rdma_needed, rdma_have, rdma_rings)?;
+    let rdma_described = rings(nodes, "staging and landing", rdma_ring);
+    fits(
+        WHAT,
+        "num_rdma_bytes",
+        rdma_needed,
+        rdma_have,
+        rdma_described,
+    )?;
     let nvl_rings = rings(g, "ranks of the node", nvl_ring);
     fits(
         WHAT,
@@ -175,17 +202,13 @@ pub fn plan_internode_dispatch(
         recv_topk_weights: optional(outputs.recv_topk_weights),
         send_rdma_head: outputs.send_rdma_head.ptr,
         send_nvl_head: outputs.send_nvl_head.ptr,
-        rdma: spec.local_region(true).0 + CONTROL_BYTES as u64,
-        chunk_words: at(area.chunk_words()),
-        rdma_heads: at(area.rdma_heads()),
-        rdma_sent: at(area.rdma_sent()),
-        rdma_received: at(area.rdma_received()),
         calls: at(area.dispatch_calls()),
         nvl: spec.nvl(),
         nvl_tails: spec.counters(0),
         nvl_heads: spec.counters(1),
         nvl_sent: spec.progress(Progress::DispatchSent),
         nvl_received: spec.progress(Progress::DispatchReceived),
+        rings: rdma_rings(spec, rdma_ring, rdma_chunk),
         topo: spec.ll_topology(),
         slot: DispatchSlot {
             hidden_bytes: f.hidden_bytes() as i32,
@@ -196,8 +219,6 @@ pub fn plan_internode_dispatch(
         num_tokens: num_tokens as i32,
         num_experts: inputs.num_experts as i32,
         num_channels: c as i32,
-        rdma_ring_tokens: rdma_ring as i32,
-        rdma_chunk_tokens: rdma_chunk as i32,
         nvl_ring_tokens: nvl_ring as i32,
         num_recv_rows: rows as i32,
         num_forwarded_rows: forwarded as i32,

@@ -1,19 +1,22 @@
 //! The internode dispatch's CPU tests: its plan at every layout with its rings inside their
 //! regions, the size formulas against the hints, every refusal, the route rules of its kernel.
+//! The combine's tests (which share the rings) use its buffers, calls and checks.
 
 use super::*;
-use crate::config::{dispatch_config, internode_slot_bytes};
+use crate::config::internode_slot_bytes;
 use crate::internode_notify::NotifyArea;
 use crate::low_latency::regions::CONTROL_BYTES;
 use crate::regions::Regions;
 use crate::spec::{BufferOptions, BufferSpec};
 use crate::test_views::{assert_mentions, assert_route_rules, internode_handle, matrix, vector};
 use crate::view::ElemType;
-use kernels::contract::{MAX_CHANNELS, MAX_DISPATCH_BLOCKS, MAX_RDMA_CHUNKS};
+use kernels::contract::{
+    Failure, MAX_CHANNELS, MAX_DISPATCH_BLOCKS, MAX_LL_RANKS, MAX_RDMA_CHUNKS,
+};
 
-const HIDDEN: usize = 7168;
+pub(crate) const HIDDEN: usize = 7168;
 
-fn config() -> Config {
+pub(crate) fn config() -> Config {
     Config::new(24, 8, 256, 16, 128).unwrap()
 }
 
@@ -22,7 +25,7 @@ fn spec(n: usize, g: usize, me: usize) -> BufferSpec {
     spec_for(&config(), n, g, me)
 }
 
-fn spec_for(config: &Config, n: usize, g: usize, me: usize) -> BufferSpec {
+pub(crate) fn spec_for(config: &Config, n: usize, g: usize, me: usize) -> BufferSpec {
     let (nvl, rdma) = config
         .get_buffer_size_hints_for_nodes(2 * HIDDEN, n, g)
         .unwrap();
@@ -38,14 +41,14 @@ fn spec_for(config: &Config, n: usize, g: usize, me: usize) -> BufferSpec {
 
 /// A call's views: T tokens of bf16 [T, HIDDEN] with K top-k (0: none), M rows received, M_r
 /// forwarded, n ranks in N nodes of G, C channels.
-struct Call {
+pub(crate) struct Call {
     inputs: DispatchInputs,
     is_token_in_rank: View,
     handle: InternodeHandle,
     outputs: InternodeDispatchOutputs,
 }
 
-fn call(n: usize, g: usize, c: usize, t: usize, k: usize) -> Call {
+pub(crate) fn call(n: usize, g: usize, c: usize, t: usize, k: usize) -> Call {
     let (nodes, m, m_r) = (n / g, 3 * t, 2 * t);
     let topk = |i: u64, cols: usize, elem: ElemType| (k > 0).then(|| matrix(i, cols, k, elem));
     Call {
@@ -72,7 +75,7 @@ fn call(n: usize, g: usize, c: usize, t: usize, k: usize) -> Call {
 /// A change that makes a good call bad.
 type Spoil = fn(&mut Call);
 
-fn plan_of(
+pub(crate) fn plan_of(
     spec: &BufferSpec,
     config: &Config,
     x: &Call,
@@ -112,13 +115,13 @@ fn every_layout_plans_with_its_rings_inside_their_regions() {
                 assert_eq!(slot, if k == 8 { 14_416 } else { 14_352 });
                 assert!(slot <= internode_slot_bytes(HIDDEN, 2 * HIDDEN, 32, HIDDEN / 128));
                 assert_eq!(
-                    (a.rdma_ring_tokens, a.rdma_chunk_tokens, a.nvl_ring_tokens),
+                    (a.rings.ring_tokens, a.rings.chunk_tokens, a.nvl_ring_tokens),
                     (128, 16, 256)
                 );
                 assert_eq!((a.num_recv_rows, a.num_forwarded_rows), (300, 200));
                 // RDMA rings after the low-latency control words, inside num_rdma_bytes.
                 let (rdma, rdma_bytes) = spec.local_region(true);
-                assert_eq!(a.rdma, rdma + CONTROL_BYTES as u64);
+                assert_eq!(a.rings.base, rdma + CONTROL_BYTES as u64);
                 assert!(CONTROL_BYTES + 2 * 12 * nodes * 128 * slot <= rdma_bytes);
                 assert!(12 * g * 256 * slot <= spec.options.num_nvl_bytes);
                 assert_eq!(a.nvl, spec.nvl());
@@ -126,10 +129,10 @@ fn every_layout_plans_with_its_rings_inside_their_regions() {
                 let area = NotifyArea::new(nodes, g);
                 let base = spec.notify_area_base().unwrap();
                 let words = [
-                    a.chunk_words,
-                    a.rdma_heads,
-                    a.rdma_sent,
-                    a.rdma_received,
+                    a.rings.chunk_words,
+                    a.rings.heads,
+                    a.rings.sent,
+                    a.rings.received,
                     a.calls,
                 ];
                 assert_eq!(words[0], base + area.chunk_words() as u64);
@@ -149,17 +152,6 @@ fn every_layout_plans_with_its_rings_inside_their_regions() {
                 assert_eq!(a.topo.node_start as usize, me / g * g);
             }
         }
-    }
-}
-
-/// DeepEP's dispatch configs (16-64 ranks) all give rings the kernel takes.
-#[test]
-fn deepeps_config_tables_give_rings_the_kernel_takes() {
-    for n in [16, 24, 32, 48, 64] {
-        let config = dispatch_config(n, 24).unwrap();
-        let x = call(n, 8, config.num_channels(), 64, 8);
-        plan_of(&spec_for(&config, n, 8, 0), &config, &x)
-            .unwrap_or_else(|e| panic!("{n} ranks: {e}"));
     }
 }
 
@@ -185,21 +177,26 @@ fn rings_the_protocol_cannot_run_are_refused_naming_why() {
             ],
         );
     }
-    // Regions smaller than the call: each names the hint.
-    for rdma in [false, true] {
-        let mut small = spec;
-        if rdma {
-            small.options.num_rdma_bytes /= 2;
+    assert_small_regions_name_the_hint(&spec, |small| error_of(small, &config(), &x));
+}
+
+/// Regions smaller than a call (`spec`'s with each region cut to a sliver in turn): the
+/// refusal (`error_of`) names the region and the hint.
+pub(crate) fn assert_small_regions_name_the_hint(
+    spec: &BufferSpec,
+    error_of: impl Fn(&BufferSpec) -> String,
+) {
+    for region in ["num_rdma_bytes", "num_nvl_bytes"] {
+        let mut small = *spec;
+        if region == "num_rdma_bytes" {
+            small.options.num_rdma_bytes = CONTROL_BYTES + 1000;
         } else {
-            small.options.num_nvl_bytes /= 2;
+            small.options.num_nvl_bytes = 1000;
         }
-        let error = error_of(&small, &config(), &x);
-        let region = if rdma {
-            "num_rdma_bytes"
-        } else {
-            "num_nvl_bytes"
-        };
-        assert_mentions(&error, &[region, "get_buffer_size_hints_for_nodes"]);
+        assert_mentions(
+            &error_of(&small),
+            &[region, "get_buffer_size_hints_for_nodes"],
+        );
     }
 }
 
@@ -246,7 +243,7 @@ fn every_bad_input_and_output_is_refused_naming_it() {
     assert_mentions(&error, &["one node", "dispatch_raw"]);
 }
 
-fn spec_one_node() -> BufferSpec {
+pub(crate) fn spec_one_node() -> BufferSpec {
     let options = BufferOptions {
         num_rdma_bytes: 1 << 20,
         ..BufferOptions::normal(1 << 20)
@@ -254,80 +251,105 @@ fn spec_one_node() -> BufferSpec {
     BufferSpec::for_tests(4, options)
 }
 
-/// The route rule (DESIGN.md, across nodes) read off the kernel's source and the RDMA rings'
-/// header it shares with the combine: ranks become addresses only through node_peer, other
-/// nodes are reached by put-with-signal and signal ops only (no nvshmem_ptr, fence, quiet,
-/// barrier or trap), and every wait is bounded with a kind that names what it waited for.
+/// The route rule read off the kernel's source (`internode_code`), and every wait bounded
+/// with a kind that names what it waited for.
 #[test]
 fn the_kernel_reaches_other_nodes_by_signals_only_and_bounds_every_wait() {
-    let source = [
+    let code = internode_code(
+        "internode_dispatch",
         include_str!("../../kernels/cuda/buffer/internode_dispatch.cu"),
-        include_str!("../../kernels/cuda/buffer/internode.cuh"),
-    ]
-    .concat();
-    let code = assert_route_rules(
-        "internode_dispatch.cu + internode.cuh",
-        &source,
-        &["nvshmemx_putmem_signal_nbi_warp", "nvshmemx_signal_op"],
-    );
-    let peer = code.matches("peer(").count();
-    assert_eq!(
-        peer,
-        code.matches("node_peer(").count(),
-        "every peer pointer through node_peer"
     );
     // Waits: the sender's RDMA space, the forwarder's NVL space, the receiver's NVL data;
     // the forwarder's poll of N rings records its own timeout (WAIT_RDMA_DATA).
-    let waits: Vec<&str> = code.split("wait_at_least(").skip(1).collect();
-    assert_eq!(waits.len(), 3, "three bounded waits");
-    for (wait, kind) in waits
-        .iter()
-        .zip(["WAIT_RDMA_SPACE", "WAIT_RING_SPACE", "WAIT_RING_DATA"])
-    {
-        let args = wait.split(';').next().unwrap();
-        assert!(args.contains(kind), "a wait records {kind}: {args}");
+    let kinds = ["WAIT_RDMA_SPACE", "WAIT_RING_SPACE", "WAIT_RING_DATA"];
+    let waits = waits(&code);
+    assert_eq!(waits.len(), kinds.len(), "three bounded waits");
+    for (wait, kind) in waits.iter().zip(kinds) {
+        assert!(wait.contains(kind), "a wait records {kind}: {wait}");
     }
-    let poll = code
-        .split("__device__ __forceinline__ int pick_chunk")
-        .nth(1)
-        .unwrap();
-    let poll = poll.split("\n}").next().unwrap();
+    let poll = body(&code, "int pick_chunk");
     assert!(poll.contains("timeout_cycles") && poll.contains("WAIT_RDMA_DATA"));
-    // One kernel, under its profiler name.
-    assert_eq!(code.matches("__global__").count(), 1);
-    assert!(code.contains("internode_dispatch("));
+}
+
+/// An internode kernel's source with the RDMA rings' header (internode.cuh), under the route
+/// rule (DESIGN.md, across nodes): ranks become addresses only through node_peer, other nodes
+/// are reached by put-with-signal and signal ops only (no nvshmem_ptr, fence, quiet, barrier
+/// or trap). Returns the code without comments.
+/// The kernel is one `__global__` function, named `kernel` (the profiler's row, 2.5).
+pub(crate) fn internode_code(kernel: &str, source: &str) -> String {
+    let header = include_str!("../../kernels/cuda/buffer/internode.cuh");
+    let code = assert_route_rules(
+        &format!("{kernel}.cu + internode.cuh"),
+        &[source, header].concat(),
+        &["nvshmemx_putmem_signal_nbi_warp", "nvshmemx_signal_op"],
+    );
+    let peer = code.matches("peer(").count();
+    let through = code.matches("node_peer(").count();
+    assert_eq!(
+        peer, through,
+        "{kernel}: every peer pointer through node_peer"
+    );
+    assert_eq!(
+        code.matches("__global__").count(),
+        1,
+        "{kernel}: one kernel"
+    );
+    assert!(code.contains(&format!(" {kernel}(")), "{kernel}: its name");
+    code
+}
+
+/// The arguments of every bounded wait (`wait_at_least`) in `code`, in order.
+pub(crate) fn waits(code: &str) -> Vec<&str> {
+    let calls = code.split("wait_at_least(").skip(1);
+    calls
+        .map(|call| call.split(';').next().unwrap_or(call))
+        .collect()
+}
+
+/// The body of the device function `signature` (its return type and name) in `code`.
+pub(crate) fn body<'a>(code: &'a str, signature: &str) -> &'a str {
+    let from = format!("__device__ __forceinline__ {signature}(");
+    let after = code
+        .split(&from)
+        .nth(1)
+        .unwrap_or_else(|| panic!("no {signature}"));
+    after.split("\n}").next().unwrap_or(after)
+}
+
+/// How the host tells a timed-out internode wait of `kind` that named rank `pe` (past
+/// MAX_LL_RANKS: another node's), seen by rank 1 in block 7 (channel 3) of call 4, in nodes of 2.
+pub(crate) fn described(kind: Failure, pe: usize) -> String {
+    use crate::error::{LastRingCall, describe};
+    use ch04_collectives::{CollError, DeviceFailure};
+    let failure = DeviceFailure {
+        me: 1,
+        kind,
+        pe: pe as u64,
+        expected: 33,
+        seen: 16,
+        block: 7,
+        call: 4,
+        timeout_ms: 300,
+    };
+    describe(CollError::Device(failure), LastRingCall::default(), 2).to_string()
 }
 
 /// A timed-out sender or forwarder names the rail peer, its node, the channel and the side.
 #[test]
 fn failures_name_the_rail_peer_its_node_and_the_channel() {
-    use crate::error::{LastRingCall, describe};
-    use ch04_collectives::{CollError, DeviceFailure};
-    use kernels::contract::{Failure, MAX_LL_RANKS};
     for (kind, side) in [
         (Failure::RdmaSpace, "sender"),
         (Failure::RdmaData, "forwarder"),
     ] {
-        let failure = DeviceFailure {
-            me: 1,
-            kind,
-            pe: (MAX_LL_RANKS + 5) as u64,
-            expected: 33,
-            seen: 16,
-            block: 7,
-            call: 4,
-            timeout_ms: 300,
-        };
-        let text = describe(CollError::Device(failure), LastRingCall::default(), 2).to_string();
-        assert_mentions(
-            &text,
-            &[
-                "rank 1: internode dispatch (call 4",
-                &format!("channel 3, {side}"),
-                "rank 5 (node 2)",
-                "33 expected, 16 seen",
-            ],
-        );
+        let text = described(kind, MAX_LL_RANKS + 5);
+        let channel = format!("channel 3, {side}");
+        let parts = [
+            "rank 1: internode dispatch (call 4",
+            &channel,
+            "rank 5 (node 2)",
+            "33 expected, 16 seen",
+        ];
+        assert_mentions(&text, &parts);
         assert!(kind.device_name().starts_with("WAIT_RDMA_"));
     }
 }

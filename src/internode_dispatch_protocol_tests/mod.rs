@@ -13,11 +13,13 @@
 //! no rounding to the call's chunk at its start (a chunk then crosses the ring's end, which
 //! the kernel's one contiguous put per chunk cannot).
 
+pub(crate) mod harness;
 mod model;
 
+use rand::Rng;
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 
+use harness::{assert_all_pass, assert_each_fails};
 use model::Model;
 
 /// Which protocol the model runs: the kernel's, or one with a part changed.
@@ -83,16 +85,9 @@ const CHANGING: Protocol = Protocol {
 /// Runs `schedules` random routings and interleavings on n ranks in nodes of g; the first
 /// violation, if any.
 fn run(n: usize, g: usize, protocol: Protocol, schedules: u64) -> Result<(), String> {
-    for seed in 0..schedules {
-        let mut rng = StdRng::seed_from_u64(seed);
-        let routes = routing(&mut rng, 5, n, n / g);
-        let mut model = Model::new(n, g, routes, protocol);
-        while model
-            .step(&mut rng)
-            .map_err(|e| format!("seed {seed}: {e}"))?
-        {}
-    }
-    Ok(())
+    harness::run(schedules, |rng| {
+        Model::new(n, g, routing(rng, 5, n, n / g), protocol)
+    })
 }
 
 /// Words per ring in the model (the kernel's MAX_RDMA_CHUNKS).
@@ -108,12 +103,9 @@ fn every_slot_is_read_once_as_written_and_the_rings_drain() {
         ring: 8,
         ..KERNEL
     };
-    for protocol in [KERNEL, wider, CHANGING] {
-        for (n, g) in TOPOLOGIES {
-            run(n, g, protocol, 300)
-                .unwrap_or_else(|e| panic!("{n} in nodes of {g}, {protocol:?}: {e}"));
-        }
-    }
+    assert_all_pass(&[KERNEL, wider, CHANGING], &TOPOLOGIES, |n, g, p| {
+        run(n, g, p, 300)
+    });
 }
 
 #[test]
@@ -152,10 +144,5 @@ fn the_model_fails_without_each_part_of_the_protocol() {
             },
         ),
     ];
-    for (what, protocol) in mutations {
-        let failed = TOPOLOGIES
-            .iter()
-            .any(|&(n, g)| run(n, g, protocol, 300).is_err());
-        assert!(failed, "{what}: no schedule of the model found the hazard");
-    }
+    assert_each_fails(&mutations, &TOPOLOGIES, |n, g, p| run(n, g, p, 300));
 }

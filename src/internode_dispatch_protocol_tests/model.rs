@@ -1,9 +1,9 @@
 //! The model's state and moves: the rings, the puts and head returns in flight, and one random
 //! step of some rank at a time, each checked as it happens.
 
-use rand::Rng;
 use rand::rngs::StdRng;
 
+use super::harness::{self, HeadOp, Schedule};
 use super::{MAX_CHUNKS, Protocol};
 
 /// What a landing or staging slot holds: (source rank, call, the token's index in the call).
@@ -24,14 +24,6 @@ struct Put {
     to: usize,
     p: u64,
     tags: Vec<Tag>,
-}
-
-/// A head's return in flight from a forwarder to the source `to`, for its ring to `node`.
-#[derive(Debug, Clone, Copy)]
-struct HeadOp {
-    to: usize,
-    node: usize,
-    value: u64,
 }
 
 struct Sender {
@@ -100,16 +92,11 @@ impl Model {
     }
     /// The chunk of the call in progress (the config's, which may change between calls).
     fn chunk(&self) -> usize {
-        if self.protocol.odd_chunk > 0 && self.call % 2 == 1 {
-            self.protocol.odd_chunk
-        } else {
-            self.protocol.chunk
-        }
+        harness::call_chunk(self.protocol.chunk, self.protocol.odd_chunk, self.call)
     }
     /// The word of the chunk at position p.
     fn word_index(&self, p: u64) -> usize {
-        let chunk = self.chunk();
-        (p as usize / chunk) % (self.protocol.ring / chunk)
+        harness::word_index(p, self.chunk(), self.protocol.ring)
     }
     /// The source of node b that forwarder f hears from: its rail peer there.
     fn rail_peer(&self, f: usize, b: usize) -> usize {
@@ -121,45 +108,6 @@ impl Model {
         (0..tokens.len())
             .filter(|&t| tokens[t] >> k & 1 == 1)
             .collect()
-    }
-
-    /// A new dispatch after the barrier: cursors back to 0, each forwarder told its counts.
-    fn start_call(&mut self) {
-        let c = self.chunk() as u64;
-        for s in 0..self.n {
-            self.senders[s].cursor = 0;
-            if self.protocol.round_at_start {
-                for k in 0..self.nodes() {
-                    let pos = self.senders[s].pos[k].next_multiple_of(c);
-                    self.senders[s].pos[k] = pos;
-                    self.senders[s].posted[k] = pos;
-                }
-            }
-        }
-        for f in 0..self.n {
-            for b in 0..self.nodes() {
-                self.fwd_left[f][b] = self.stream(self.rail_peer(f, b), f / self.g).len();
-                self.fwd_seen[f][b] = 0;
-                let was = self.fwd_pos[f][b];
-                let pos = was.next_multiple_of(c);
-                if !self.protocol.round_at_start || pos == was {
-                    continue;
-                }
-                // The skipped positions back to the sender's head (own node: a store).
-                self.fwd_pos[f][b] = pos;
-                let (s, node) = (self.rail_peer(f, b), f / self.g);
-                if b == node {
-                    self.heads[s][node] = pos;
-                } else {
-                    let value = if self.protocol.head_add {
-                        pos - was
-                    } else {
-                        pos
-                    };
-                    self.head_ops.push(HeadOp { to: s, node, value });
-                }
-            }
-        }
     }
 
     fn write_landing(&mut self, f: usize, b: usize, p: u64, tag: Tag) -> Result<(), String> {
@@ -300,19 +248,7 @@ impl Model {
 
     fn deliver_head(&mut self, i: usize) -> Result<(), String> {
         let op = self.head_ops.swap_remove(i);
-        let head = &mut self.heads[op.to][op.node];
-        if self.protocol.head_add {
-            *head += op.value;
-        } else if op.value < *head {
-            return Err(format!(
-                "sender {}'s head for node {} goes back from {} to {}: slots it had freed look \
-                 busy again, and a sender that needs them waits forever",
-                op.to, op.node, *head, op.value
-            ));
-        } else {
-            *head = op.value;
-        }
-        Ok(())
+        op.land(&mut self.heads, self.protocol.head_add, "sender")
     }
 
     /// Forwarder f takes one ready chunk from source node b, if there is one.
@@ -360,23 +296,57 @@ impl Model {
         }
         Ok(true)
     }
+}
 
+impl Schedule for Model {
+    fn calls(&mut self) -> (&mut usize, usize) {
+        (&mut self.call, self.routing.len())
+    }
     fn call_done(&self) -> bool {
         (0..self.n).all(|r| {
             self.senders[r].cursor == self.routing[self.call][r].len()
                 && self.fwd_left[r].iter().all(|&left| left == 0)
         })
     }
-
-    /// One random step; Ok(false) once every call is done.
-    pub(super) fn step(&mut self, rng: &mut StdRng) -> Result<bool, String> {
-        while self.call_done() {
-            self.call += 1;
-            if self.call == self.routing.len() {
-                return Ok(false);
+    /// A new dispatch after the barrier: cursors back to 0, each forwarder told its counts.
+    fn start_call(&mut self) {
+        let c = self.chunk() as u64;
+        for s in 0..self.n {
+            self.senders[s].cursor = 0;
+            if self.protocol.round_at_start {
+                for k in 0..self.nodes() {
+                    let pos = self.senders[s].pos[k].next_multiple_of(c);
+                    self.senders[s].pos[k] = pos;
+                    self.senders[s].posted[k] = pos;
+                }
             }
-            self.start_call(); // the full notify: a barrier over every rank
         }
+        for f in 0..self.n {
+            for b in 0..self.nodes() {
+                self.fwd_left[f][b] = self.stream(self.rail_peer(f, b), f / self.g).len();
+                self.fwd_seen[f][b] = 0;
+                let was = self.fwd_pos[f][b];
+                let pos = was.next_multiple_of(c);
+                if !self.protocol.round_at_start || pos == was {
+                    continue;
+                }
+                // The skipped positions back to the sender's head (own node: a store).
+                self.fwd_pos[f][b] = pos;
+                let (s, node) = (self.rail_peer(f, b), f / self.g);
+                if b == node {
+                    self.heads[s][node] = pos;
+                } else {
+                    let value = if self.protocol.head_add {
+                        pos - was
+                    } else {
+                        pos
+                    };
+                    self.head_ops.push(HeadOp { to: s, node, value });
+                }
+            }
+        }
+    }
+    fn one_move(&mut self, rng: &mut StdRng) -> Result<bool, String> {
         let nodes = self.nodes();
         let mut moves: Vec<(u8, usize)> = Vec::new();
         for r in 0..self.n {
@@ -387,21 +357,17 @@ impl Model {
         }
         moves.extend((0..self.puts.len()).map(|i| (2, i)));
         moves.extend((0..self.head_ops.len()).map(|i| (3, i)));
-        while !moves.is_empty() {
-            let (kind, i) = moves.swap_remove(rng.random_range(0..moves.len()));
-            let moved = match kind {
-                0 => self.send_window(i)?,
-                1 => self.forward(i / nodes, i % nodes)?,
-                2 => self.deliver_put(i).map(|_| true)?,
-                _ => self.deliver_head(i).map(|_| true)?,
-            };
-            if moved {
-                return Ok(true);
-            }
-        }
-        Err(format!(
-            "deadlock in call {}: every sender waits for space, every forwarder for a chunk",
-            self.call
-        ))
+        let call = self.call;
+        let try_move = |(kind, i): (u8, usize), _: &mut StdRng| match kind {
+            0 => self.send_window(i),
+            1 => self.forward(i / nodes, i % nodes),
+            2 => self.deliver_put(i).map(|_| true),
+            _ => self.deliver_head(i).map(|_| true),
+        };
+        harness::one_move(moves, rng, try_move, || {
+            format!(
+                "deadlock in call {call}: every sender waits for space, every forwarder for a chunk"
+            )
+        })
     }
 }

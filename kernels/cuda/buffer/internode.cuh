@@ -21,19 +21,19 @@ __device__ __forceinline__ uint8_t* slot_at(const Args& a, uint8_t* ring, uint64
 // Landing ring (c, b): what node b's rail peer sends us. Staging ring (c, k): what we put to k.
 template <typename Args>
 __device__ __forceinline__ uint8_t* landing(const Args& a, int c, int b) {
-    return a.rdma + static_cast<int64_t>(c * num_nodes(a.topo) + b) * a.rdma_ring_tokens * ring_slot_bytes(a);
+    return a.rings.base + static_cast<int64_t>(c * num_nodes(a.topo) + b) * a.rings.ring_tokens * ring_slot_bytes(a);
 }
 template <typename Args>
 __device__ __forceinline__ uint8_t* staging(const Args& a, int c, int k) {
     const int N = num_nodes(a.topo);
-    return a.rdma + static_cast<int64_t>(a.num_channels * N + c * N + k) * a.rdma_ring_tokens * ring_slot_bytes(a);
+    return a.rings.base + static_cast<int64_t>(a.num_channels * N + c * N + k) * a.rings.ring_tokens * ring_slot_bytes(a);
 }
 // The word of the chunk at `pos` of ring (c, b) (symmetric: the same on the rail peer).
 template <typename Args>
 __device__ __forceinline__ uint64_t* chunk_word(const Args& a, int c, int b, uint64_t pos) {
-    const int chunks = a.rdma_ring_tokens / a.rdma_chunk_tokens;
-    return a.chunk_words + static_cast<int64_t>(c * num_nodes(a.topo) + b) * MAX_RDMA_CHUNKS +
-           static_cast<int>(pos / a.rdma_chunk_tokens % chunks);
+    const int chunks = a.rings.ring_tokens / a.rings.chunk_tokens;
+    return a.rings.chunk_words + static_cast<int64_t>(c * num_nodes(a.topo) + b) * MAX_RDMA_CHUNKS +
+           static_cast<int>(pos / a.rings.chunk_tokens % chunks);
 }
 __device__ __forceinline__ uint64_t round_to_chunk(uint64_t pos, int chunk) { return (pos + chunk - 1) / chunk * chunk; }
 
@@ -54,8 +54,8 @@ __device__ __forceinline__ void post_chunk(const Args& a, int c, int k, uint64_t
     }
     if (fence && lane == 0) __threadfence_system();
     __syncwarp();
-    nvshmemx_putmem_signal_nbi_warp(slot_at(a, landing(a, c, me), p, a.rdma_ring_tokens),
-                                    slot_at(a, staging(a, c, k), p, a.rdma_ring_tokens), m * ring_slot_bytes(a), word, p + m,
+    nvshmemx_putmem_signal_nbi_warp(slot_at(a, landing(a, c, me), p, a.rings.ring_tokens),
+                                    slot_at(a, staging(a, c, k), p, a.rings.ring_tokens), m * ring_slot_bytes(a), word, p + m,
                                     NVSHMEM_SIGNAL_SET, k * topo.node_pes + my_local(topo));
 }
 // ANCHOR_END: post_chunk
@@ -69,9 +69,9 @@ __device__ __forceinline__ void return_head(const Args& a, int c, int b, uint64_
     const LlTopology& topo = a.topo;
     const int N = num_nodes(topo), me = my_node(topo);
     if (b == me) {
-        st_release_sys(a.rdma_heads + c * N + b, now);
+        st_release_sys(a.rings.heads + c * N + b, now);
     } else if (now > was) {
-        nvshmemx_signal_op(a.rdma_heads + c * N + me, now - was, NVSHMEM_SIGNAL_ADD, b * topo.node_pes + my_local(topo));
+        nvshmemx_signal_op(a.rings.heads + c * N + me, now - was, NVSHMEM_SIGNAL_ADD, b * topo.node_pes + my_local(topo));
     }
 }
 

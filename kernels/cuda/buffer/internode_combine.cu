@@ -22,7 +22,7 @@
 //   so the rings may change their slot size and the NVL region its layout (the dispatch's NVL
 //   rings become sub-rings).
 // - RDMA stage: the dispatch's rings, words and positions (internode.cuh). Landing ring (c, b)
-//   is written, in both ops, by our rail peer on node b, so rdma_sent / rdma_received run on
+//   is written, in both ops, by our rail peer on node b, so rings.sent / rings.received run on
 //   across the ops and the dispatch's rules hold as they are: a chunk is c_r positions from a
 //   multiple of c_r and leaves in one put that SETs its word to start + tokens; calls start
 //   and end on a chunk; heads go back by ADD. The home receivers return their heads after each
@@ -248,7 +248,7 @@ struct Forwarder {
 // Thread l < G: which rows of node k's next chunk member l got (send_nvl_head not -1; a row
 // past send_nvl_head: none, check_rows recorded it).
 __device__ __forceinline__ void chunk_pieces(const InternodeCombineArgs& a, Forwarder& f, int k, int l) {
-    const int G = a.topo.node_pes, m = min(f.left[k], a.rdma_chunk_tokens);
+    const int G = a.topo.node_pes, m = min(f.left[k], a.rings.chunk_tokens);
     uint32_t got = 0;
     for (int i = 0; i < m; ++i) {
         const int64_t j = f.first_row[k] + f.taken[k] + i;
@@ -268,9 +268,9 @@ struct Missing {
 __device__ __forceinline__ bool chunk_ready(const InternodeCombineArgs& a, const Forwarder& f, int c, int k, Missing* why) {
     const LlTopology& topo = a.topo;
     const int G = topo.node_pes, N = num_nodes(topo), me = my_local(topo);
-    const int m = min(f.left[k], a.rdma_chunk_tokens);
-    const uint64_t need = space_needed(f.pos[k] + m, a.rdma_ring_tokens);
-    const uint64_t head = need > 0 ? ld_acquire_sys(a.rdma_heads + c * N + k) : 0;
+    const int m = min(f.left[k], a.rings.chunk_tokens);
+    const uint64_t need = space_needed(f.pos[k] + m, a.rings.ring_tokens);
+    const uint64_t head = need > 0 ? ld_acquire_sys(a.rings.heads + c * N + k) : 0;
     if (head < need) {
         *why = {WAIT_COMBINE_RDMA_SPACE, failure_rank(topo, k * G + me), need, head};
         return false;
@@ -336,10 +336,10 @@ __device__ __forceinline__ void combine_chunk(const Workspace& ws, const Interno
     const LlTopology& topo = a.topo;
     const int G = topo.node_pes, me = my_local(topo), lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     const uint64_t p = f.pos[k];
-    const int m = min(f.left[k], a.rdma_chunk_tokens), K = a.num_topk;
+    const int m = min(f.left[k], a.rings.chunk_tokens), K = a.num_topk;
     uint8_t* ring = k == my_node(topo) ? landing(a, c, k) : staging(a, c, k);
     for (int i = warp; i < m; i += blockDim.x / WARP_SIZE) {
-        uint8_t* out = slot_at(a, ring, p + i, a.rdma_ring_tokens);
+        uint8_t* out = slot_at(a, ring, p + i, a.rings.ring_tokens);
         sum_rows(G, [&](int l) { return piece(a, f, c, k, l, i); }, out, a.hidden_bytes, lane);
         const auto weights = [&](int l) -> const float* {
             const uint8_t* at = piece(a, f, c, k, l, i);
@@ -358,7 +358,7 @@ __device__ __forceinline__ void combine_chunk(const Workspace& ws, const Interno
     }
     if (warp == 1) post_chunk(a, c, k, p, m, true, lane);
     if (threadIdx.x == WARP_SIZE * 2) {
-        f.pos[k] = p + a.rdma_chunk_tokens;  // a chunk spans c_r positions (the call's last: rounded)
+        f.pos[k] = p + a.rings.chunk_tokens;  // a chunk spans c_r positions (the call's last: rounded)
         f.left[k] -= m;
         f.taken[k] += m;
     }
@@ -375,7 +375,7 @@ __device__ void forward(const Workspace& ws, const InternodeCombineArgs& a, uint
     const int G = topo.node_pes, N = num_nodes(topo), C = a.num_channels, me = my_local(topo);
     for (int k = threadIdx.x; k < N; k += blockDim.x) {
         const int* prefix = a.recv_rdma_channel_prefix_matrix + k * C;
-        f.pos[k] = round_to_chunk(a.rdma_sent[c * N + k], a.rdma_chunk_tokens);  // this call's chunk grid
+        f.pos[k] = round_to_chunk(a.rings.sent[c * N + k], a.rings.chunk_tokens);  // this call's chunk grid
         f.left[k] = prefix[c] - (c > 0 ? prefix[c - 1] : 0);
         f.taken[k] = 0;
         f.first_row[k] = (k > 0 ? a.recv_rdma_rank_prefix_sum[k - 1] : 0) + (c > 0 ? prefix[c - 1] : 0);
@@ -398,7 +398,7 @@ __device__ void forward(const Workspace& ws, const InternodeCombineArgs& a, uint
         if (k >= 0) combine_chunk(ws, a, f, c, k);
     }
     if (f.chosen == -3) return;  // the progress words stay where they were: the buffer is unusable
-    for (int k = threadIdx.x; k < N; k += blockDim.x) a.rdma_sent[c * N + k] = f.pos[k];
+    for (int k = threadIdx.x; k < N; k += blockDim.x) a.rings.sent[c * N + k] = f.pos[k];
     for (int i = threadIdx.x; i < N * G; i += blockDim.x) {
         if (i % G != me) a.nvl_received[member_node(a, c, i % G, i / G)] = f.nvl_pos[i];
     }
@@ -425,7 +425,7 @@ __device__ __forceinline__ bool receive_token(const Workspace& ws, const Interno
     }
     if (!__shfl_sync(ALL_LANES, alive, 0)) return false;
     const auto node_sum = [&](int k) -> const uint8_t* {
-        return head[k] >= 0 ? slot_at(a, landing(a, c, k), base[k] + head[k], a.rdma_ring_tokens) : nullptr;
+        return head[k] >= 0 ? slot_at(a, landing(a, c, k), base[k] + head[k], a.rings.ring_tokens) : nullptr;
     };
     const int64_t row = static_cast<int64_t>(t) * a.hidden_bytes;
     const auto term = [&](int i) -> const uint8_t* {
@@ -459,8 +459,8 @@ __device__ void home_receive(const Workspace& ws, const InternodeCombineArgs& a,
     const int warps = blockDim.x / WARP_SIZE - COMBINE_SENDER_WARPS, r = threadIdx.x - first;
     const auto sync = [&] { named_barrier_sync(RECEIVER_BARRIER, warps * WARP_SIZE); };
     for (int k = r; k < N; k += warps * WARP_SIZE) {
-        const uint64_t was = a.rdma_received[c * N + k];
-        base[k] = returned[k] = round_to_chunk(was, a.rdma_chunk_tokens);
+        const uint64_t was = a.rings.received[c * N + k];
+        base[k] = returned[k] = round_to_chunk(was, a.rings.chunk_tokens);
         if (base[k] != was) return_head(a, c, k, was, base[k]);
     }
     if (r == 0) alive = 1;
@@ -484,9 +484,9 @@ __device__ void home_receive(const Workspace& ws, const InternodeCombineArgs& a,
     }
     for (int k = r; k < N && alive; k += warps * WARP_SIZE) {
         const int* prefix = a.rdma_channel_prefix_matrix + k * C;
-        const uint64_t done = round_to_chunk(base[k] + prefix[c] - (c > 0 ? prefix[c - 1] : 0), a.rdma_chunk_tokens);
+        const uint64_t done = round_to_chunk(base[k] + prefix[c] - (c > 0 ? prefix[c - 1] : 0), a.rings.chunk_tokens);
         return_head(a, c, k, returned[k], done);
-        a.rdma_received[c * N + k] = done;
+        a.rings.received[c * N + k] = done;
     }
 }
 // ANCHOR_END: home_receive

@@ -14,7 +14,7 @@
 // ANCHOR: internode_dispatch_notes
 // NOTES on the protocol (the subtle part; a model of it: src/internode_dispatch_protocol_tests.rs):
 // - Positions count the slots of one ring over every call, never reset (chapter 7's rule): the
-//   sender's rdma_sent and the forwarder's rdma_received advance alike, from the same counts.
+//   sender's rings.sent and the forwarder's rings.received advance alike, from the same counts.
 // - A chunk is c_r positions from a multiple of c_r, and leaves in exactly one put, when full
 //   or when the call's stream to that node ends; its signal SETs the chunk's word to its start
 //   + its tokens. Puts are not ordered with each other, so one tail word that every put adds
@@ -93,10 +93,10 @@ __device__ __forceinline__ bool plan_window(const Workspace& ws, const Internode
     }
     win.mask[k] = mask;
     win.first[k] = pos;
-    const uint64_t need = space_needed(pos + __popc(mask), a.rdma_ring_tokens);
+    const uint64_t need = space_needed(pos + __popc(mask), a.rings.ring_tokens);
     if (mask == 0 || need == 0) return true;
     const int who = failure_rank(topo, k * G + my_local(topo));
-    return wait_at_least(ws, a.rdma_heads + c * N + k, need, WAIT_RDMA_SPACE, who, call);
+    return wait_at_least(ws, a.rings.heads + c * N + k, need, WAIT_RDMA_SPACE, who, call);
 }
 
 // Token t into its slot for node k: the row, then {our node, the ranks of node k it goes to},
@@ -126,7 +126,7 @@ __device__ __forceinline__ void write_slot(const InternodeDispatchArgs& a, int t
 // (every slot of the chunks stored).
 __device__ __forceinline__ uint64_t post_chunks(const InternodeDispatchArgs& a, int c, int k, uint64_t posted, uint64_t pos,
                                                 bool last, int lane) {
-    const int chunk = a.rdma_chunk_tokens;
+    const int chunk = a.rings.chunk_tokens;
     bool first = true;
     while (posted < pos) {  // past pos after the last, partial chunk: then done
         const uint64_t m = min(pos - posted, uint64_t(chunk));
@@ -151,7 +151,7 @@ __device__ void rdma_send(const Workspace& ws, const InternodeDispatchArgs& a, u
     const int N = num_nodes(topo), me = my_node(topo), lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     const int k = threadIdx.x;  // the node this thread plans for (k < N)
     // Our chunks start on a multiple of this call's c_r (the last call may have had another).
-    const uint64_t base = k < N ? round_to_chunk(a.rdma_sent[c * N + k], a.rdma_chunk_tokens) : 0;
+    const uint64_t base = k < N ? round_to_chunk(a.rings.sent[c * N + k], a.rings.chunk_tokens) : 0;
     auto sync = [] { named_barrier_sync(SENDER_BARRIER, RDMA_SENDER_WARPS * WARP_SIZE); };
     if (k < N) pos[k] = posted[k] = base;
     if (threadIdx.x == 0) alive = 1;
@@ -168,7 +168,7 @@ __device__ void rdma_send(const Workspace& ws, const InternodeDispatchArgs& a, u
                 if (!(mask >> i & 1)) continue;
                 const uint64_t p = win.first[d] + __popc(mask & ((1u << i) - 1));
                 uint8_t* ring = d == me ? landing(a, c, me) : staging(a, c, d);
-                write_slot(a, w0 + i, d, slot_at(a, ring, p, a.rdma_ring_tokens), lane);
+                write_slot(a, w0 + i, d, slot_at(a, ring, p, a.rings.ring_tokens), lane);
             }
         }
         sync();  // every slot of the window is stored
@@ -182,7 +182,7 @@ __device__ void rdma_send(const Workspace& ws, const InternodeDispatchArgs& a, u
         }
     }
     sync();
-    if (k < N && alive) a.rdma_sent[c * N + k] = posted[k];
+    if (k < N && alive) a.rings.sent[c * N + k] = posted[k];
 }
 // ANCHOR_END: rdma_send
 
@@ -237,10 +237,10 @@ __device__ __forceinline__ void forward_chunk(const Workspace& ws, const Interno
     const int G = topo.node_pes, N = num_nodes(topo), C = a.num_channels, me = my_local(topo);
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE, warps = blockDim.x / WARP_SIZE;
     const uint64_t p = f.pos[b];
-    const int m = min(f.left[b], a.rdma_chunk_tokens);
+    const int m = min(f.left[b], a.rings.chunk_tokens);
     uint8_t* ring = landing(a, c, b);
     if (threadIdx.x < m) {
-        const uint8_t* slot = slot_at(a, ring, p + threadIdx.x, a.rdma_ring_tokens);
+        const uint8_t* slot = slot_at(a, ring, p + threadIdx.x, a.rings.ring_tokens);
         f.slot_mask[threadIdx.x] = static_cast<uint32_t>(__ldcg(reinterpret_cast<const int*>(slot + SlotParts(a.slot).meta) + 1));
     }
     __syncthreads();
@@ -269,7 +269,7 @@ __device__ __forceinline__ void forward_chunk(const Workspace& ws, const Interno
         uint8_t* nvl_ring = a.nvl + static_cast<int64_t>(c * G + me) * a.nvl_ring_tokens * a.slot.bytes;
         uint8_t* dst = node_peer(ws, topo, slot_at(a, nvl_ring, at, a.nvl_ring_tokens), topo.node_start + d);
         if (dst == nullptr) continue;
-        moe::warp_copy<true, 4>(dst, slot_at(a, ring, p + i, a.rdma_ring_tokens), a.slot.bytes, lane);
+        moe::warp_copy<true, 4>(dst, slot_at(a, ring, p + i, a.rings.ring_tokens), a.slot.bytes, lane);
     }
     __syncthreads();  // every copy is stored (and every landing slot read)
     if (l < G && f.to[l] != 0) {
@@ -278,7 +278,7 @@ __device__ __forceinline__ void forward_chunk(const Workspace& ws, const Interno
         if (tail != nullptr) st_release_sys(tail, f.nvl_pos[l]);
     }
     if (threadIdx.x == WARP_SIZE) {
-        f.pos[b] = p + a.rdma_chunk_tokens;  // a chunk spans c_r positions (the call's last: rounded)
+        f.pos[b] = p + a.rings.chunk_tokens;  // a chunk spans c_r positions (the call's last: rounded)
         f.left[b] -= m;
         f.taken[b] += m;
         return_head(a, c, b, p, f.pos[b]);
@@ -296,8 +296,8 @@ __device__ void forward(const Workspace& ws, const InternodeDispatchArgs& a, uin
         const int* prefix = a.recv_rdma_channel_prefix_matrix + b * C;
         // As the sender: the call's first chunk on a multiple of this call's c_r. If the last
         // call's c_r was another, the skipped positions go back to the sender's head now.
-        const uint64_t was = a.rdma_received[c * N + b];
-        f.pos[b] = round_to_chunk(was, a.rdma_chunk_tokens);
+        const uint64_t was = a.rings.received[c * N + b];
+        f.pos[b] = round_to_chunk(was, a.rings.chunk_tokens);
         if (f.pos[b] != was) return_head(a, c, b, was, f.pos[b]);
         f.left[b] = prefix[c] - (c > 0 ? prefix[c - 1] : 0);
         f.taken[b] = 0;
@@ -315,7 +315,7 @@ __device__ void forward(const Workspace& ws, const InternodeDispatchArgs& a, uin
         if (b >= 0) forward_chunk(ws, a, f, c, b, call);
     }
     if (f.chosen == -3) return;  // the progress words stay where they were: the buffer is unusable
-    for (int b = threadIdx.x; b < N; b += blockDim.x) a.rdma_received[c * N + b] = f.pos[b];
+    for (int b = threadIdx.x; b < N; b += blockDim.x) a.rings.received[c * N + b] = f.pos[b];
     for (int l = threadIdx.x; l < topo.node_pes; l += blockDim.x) a.nvl_sent[c * MAX_PES + l] = f.nvl_pos[l];
 }
 
