@@ -10,16 +10,17 @@ use crate::spec::BufferSpec;
 use crate::view::View;
 
 /// Chapter 7's notify, dispatch and combine reach every rank through the node's peer pointers:
-/// a buffer whose ranks span nodes (normal mode across nodes, issue 32) has its own notify and
-/// dispatch (`internode_notify_raw`, `internode_dispatch_raw`), so they refuse it.
+/// a buffer whose ranks span nodes (normal mode across nodes, issue 32) has its own notify,
+/// dispatch and combine (`internode_notify_raw`, `internode_dispatch_raw`,
+/// `internode_combine_raw`), so they refuse it.
 pub(crate) fn one_node(what: &'static str, spec: &BufferSpec) -> Result<(), BufferError> {
     if spec.spans_nodes() {
         return Err(BufferError::invalid(
             what,
             format!(
                 "this buffer's {} ranks span {} nodes of {}: across nodes, normal mode has its \
-                 notify step and a bf16 dispatch in Rust (internode_notify_raw, \
-                 internode_dispatch_raw) and no combine yet; chapter 7's calls run inside one \
+                 notify step and a bf16 dispatch and combine in Rust (internode_notify_raw, \
+                 internode_dispatch_raw, internode_combine_raw); chapter 7's calls run inside one \
                  node (unset NVSHMEM_TUTORIAL_NODE_PES, at most 8 ranks), or use \
                  low_latency_mode=True",
                 spec.n_pes,

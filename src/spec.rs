@@ -88,16 +88,16 @@ impl BufferOptions {
                 "{n_pes} ranks: low-latency mode runs up to MAX_LL_RANKS = {MAX_LL_RANKS} ranks"
             ));
         }
-        // Across nodes, normal mode has its notify step and a dispatch (internode_notify,
-        // internode_dispatch) and no combine yet; chapter 7's plans refuse such a buffer
-        // (checks::one_node).
+        // Across nodes, normal mode has its notify step, a dispatch and a combine
+        // (internode_notify, internode_dispatch, internode_combine); chapter 7's plans refuse
+        // such a buffer (checks::one_node).
         if !self.low_latency_mode && n_pes > node_pes && self.num_rdma_bytes == 0 {
             return invalid(format!(
                 "{n_pes} ranks in {} nodes of {node_pes}: with num_rdma_bytes = 0 normal mode \
                  runs inside one node (up to MAX_PES = {MAX_PES} ranks); across nodes (up to \
                  MAX_NORMAL_RANKS = {MAX_NORMAL_RANKS}) it needs num_rdma_bytes > 0 \
-                 (Config::get_buffer_size_hints_for_nodes), and has only its notify step and \
-                 dispatch, no combine. Use low_latency_mode=True (up to {MAX_LL_RANKS} ranks, any nodes), or run \
+                 (Config::get_buffer_size_hints_for_nodes), and has its notify step, a bf16 \
+                 dispatch and combine. Use low_latency_mode=True (up to {MAX_LL_RANKS} ranks, any nodes), or run \
                  one node (unset NVSHMEM_TUTORIAL_NODE_PES, at most {MAX_PES} ranks)",
                 n_pes / node_pes
             ));

@@ -142,11 +142,13 @@ pub(crate) fn combine_and_check(
     let (me, stream) = (world.my_pe(), world.stream());
     let job = &case.job;
     let arrays = CombineArrays::new(stream, job, me, hidden, d, biases)?;
-    assert_eq!(
-        arrays.x.view().rows(),
-        d.num_recv_tokens,
-        "the reference's rows"
-    );
+    let rows = arrays.x.view().rows();
+    tally.check(me, rows == d.num_recv_tokens, || {
+        format!(
+            "the reference receives {rows} rows, the notify counted {}",
+            d.num_recv_tokens
+        )
+    });
     combine(
         buffer,
         arrays.inputs(),
@@ -231,9 +233,9 @@ pub(crate) fn check_refusals(
     let job = &case.job;
     let good = CombineArrays::new(stream, job, me, hidden, d, [true, false])?;
     let (m, t_count) = (d.num_recv_tokens, job.routing[me].len());
-    let f32_rows = DeviceArray::from_host(stream, &vec![0f32; m.max(1) * hidden], m, hidden)?;
-    let narrow = DeviceArray::from_host(stream, &vec![bf16::ZERO; t_count.max(1) * 8], t_count, 8)?;
-    let weights = DeviceArray::from_host(stream, &vec![0f32; t_count.max(1) * 2], t_count, 2)?;
+    let f32_rows = DeviceArray::from_host(stream, &vec![0f32; m * hidden], m, hidden)?;
+    let narrow = DeviceArray::from_host(stream, &vec![bf16::ZERO; t_count * 8], t_count, 8)?;
+    let weights = DeviceArray::from_host(stream, &vec![0f32; t_count * 2], t_count, 2)?;
     let handle = handle_of(d);
     let mut try_combine = |what: &str,
                            inputs: CombineInputs,
