@@ -569,6 +569,17 @@ contract! {
         chunk_tokens: i32 => "int",
     }
 
+    /// The four position words of a set of NVL rings, each an array of u64 indexed as the
+    /// struct that holds them says: how far the sender wrote (tails, symmetric: stored on the
+    /// receiver's side), how far the receiver read (heads, symmetric: stored on the sender's
+    /// side), and each side's own next position between calls (sent, received: local).
+    struct NvlCounters {
+        tails: u64 => "uint64_t*",
+        heads: u64 => "uint64_t*",
+        sent: u64 => "uint64_t*",
+        received: u64 => "uint64_t*",
+    }
+
     /// Normal mode's dispatch across nodes (`internode_dispatch` in
     /// buffer/internode_dispatch.cu): each token once to each destination node's rail peer
     /// (RDMA rings, put-with-signal), which forwards it to the node's ranks (NVL rings, stores).
@@ -607,12 +618,8 @@ contract! {
         calls: u64 => "uint64_t*",
         /// symmetric: NVL ring (c, l) at slot (c G + l) R_n, on the receiver
         nvl: u64 => "uint8_t*",
-        /// chapter 7's dispatch counters [MAX_CHANNELS][MAX_PES] by node member: tails, heads
-        /// (symmetric), sent, received (local)
-        nvl_tails: u64 => "uint64_t*",
-        nvl_heads: u64 => "uint64_t*",
-        nvl_sent: u64 => "uint64_t*",
-        nvl_received: u64 => "uint64_t*",
+        /// chapter 7's dispatch counters, [MAX_CHANNELS][MAX_PES] by node member
+        nvl_counters: NvlCounters => "NvlCounters",
         rings: RdmaRings => "RdmaRings",
         topo: LlTopology => "LlTopology",
         slot: DispatchSlot => "DispatchSlot",
@@ -663,13 +670,9 @@ contract! {
         /// symmetric: NVL sub-ring (c, l', k) at slot ((c G + l') N + k) nvl_sub_ring_tokens, on
         /// the forwarder: what member l' sends back for node k
         nvl: u64 => "uint8_t*",
-        /// [MAX_CHANNELS][MAX_NORMAL_RANKS] u64 by (member, node) = l N + k: tails (symmetric, on
-        /// the forwarder, from member l), heads (symmetric, on the sender, from forwarder l),
-        /// sent, received (local)
-        nvl_tails: u64 => "uint64_t*",
-        nvl_heads: u64 => "uint64_t*",
-        nvl_sent: u64 => "uint64_t*",
-        nvl_received: u64 => "uint64_t*",
+        /// [MAX_CHANNELS][MAX_NORMAL_RANKS] by (member, node) = l N + k: tails on the forwarder
+        /// (from member l), heads on the sender (from forwarder l)
+        nvl_counters: NvlCounters => "NvlCounters",
         /// where a handle naming more rows than x or send_nvl_head hold is recorded (RECV_OVERFLOW)
         bad_input: InputError => "InputError",
         /// the dispatch's rings and words: the combine's positions run on from the dispatch's

@@ -1,7 +1,7 @@
 //! The internode combine's plan: every check of the buffer, the inputs, the handle and the
 //! outputs, the rings' sizes, then the kernel's argument struct (pure: no buffer, no device).
 
-use kernels::contract::{COMBINE_NVL_WINDOW, InternodeCombineArgs, MAX_NORMAL_RANKS};
+use kernels::contract::{COMBINE_NVL_WINDOW, InternodeCombineArgs, MAX_NORMAL_RANKS, NvlCounters};
 
 use super::{InternodeCombineCall, InternodeCombinePlan};
 use crate::checks;
@@ -203,10 +203,12 @@ pub fn plan_internode_combine(
         combined_topk_weights: optional(outputs.combined_topk_weights),
         calls: at(area.combine_calls()),
         nvl: spec.nvl(),
-        nvl_tails: at(area.combine_nvl_words(0)),
-        nvl_heads: at(area.combine_nvl_words(1)),
-        nvl_sent: at(area.combine_nvl_words(2)),
-        nvl_received: at(area.combine_nvl_words(3)),
+        nvl_counters: NvlCounters {
+            tails: at(area.combine_nvl_words(0)),
+            heads: at(area.combine_nvl_words(1)),
+            sent: at(area.combine_nvl_words(2)),
+            received: at(area.combine_nvl_words(3)),
+        },
         bad_input: spec.input_error,
         rings: rdma_rings(spec, rdma_ring, rdma_chunk),
         topo: spec.ll_topology(),

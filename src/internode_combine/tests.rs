@@ -122,10 +122,10 @@ fn every_layout_plans_on_the_dispatchs_rings_inside_their_regions() {
                 let base = spec.notify_area_base().unwrap();
                 let own = [
                     a.calls,
-                    a.nvl_tails,
-                    a.nvl_heads,
-                    a.nvl_sent,
-                    a.nvl_received,
+                    a.nvl_counters.tails,
+                    a.nvl_counters.heads,
+                    a.nvl_counters.sent,
+                    a.nvl_counters.received,
                 ];
                 assert!(own[0] > words[3] && own[0] == base + area.combine_calls() as u64);
                 assert!(own.windows(2).all(|w| w[0] < w[1]) && own.iter().all(|w| w % 8 == 0));

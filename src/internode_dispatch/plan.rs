@@ -2,7 +2,7 @@
 //! outputs, the rings' sizes, then the kernel's argument struct (pure: no buffer, no device).
 
 use kernels::contract::{
-    DispatchSlot, InternodeDispatchArgs, MAX_RDMA_CHUNKS, RdmaRings, WINDOW_TOKENS,
+    DispatchSlot, InternodeDispatchArgs, MAX_RDMA_CHUNKS, NvlCounters, RdmaRings, WINDOW_TOKENS,
 };
 
 use super::{InternodeDispatchOutputs, InternodeDispatchPlan};
@@ -204,10 +204,12 @@ pub fn plan_internode_dispatch(
         send_nvl_head: outputs.send_nvl_head.ptr,
         calls: at(area.dispatch_calls()),
         nvl: spec.nvl(),
-        nvl_tails: spec.counters(0),
-        nvl_heads: spec.counters(1),
-        nvl_sent: spec.progress(Progress::DispatchSent),
-        nvl_received: spec.progress(Progress::DispatchReceived),
+        nvl_counters: NvlCounters {
+            tails: spec.counters(0),
+            heads: spec.counters(1),
+            sent: spec.progress(Progress::DispatchSent),
+            received: spec.progress(Progress::DispatchReceived),
+        },
         rings: rdma_rings(spec, rdma_ring, rdma_chunk),
         topo: spec.ll_topology(),
         slot: DispatchSlot {

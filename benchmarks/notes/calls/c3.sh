@@ -7,21 +7,11 @@
 #     first GPU run at N = 2 (issue 32 step 4: 2 x 1 and the one-node refusal); run_coll.sh 2 at
 #     HEAD (issue 36); DeepEP's test_intranode.py at EP2 against the bulk_rows wheel.
 set -u
-export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
-Z=/tmp/z; mkdir -p $Z; t0=$SECONDS
-pack() { tar czf "$OUT/z.tgz" -C /tmp z 2>/dev/null; }
-el() { echo "[$((SECONDS - t0)) s] $*" | tee -a $Z/steps.log; }
-left() { (( SECONDS - t0 < $1 )); }
-W=nvshmem_tutorial-0.1.0-cp39-abi3-linux_x86_64.whl
+. .carry/calls/common.sh 3
 MAIN=.carry/wheels/$W BULK=.carry/ab/dispatch_bulk_rows/$W COMB=.carry/ab/combine_free_warps/$W
-{ date -u; nvidia-smi -L; git log -1 --format='commit %H %s'; } >$Z/machine.txt 2>&1
-rm -rf .carry/bin && python3 -c 'import tarfile; tarfile.open(".carry/bins.tar.xz").extractall(".carry")'
-for w in main:$MAIN bulk:$BULK comb:$COMB; do
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site_${w%%:*} "${w#*:}"; done
-rm -rf /tmp/deepep_v1 && cp -r .carry/deepep /tmp/deepep_v1
-(cd /tmp/deepep_v1 && CPATH=/usr/local/cuda/include/cccl MAX_JOBS=32 TORCH_CUDA_ARCH_LIST=9.0 \
-  python3 setup.py build_ext --inplace >$Z/deepep_build.log 2>&1; echo "deepep build exit $?" >>$Z/deepep_build.log) &
-wait_deepep() { while ! grep -q "deepep build exit" $Z/deepep_build.log 2>/dev/null; do sleep 2; done; }
+unpack_bins fresh
+install main:$MAIN bulk:$BULK comb:$COMB
+build_deepep
 
 track_s() {
   export CUDA_VISIBLE_DEVICES=0,1 MASTER_PORT=18361

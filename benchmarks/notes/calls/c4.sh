@@ -8,24 +8,11 @@
 #   dispatch_bulk_rows at EP4 (issue 37), one round at 8 12 24 SMs;
 #   the internode notify and dispatch folded at 8 under MPS (2 x 4, 4 x 2, 8 x 1), as time allows.
 set -u
-export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
-Z=/tmp/z; mkdir -p $Z; t0=$SECONDS
-pack() { tar czf "$OUT/z.tgz" -C /tmp z 2>/dev/null; }
-el() { echo "[$((SECONDS - t0)) s] $*" | tee -a $Z/steps4.log; }
-left() { (( SECONDS - t0 < $1 )); }
-W=nvshmem_tutorial-0.1.0-cp39-abi3-linux_x86_64.whl
+. .carry/calls/common.sh 4
 MAIN=.carry/wheels/$W BULK=.carry/ab/dispatch_bulk_rows/$W COMB=.carry/ab/combine_free_warps/$W
-rm -rf $Z && mkdir -p $Z
-{ date -u; nvidia-smi -L; git log -1 --format='commit %H %s'; } >$Z/machine4.txt 2>&1
-[[ -x .carry/bin/internode-dispatch ]] || { rm -rf .carry/bin && python3 -c 'import tarfile; tarfile.open(".carry/bins.tar.xz").extractall(".carry")'; }
-for w in main:$MAIN bulk:$BULK comb:$COMB; do
-  [[ -d /tmp/site_${w%%:*} ]] || python3 -m pip install -q --no-index --no-deps --target /tmp/site_${w%%:*} "${w#*:}"; done
-if ! ls /tmp/deepep_v1/deep_ep_cpp*.so >/dev/null 2>&1; then
-  rm -rf /tmp/deepep_v1 && cp -r .carry/deepep /tmp/deepep_v1
-  (cd /tmp/deepep_v1 && CPATH=/usr/local/cuda/include/cccl MAX_JOBS=32 TORCH_CUDA_ARCH_LIST=9.0 \
-    python3 setup.py build_ext --inplace >$Z/deepep_build.log 2>&1; echo "deepep build exit $?" >>$Z/deepep_build.log) &
-else echo "deepep build exit 0 (kept)" >$Z/deepep_build.log; fi
-wait_deepep() { while ! grep -q "deepep build exit" $Z/deepep_build.log 2>/dev/null; do sleep 2; done; }
+unpack_bins
+install main:$MAIN bulk:$BULK comb:$COMB
+build_deepep
 export MASTER_PORT=38361
 AB_MODE=normal AB_NUM_SMS="24" timeout 150 bash benchmarks/ab_wheels.sh $MAIN $COMB $Z/ab_comb_n4 2 4 >$Z/ab_comb_n4.log 2>&1
 el "comb A/B n=4 exit $?"; pack

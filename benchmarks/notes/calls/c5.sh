@@ -4,14 +4,9 @@
 #   I (GPUs 2,3): run_coll.sh 2 at HEAD with the wheel on PYTHONPATH (issue 36; c3 left it out),
 #     then initcheck over every Rust chapter at N = 2 (issue 35).
 set -u
-export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
-Z=/tmp/z; mkdir -p $Z; t0=$SECONDS
-pack() { tar czf "$OUT/z.tgz" -C /tmp z 2>/dev/null; }
-el() { echo "[$((SECONDS - t0)) s] $*" | tee -a $Z/steps5.log; }
-W=nvshmem_tutorial-0.1.0-cp39-abi3-linux_x86_64.whl
-{ date -u; nvidia-smi -L; git log -1 --format='commit %H %s'; } >$Z/machine5.txt 2>&1
-rm -rf .carry/bin && python3 -c 'import tarfile; tarfile.open(".carry/bins.tar.xz").extractall(".carry")'
-python3 -m pip install -q --no-index --no-deps --target /tmp/site_main .carry/wheels/$W
+. .carry/calls/common.sh 5
+unpack_bins fresh
+install main:.carry/wheels/$W
 san() {  # san <tool> <log name>
   GPU_TEST_GPUS=2 GPU_TEST_NPROCS=2 GPU_TEST_PYTHON=0 GPU_TEST_SANITIZER=$1 GPU_TEST_TIMEOUT_S=150 \
     BIN_DIR=.carry/bin LOG_DIR=$Z/san_$1 timeout $((580 - SECONDS + t0)) bash scripts/gpu_test.sh >$Z/san_$1.log 2>&1

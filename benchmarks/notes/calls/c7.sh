@@ -5,11 +5,9 @@
 # MPS for the whole machine, so it runs after, on all four GPUs (2 PEs per GPU, MPS: 2 x 4, 4 x 2,
 # 8 x 1; issue 31).
 set -u
-export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
-Z=/tmp/z; mkdir -p $Z /tmp/dr; t0=$SECONDS
-pack() { tar czf "$OUT/z.tgz" -C /tmp z 2>/dev/null; }
-el() { echo "[$((SECONDS - t0)) s] $*" | tee -a $Z/steps7.log; }
-{ date -u; nvidia-smi -L; git log -1 --format='commit %H %s'; } >$Z/machine7.txt 2>&1
+. .carry/calls/common.sh 7
+mkdir -p /tmp/dr
+unpack_bins fresh
 CUDA_VISIBLE_DEVICES=0,1 OUT=/tmp/dr DEVICE_LOGS=$Z/soak DEVICE_GPU_TEST=0 DEVICE_BENCH=soak \
   SOAK_RUNS="ch08-low-latency:1 ch07-buffer:2 ch08-low-latency:2" timeout 330 bash scripts/device_run.sh >$Z/soak.out 2>&1
 el "soak exit $?: $(grep -a 'soak:' $Z/soak/soak.log | tr '\n' ' ')"; pack

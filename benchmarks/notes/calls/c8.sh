@@ -6,20 +6,10 @@
 #   dispatch_self_on_receivers (issue 37: few SMs): ch07_buffer.py at N = 2, buffer_bench A/B at
 #     8 12 24 SMs, EP2 (2 rounds) and EP4 (1 round).
 set -u
-export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
-Z=/tmp/z; mkdir -p $Z; t0=$SECONDS
-pack() { tar czf "$OUT/z.tgz" -C /tmp z 2>/dev/null; }
-el() { echo "[$((SECONDS - t0)) s] $*" | tee -a $Z/steps8.log; }
-left() { (( SECONDS - t0 < $1 )); }
-W=nvshmem_tutorial-0.1.0-cp39-abi3-linux_x86_64.whl
+. .carry/calls/common.sh 8
 MAIN=.carry/wheels/$W CW=.carry/ab/combine_grouped_window/$W SR=.carry/ab/dispatch_self_on_receivers/$W
-{ date -u; nvidia-smi -L; git log -1 --format='commit %H %s'; } >$Z/machine8.txt 2>&1
-for w in main:$MAIN cw:$CW sr:$SR; do
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site_${w%%:*} "${w#*:}"; done
-rm -rf /tmp/deepep_v1 && cp -r .carry/deepep /tmp/deepep_v1
-(cd /tmp/deepep_v1 && CPATH=/usr/local/cuda/include/cccl MAX_JOBS=32 TORCH_CUDA_ARCH_LIST=9.0 \
-  python3 setup.py build_ext --inplace >$Z/deepep_build.log 2>&1; echo "deepep build exit $?" >>$Z/deepep_build.log) &
-wait_deepep() { while ! grep -q "deepep build exit" $Z/deepep_build.log 2>/dev/null; do sleep 2; done; }
+install main:$MAIN cw:$CW sr:$SR
+build_deepep
 export MASTER_PORT=38361
 PYTHONPATH=/tmp/site_cw timeout 120 torchrun --standalone --nproc_per_node=4 scripts/ch07_buffer.py >$Z/cw_ch07_n4.log 2>&1
 el "cw ch07_buffer.py n=4 exit $?: $(grep -a 'passed,' $Z/cw_ch07_n4.log | tail -1)"

@@ -153,7 +153,7 @@ __device__ __forceinline__ int pick_stream(const Workspace& ws, const InternodeC
         if (left == 0) continue;
         const int w = min(left, a.nvl_window_tokens);
         const uint64_t needed = space_needed(s.pos[k] + w, a.nvl_sub_ring_tokens);
-        if (needed == 0 || ld_acquire_sys(a.nvl_heads + member_node(a, c, l, k)) >= needed) {
+        if (needed == 0 || ld_acquire_sys(a.nvl_counters.heads + member_node(a, c, l, k)) >= needed) {
             *next = k + 1;
             *idle_since = clock64();
             return k;
@@ -163,7 +163,7 @@ __device__ __forceinline__ int pick_stream(const Workspace& ws, const InternodeC
     if (owing < 0) return -2;
     if (failed(ws)) return -3;
     if (clock64() - *idle_since > ws.timeout_cycles) {
-        const uint64_t head = ld_acquire_sys(a.nvl_heads + member_node(a, c, l, owing));
+        const uint64_t head = ld_acquire_sys(a.nvl_counters.heads + member_node(a, c, l, owing));
         record_failure(ws, WAIT_COMBINE_NVL_SPACE, failure_rank(a.topo, a.topo.node_start + l), need, head, call);
         return -3;
     }
@@ -191,7 +191,7 @@ __device__ __forceinline__ void send_window(const Workspace& ws, const Internode
     }
     g.sync();  // every row of the window stored
     if (g.member == 0 && lane == 0) {
-        uint64_t* tail = node_peer(ws, topo, a.nvl_tails + member_node(a, c, my_local(topo), k), topo.node_start + l);
+        uint64_t* tail = node_peer(ws, topo, a.nvl_counters.tails + member_node(a, c, my_local(topo), k), topo.node_start + l);
         if (tail != nullptr) st_release_sys(tail, p + w);
         s.pos[k] = p + w;
         s.sent[k] += w;
@@ -213,7 +213,7 @@ __device__ void nvl_send(const Workspace& ws, const InternodeCombineArgs& a, uin
             s.first[k] = first;
             s.count[k] = next - first;
             s.sent[k] = 0;
-            s.pos[k] = a.nvl_sent[member_node(a, c, l, k)];
+            s.pos[k] = a.nvl_counters.sent[member_node(a, c, l, k)];
         }
     }
     int next = 0;
@@ -227,7 +227,7 @@ __device__ void nvl_send(const Workspace& ws, const InternodeCombineArgs& a, uin
         if (k >= 0) send_window(ws, a, s, c, g, k);
     }
     if (s.chosen == -3 || g.member != 0) return;  // gave up: the positions stay (the buffer is unusable)
-    for (int k = lane; k < N; k += WARP_SIZE) a.nvl_sent[member_node(a, c, l, k)] = s.pos[k];
+    for (int k = lane; k < N; k += WARP_SIZE) a.nvl_counters.sent[member_node(a, c, l, k)] = s.pos[k];
 }
 // ANCHOR_END: nvl_send
 
@@ -279,7 +279,7 @@ __device__ __forceinline__ bool chunk_ready(const InternodeCombineArgs& a, const
         const uint32_t got = f.got[k * G + l];
         if (l == me || got == 0) continue;
         const uint64_t want = f.nvl_pos[k * G + l] + __popc(got);
-        const uint64_t tail = ld_acquire_sys(a.nvl_tails + member_node(a, c, l, k));
+        const uint64_t tail = ld_acquire_sys(a.nvl_counters.tails + member_node(a, c, l, k));
         if (tail < want) {
             *why = {WAIT_COMBINE_NVL_DATA, failure_rank(topo, topo.node_start + l), want, tail};
             return false;
@@ -353,7 +353,7 @@ __device__ __forceinline__ void combine_chunk(const Workspace& ws, const Interno
     const int l = threadIdx.x;
     if (l < G && f.got[k * G + l] != 0) {
         f.nvl_pos[k * G + l] += __popc(f.got[k * G + l]);
-        uint64_t* head = l == me ? nullptr : node_peer(ws, topo, a.nvl_heads + member_node(a, c, me, k), topo.node_start + l);
+        uint64_t* head = l == me ? nullptr : node_peer(ws, topo, a.nvl_counters.heads + member_node(a, c, me, k), topo.node_start + l);
         if (head != nullptr) st_release_sys(head, f.nvl_pos[k * G + l]);
     }
     if (warp == 1) post_chunk(a, c, k, p, m, true, lane);
@@ -383,7 +383,7 @@ __device__ void forward(const Workspace& ws, const InternodeCombineArgs& a, uint
     }
     for (int i = threadIdx.x; i < N * G; i += blockDim.x) {
         const int k = i / G, l = i % G;
-        f.nvl_pos[i] = l == me ? 0 : a.nvl_received[member_node(a, c, l, k)];
+        f.nvl_pos[i] = l == me ? 0 : a.nvl_counters.received[member_node(a, c, l, k)];
     }
     __syncthreads();
     for (int i = threadIdx.x; i < N * G; i += blockDim.x) chunk_pieces(a, f, i / G, i % G);
@@ -400,7 +400,7 @@ __device__ void forward(const Workspace& ws, const InternodeCombineArgs& a, uint
     if (f.chosen == -3) return;  // the progress words stay where they were: the buffer is unusable
     for (int k = threadIdx.x; k < N; k += blockDim.x) a.rings.sent[c * N + k] = f.pos[k];
     for (int i = threadIdx.x; i < N * G; i += blockDim.x) {
-        if (i % G != me) a.nvl_received[member_node(a, c, i % G, i / G)] = f.nvl_pos[i];
+        if (i % G != me) a.nvl_counters.received[member_node(a, c, i % G, i / G)] = f.nvl_pos[i];
     }
 }
 

@@ -258,7 +258,7 @@ __device__ __forceinline__ void forward_chunk(const Workspace& ws, const Interno
             a.send_nvl_head[static_cast<int64_t>(first_row + i) * G + l] = hit ? at + __popc(to & ((1u << i) - 1)) : -1;
         }
         const uint64_t need = space_needed(f.nvl_pos[l] + __popc(to), a.nvl_ring_tokens);
-        if (to != 0 && need > 0 && !wait_at_least(ws, a.nvl_heads + c * MAX_PES + l, need, WAIT_RING_SPACE, l, call)) f.alive = 0;
+        if (to != 0 && need > 0 && !wait_at_least(ws, a.nvl_counters.heads + c * MAX_PES + l, need, WAIT_RING_SPACE, l, call)) f.alive = 0;
     }
     __syncthreads();
     if (!f.alive) return;
@@ -274,7 +274,7 @@ __device__ __forceinline__ void forward_chunk(const Workspace& ws, const Interno
     __syncthreads();  // every copy is stored (and every landing slot read)
     if (l < G && f.to[l] != 0) {
         f.nvl_pos[l] += __popc(f.to[l]);
-        uint64_t* tail = node_peer(ws, topo, a.nvl_tails + c * MAX_PES + me, topo.node_start + l);
+        uint64_t* tail = node_peer(ws, topo, a.nvl_counters.tails + c * MAX_PES + me, topo.node_start + l);
         if (tail != nullptr) st_release_sys(tail, f.nvl_pos[l]);
     }
     if (threadIdx.x == WARP_SIZE) {
@@ -302,7 +302,7 @@ __device__ void forward(const Workspace& ws, const InternodeDispatchArgs& a, uin
         f.left[b] = prefix[c] - (c > 0 ? prefix[c - 1] : 0);
         f.taken[b] = 0;
     }
-    for (int l = threadIdx.x; l < topo.node_pes; l += blockDim.x) f.nvl_pos[l] = f.nvl_base[l] = a.nvl_sent[c * MAX_PES + l];
+    for (int l = threadIdx.x; l < topo.node_pes; l += blockDim.x) f.nvl_pos[l] = f.nvl_base[l] = a.nvl_counters.sent[c * MAX_PES + l];
     if (threadIdx.x == 0) f.alive = 1;
     int next = 0;
     long long idle_since = clock64();
@@ -316,7 +316,7 @@ __device__ void forward(const Workspace& ws, const InternodeDispatchArgs& a, uin
     }
     if (f.chosen == -3) return;  // the progress words stay where they were: the buffer is unusable
     for (int b = threadIdx.x; b < N; b += blockDim.x) a.rings.received[c * N + b] = f.pos[b];
-    for (int l = threadIdx.x; l < topo.node_pes; l += blockDim.x) a.nvl_sent[c * MAX_PES + l] = f.nvl_pos[l];
+    for (int l = threadIdx.x; l < topo.node_pes; l += blockDim.x) a.nvl_counters.sent[c * MAX_PES + l] = f.nvl_pos[l];
 }
 
 // ---- NVL receiver ----------------------------------------------------------------------------
@@ -357,9 +357,9 @@ __device__ void nvl_receive(const Workspace& ws, const InternodeDispatchArgs& a,
         total += next - first;
         if (g.member == 0 && lane == 0) next_row[l][b] = first;
     }
-    const uint64_t base = a.nvl_received[c * MAX_PES + l], target = base + total;
+    const uint64_t base = a.nvl_counters.received[c * MAX_PES + l], target = base + total;
     const uint8_t* ring = a.nvl + static_cast<int64_t>(c * G + l) * a.nvl_ring_tokens * a.slot.bytes;
-    const uint64_t* tail = a.nvl_tails + c * MAX_PES + l;
+    const uint64_t* tail = a.nvl_counters.tails + c * MAX_PES + l;
     for (uint64_t head = base; head < target;) {
         if (g.member == 0 && lane == 0) {
             const bool arrived = wait_at_least(ws, tail, head + 1, WAIT_RING_DATA, l, call);
@@ -388,12 +388,12 @@ __device__ void nvl_receive(const Workspace& ws, const InternodeDispatchArgs& a,
             g.sync();
         }
         if (g.member == 0 && lane == 0) {
-            uint64_t* head_word = node_peer(ws, topo, a.nvl_heads + c * MAX_PES + my_local(topo), topo.node_start + l);
+            uint64_t* head_word = node_peer(ws, topo, a.nvl_counters.heads + c * MAX_PES + my_local(topo), topo.node_start + l);
             if (head_word != nullptr) st_release_sys(head_word, new_tail);
         }
         head = new_tail;
     }
-    if (g.member == 0 && lane == 0) a.nvl_received[c * MAX_PES + l] = target;
+    if (g.member == 0 && lane == 0) a.nvl_counters.received[c * MAX_PES + l] = target;
 }
 // ANCHOR_END: nvl_receive
 
