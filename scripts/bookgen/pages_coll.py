@@ -230,4 +230,29 @@ def gen_ch04(book: Book) -> None:
     s.add("slices_528", gbs(best_blocks(528)))
     s.add("p2p_run", f"{p2p.device}, {p2p.date}")
     claim(best_blocks(528) > best_blocks(132), "ch04-collectives.md", "528 slices beat 132 at 256 MiB")
+    s.add("broadcast_units", broadcast_units(book))
     book.write(s)
+
+
+def broadcast_units(book: Book) -> str:
+    """The 4-warp units (V) against the block pipeline (A) at N = 4: the sentence of
+    ch04-collectives.md that says where choose takes them, from the A/B of record."""
+    r = book.result("broadcast_units")
+
+    def median_us(variant: str, size: int) -> float:
+        times = sorted(float(row["us"]) for row in r.select(variant=variant, n_pes="4", algorithm="scatter_gather",
+                                                             num_bytes=str(size)))
+        if not times:
+            raise GenError(f"{r.path}: no {variant} scatter_gather row at {size} B")
+        mid = len(times) // 2
+        return times[mid] if len(times) % 2 else (times[mid - 1] + times[mid]) / 2
+
+    def change(size: int) -> float:
+        return median_us("V", size) / median_us("A", size) - 1
+
+    gains = [change(z) for z in (4 * MIB, 16 * MIB)]
+    loss = change(1 * MIB)
+    claim(all(g < 0 for g in gains) and loss > 0, "ch04-collectives.md",
+          "the units are faster at 4 and 16 MiB and slower at 1 MiB")
+    return (f"{-max(gains) * 100:.0f}-{-min(gains) * 100:.0f}% faster at 4 and 16 MiB and "
+            f"{loss * 100:.0f}% slower at 1 MiB ({r.device}, {r.date}, `{r.path}`)")
