@@ -88,7 +88,14 @@ fn build() -> Result<(), String> {
     }
     let cuda_dir = manifest_dir.join("cuda");
     // contract.cuh, generated from the Rust declaration, on every source's include path.
-    for file in ["contract/macros.rs", "contract/defs.rs"] {
+    for file in [
+        "contract/macros.rs",
+        "contract/defs.rs",
+        "contract/collectives.rs",
+        "contract/buffer.rs",
+        "contract/low_latency.rs",
+        "contract/internode.rs",
+    ] {
         println!(
             "cargo:rerun-if-changed={}",
             manifest_dir.join(file).display()

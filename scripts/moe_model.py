@@ -39,9 +39,17 @@ class Shape:
 
 SMALL = Shape(tokens=256, hidden=1024, experts=16, top_k=4, ffn=256)
 DEEPSEEK_V3 = Shape(tokens=4096, hidden=7168, experts=256, top_k=8, ffn=2048)
-CONFIG = Config(24, 8, 256)  # SMs, NVL chunk, NVL ring tokens (DeepEP's defaults at EP2-8)
+
+
+def exchange_config(num_sms: int) -> Config:
+    """The exchanges' config on `num_sms` SMs: NVL chunk 8, NVL ring 256 tokens (DeepEP's
+    defaults at EP2-8)."""
+    return Config(num_sms, 8, 256)
+
+
+CONFIG = exchange_config(24)
 # The exchanges beside compute (two micro-batches): a third of the SMs, the rest to the GEMMs.
-LEAN_CONFIG = Config(8, 8, 256)
+LEAN_CONFIG = exchange_config(8)
 FP8_GROUP = 128  # channels per fp8 scale
 
 

@@ -12,7 +12,8 @@ import torch
 import torch.distributed as dist
 
 from ch00_common import Tally
-from moe_model import CONFIG, DEEPSEEK_V3, LEAN_CONFIG, MoeLayer, relative, SMALL, two_micro_batches
+from moe_model import (CONFIG, DEEPSEEK_V3, LEAN_CONFIG, MoeLayer, SMALL, exchange_config, relative,
+                       two_micro_batches)
 from moe_timing import BENCH_ROWS, overlap_line, record, slowest, timed_ms
 from nvshmem_tutorial.buffer import Buffer, Config
 
@@ -31,7 +32,7 @@ def dispatch_kwargs(layer: MoeLayer, x: torch.Tensor) -> dict:
 # (--overlap-rounds R; benchmarks/notes/overlap.md, "Session of 2026-11-27 07:00 UTC", has the
 # predictions each case was run against.)
 
-TINY_CONFIG = Config(4, 8, 256)  # two channels: the exchanges beside GEMMs that leave 4 SMs
+TINY_CONFIG = exchange_config(4)  # two channels: the exchanges beside GEMMs that leave 4 SMs
 
 
 # ANCHOR: carveout
@@ -253,16 +254,13 @@ def bench_in_turn(buffer: Buffer, rounds: int, hidden_sms: Sequence[int] = (8, 4
     lines.append(f"  experts alone with GEMMs leaving {tiny} SMs: {compute_tiny:.2f} ms")
     layers = 4
 
-    def hidden_config(sms: int) -> Config:
-        return Config(sms, 8, 256)  # LEAN_CONFIG's and TINY_CONFIG's chunk and ring, sms SMs
-
     four = {
         "serial": lambda: serial_layers(layer, xs, layers),
         "overlapped": lambda: pipelined(layer, xs, layers),
         "compute": experts_alone(0, layers),
     }
     for sms in hidden_sms:
-        four[f"carve_{sms}"] = (lambda c=hidden_config(sms), sms=sms: pipelined(layer, xs, layers, c, CONFIG, sms))
+        four[f"carve_{sms}"] = (lambda c=exchange_config(sms), sms=sms: pipelined(layer, xs, layers, c, CONFIG, sms))
         four[f"compute_{sms}"] = experts_alone(sms, layers)
     t4 = in_turn(four, rounds, repeats=5)
     what = f"{layers} layers x two micro-batches of {half} tokens, forward, pipelined, in turn"

@@ -4,6 +4,7 @@ scripts/gen_book.py."""
 from __future__ import annotations
 
 import re
+import statistics
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -240,12 +241,11 @@ def broadcast_units(book: Book) -> str:
     r = book.result("broadcast_units")
 
     def median_us(variant: str, size: int) -> float:
-        times = sorted(float(row["us"]) for row in r.select(variant=variant, n_pes="4", algorithm="scatter_gather",
-                                                             num_bytes=str(size)))
+        times = [float(row["us"]) for row in r.select(variant=variant, n_pes="4", algorithm="scatter_gather",
+                                                      num_bytes=str(size))]
         if not times:
             raise GenError(f"{r.path}: no {variant} scatter_gather row at {size} B")
-        mid = len(times) // 2
-        return times[mid] if len(times) % 2 else (times[mid - 1] + times[mid]) / 2
+        return statistics.median(times)
 
     def change(size: int) -> float:
         return median_us("V", size) / median_us("A", size) - 1

@@ -34,6 +34,12 @@ use ch03_put_get::{
 };
 use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, CudaStream, sys};
 
+mod few_sms;
+mod timing;
+
+use few_sms::{FEW_SMS_BLOCKS, FEW_SMS_BYTES, few_sms};
+use timing::{Bench, capture, scaled};
+
 type AnyError = Box<dyn std::error::Error>;
 
 /// Timed samples per measurement (after one warm-up); the median is reported.
@@ -46,10 +52,6 @@ const STORE_BLOCKS: [u32; 5] = [66, 132, 264, 528, 1056];
 /// Blocks of the put written as stores: one slice each, so small puts want few of them.
 const STORE_PUT_BLOCKS: [u32; 7] = [8, 16, 32, 66, 132, 264, 528];
 const THREADS: [u32; 3] = [256, 512, 1024];
-/// How many SMs a stream of stores needs: blocks of 1024 threads (one per SM) storing one
-/// FEW_SMS_BYTES message to the peer and within this GPU, and the copy engine within it.
-const FEW_SMS_BLOCKS: [u32; 7] = [2, 4, 8, 12, 16, 24, 32];
-const FEW_SMS_BYTES: usize = 64 << 20;
 /// Latency message sizes, and round trips per timed kernel or graph.
 const LATENCY_BYTES: [usize; 3] = [8, 1024, 16384];
 const PUT_PINGPONG_ITERS: u64 = 2000;
@@ -312,113 +314,6 @@ fn run() -> Result<bool, AnyError> {
     Ok(true)
 }
 
-/// What every measurement needs: the events, the L2 flush buffer, and the chapter's kernels
-/// (whose error record is read after every sample).
-struct Bench<'a> {
-    ops: &'a DeviceOps<'a>,
-    stream: &'a Arc<CudaStream>,
-    flush: CudaSlice<u8>,
-    start: CudaEvent,
-    end: CudaEvent,
-}
-
-impl<'a> Bench<'a> {
-    fn new(ops: &'a DeviceOps<'a>) -> Result<Self, AnyError> {
-        let world = ops.world();
-        let event = || {
-            world
-                .context()
-                .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-        };
-        Ok(Self {
-            ops,
-            stream: world.stream(),
-            flush: world.stream().alloc_zeros(FLUSH_BYTES)?,
-            start: event()?,
-            end: event()?,
-        })
-    }
-
-    // ANCHOR: samples_ms
-    /// The one timing loop every method goes through: one warm-up sample, then NUM_SAMPLES
-    /// timed ones, each after an L2 flush (and a barrier when `both` PEs take part, so that
-    /// they start together), with CUDA events around `enqueue_sample(sample_idx)`. Returns
-    /// the timed samples in ms. A kernel's timed-out wait ends the run with its error.
-    fn samples_ms(
-        &self,
-        both: bool,
-        mut enqueue_sample: impl FnMut(usize) -> Result<(), AnyError>,
-    ) -> Result<Vec<f64>, AnyError> {
-        let mut samples = Vec::with_capacity(NUM_SAMPLES);
-        let flush_ptr = self.flush.device_address(self.stream);
-        for sample_idx in 0..=NUM_SAMPLES {
-            // SAFETY: `flush` holds FLUSH_BYTES.
-            unsafe {
-                let value = sample_idx as u8;
-                let stream = self.stream.cu_stream();
-                cudarc::driver::result::memset_d8_async(flush_ptr, value, FLUSH_BYTES, stream)
-            }?;
-            if both {
-                self.ops.world().barrier_all()?;
-            }
-            self.start.record(self.stream)?;
-            enqueue_sample(sample_idx)?;
-            self.end.record(self.stream)?;
-            let ms = self.start.elapsed_ms(&self.end)? as f64;
-            self.ops.finish_waiting("a timed kernel")?;
-            if sample_idx > 0 {
-                samples.push(ms);
-            }
-        }
-        Ok(samples)
-    }
-    // ANCHOR_END: samples_ms
-
-    /// This PE's NUM_SAMPLES times of one operation, in us: `enqueue` is captured K times into
-    /// a CUDA graph (K from [`bench::ops_per_sample`]), which the timing loop replays.
-    fn time_ops_samples(
-        &self,
-        both: bool,
-        num_bytes: usize,
-        enqueue: impl FnMut() -> Result<(), AnyError>,
-    ) -> Result<Vec<f64>, AnyError> {
-        let num_ops = bench::ops_per_sample(num_bytes);
-        let graph = capture(self.stream, num_ops, enqueue)?;
-        graph.upload()?;
-        let samples = self.samples_ms(both, |_| Ok(graph.launch()?))?;
-        Ok(scaled(samples, 1e3 / num_ops as f64))
-    }
-
-    /// Median time of one operation on this PE alone, in us.
-    fn time_ops(
-        &self,
-        num_bytes: usize,
-        enqueue: impl FnMut() -> Result<(), AnyError>,
-    ) -> Result<f64, AnyError> {
-        Ok(bench::median(
-            &mut self.time_ops_samples(false, num_bytes, enqueue)?,
-        ))
-    }
-}
-
-fn scaled(samples: Vec<f64>, factor: f64) -> Vec<f64> {
-    samples.into_iter().map(|ms| ms * factor).collect()
-}
-
-/// Captures `num_ops` calls of `enqueue` on `stream` into an instantiated graph.
-fn capture(
-    stream: &Arc<CudaStream>,
-    num_ops: usize,
-    mut enqueue: impl FnMut() -> Result<(), AnyError>,
-) -> Result<CudaGraph, AnyError> {
-    stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-    let enqueued = (0..num_ops).try_for_each(|_| enqueue());
-    // End the capture even when enqueueing failed, or the stream stays in capture mode.
-    let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
-    enqueued?;
-    Ok(graph?.ok_or("stream capture produced no graph")?)
-}
-
 /// The CSV's `#` lines: hardware, software and method.
 fn header(world: &World, gpu_name: &str) -> Result<Vec<String>, AnyError> {
     Ok(vec![
@@ -452,69 +347,6 @@ fn header(world: &World, gpu_name: &str) -> Result<Vec<String>, AnyError> {
             FEW_SMS_BYTES >> 20
         ),
     ])
-}
-
-/// The stores' rate by SM count, to the peer (`store_by_sms`) and within this GPU
-/// (`store_local_by_sms`), into the sweep; the copy engine within this GPU
-/// (`copy_engine_local`) into the rows. What a kernel that moves rows on few SMs can expect of
-/// each SM (benchmarks/notes/buffer_few_sms.md).
-fn few_sms<W: std::ops::Deref<Target = World>>(
-    bench: &Bench,
-    ops: &DeviceOps,
-    dst: &SymmetricBuffer<W, u8>,
-    src: &CudaSlice<u8>,
-    sweep: &mut Vec<SweepPoint>,
-    rows: &mut Vec<Row>,
-) -> Result<(), AnyError> {
-    let num_bytes = FEW_SMS_BYTES;
-    let remote = Put::new(dst, 0, src, num_bytes, 1)?;
-    let local = Put::new(dst, 0, src, num_bytes, 0)?;
-    for num_blocks in FEW_SMS_BLOCKS {
-        let shape = LaunchShape {
-            num_blocks,
-            threads_per_block: 1024,
-        };
-        for (method, put) in [("store_by_sms", &remote), ("store_local_by_sms", &local)] {
-            let us = bench.time_ops(num_bytes, || Ok(ops.store(shape, put, false)?))?;
-            sweep.push(SweepPoint {
-                method,
-                scope: "grid",
-                num_blocks,
-                threads_per_block: 1024,
-                num_bytes,
-                us,
-            });
-        }
-    }
-    let stream = ops.world().stream();
-    let (to, from) = (local.dest(), src.device_address(stream));
-    let us = bench.time_ops(num_bytes, || {
-        // SAFETY: `to` is this PE's own copy of `dst` (FEW_SMS_BYTES checked by `local`),
-        // `from` the local source of at least as many bytes.
-        unsafe {
-            cudarc::driver::result::memcpy_dtod_async(to, from, num_bytes, stream.cu_stream())
-        }?;
-        Ok(())
-    })?;
-    rows.push(Row::new("copy_engine_local", num_bytes, us));
-    let line = |m: &str, b: u32| {
-        sweep
-            .iter()
-            .find(|p| p.method == m && p.num_blocks == b && p.num_bytes == num_bytes)
-            .map_or(0.0, |p| num_bytes as f64 / p.us / 1e3)
-    };
-    for b in FEW_SMS_BLOCKS {
-        println!(
-            "pe 0: {b:>2} SMs, 64 MiB: stores to the peer {:.0} GB/s, within this GPU {:.0} GB/s",
-            line("store_by_sms", b),
-            line("store_local_by_sms", b)
-        );
-    }
-    println!(
-        "pe 0: copy engine within this GPU, 64 MiB: {:.0} GB/s",
-        num_bytes as f64 / us / 1e3
-    );
-    Ok(())
 }
 
 fn write_results(
