@@ -226,6 +226,23 @@ pub fn driver_line() -> Result<String, cudarc::driver::DriverError> {
     ))
 }
 
+/// The `#` lines every benchmark's results CSV starts with: the GPUs, the date, the driver
+/// and the kernels' build, NVSHMEM's version.
+pub fn machine_lines(
+    world: &ch01_bootstrap::World,
+) -> Result<Vec<String>, cudarc::driver::DriverError> {
+    Ok(vec![
+        format!("gpu: {} x {}", world.context().name()?, world.n_pes()),
+        date_line(),
+        format!(
+            "{}; kernels: nvcc 13.0, {:?}",
+            driver_line()?,
+            kernels::BUILT_ARCHS
+        ),
+        format!("nvshmem: {}", world.nvshmem().version()),
+    ])
+}
+
 /// The `date:` line of a results CSV: now, to the minute.
 pub fn date_line() -> String {
     let now = std::time::SystemTime::now()

@@ -180,7 +180,7 @@ fn run() -> Result<bool, AnyError> {
     }?;
     let gpu_name = world.context().name()?;
     let tag = bench::gpu_tag(&gpu_name);
-    let mut comments = header(&world, &gpu_name)?;
+    let mut comments = header(&world)?;
     let mut rows = Vec::new();
     let mut sweep = Vec::new();
 
@@ -315,17 +315,11 @@ fn run() -> Result<bool, AnyError> {
 }
 
 /// The CSV's `#` lines: hardware, software and method.
-fn header(world: &World, gpu_name: &str) -> Result<Vec<String>, AnyError> {
-    Ok(vec![
-        "p2p: PE 0 -> PE 1 (one node, NVLink), every method timed in the same run".into(),
-        format!("gpu: {gpu_name} x {}", world.n_pes()),
-        bench::date_line(),
-        format!(
-            "{}; kernels: nvcc 13.0 wheels, {:?}",
-            bench::driver_line()?,
-            kernels::BUILT_ARCHS
-        ),
-        format!("nvshmem: {}", world.nvshmem().version()),
+fn header(world: &World) -> Result<Vec<String>, AnyError> {
+    let mut lines =
+        vec!["p2p: PE 0 -> PE 1 (one node, NVLink), every method timed in the same run".into()];
+    lines.extend(bench::machine_lines(world)?);
+    lines.extend([
         "bandwidth: gb_per_s = bytes moved by one operation / its median time (1 GB = 1e9 B); us = that time".into(),
         format!(
             "timing: CUDA graph of K back-to-back operations (K = min(100, ceil(256 MiB / size))), \
@@ -346,7 +340,8 @@ fn header(world: &World, gpu_name: &str) -> Result<Vec<String>, AnyError> {
              within this GPU (sweep csv), copy_engine_local = cuMemcpyDtoDAsync within this GPU",
             FEW_SMS_BYTES >> 20
         ),
-    ])
+    ]);
+    Ok(lines)
 }
 
 fn write_results(

@@ -359,15 +359,8 @@ fn write_csv(path: &str, header: String, rows: &[String]) -> Result<(), AnyError
 }
 /// The CSV's `#` lines: GPU, driver, CUDA, NVSHMEM, how we time.
 fn header(world: &World) -> Result<String, AnyError> {
-    let lines = [
-        format!("gpu: {} x {}", world.context().name()?, world.n_pes()),
-        bench::date_line(),
-        format!(
-            "{}; kernels: nvcc 13.0, {:?}",
-            bench::driver_line()?,
-            kernels::BUILT_ARCHS
-        ),
-        format!("nvshmem: {}", world.nvshmem().version()),
+    let mut lines = bench::machine_lines(world)?;
+    lines.extend([
         format!(
             "timing: CUDA graph of K calls (K = min(100, ceil(256 MiB / size))), 1 warm-up + {NUM_SAMPLES} \
              replays between CUDA events, {} MiB L2 flush and a host barrier before each, median, PE 0",
@@ -378,7 +371,7 @@ fn header(world: &World) -> Result<String, AnyError> {
          for all-reduce, (n-1)/n for the others, 1 for broadcast)"
             .into(),
         "ours: broadcast in place (out == input), as torch.distributed.broadcast; the rest out of place".into(),
-    ];
+    ]);
     Ok(lines.iter().map(|l| format!("# {l}\n")).collect())
 }
 
