@@ -163,8 +163,10 @@ fi
 # The tool's flags (compute-sanitizer --help; its manual for the record formats):
 #   --target-processes all   also the processes a PE starts (python3's, say)
 #   --log-file F.rank%q{RANK}.log   the tool's reports, one file per PE, apart from the output
-#   --print-limit 1000       enough for the known noise (about 24 records a PE); a summary that
-#                            counts more than the log shows fails the run (sanitizer_filter.py)
+#   --print-limit 5000       enough for the known noise (about 24 records a PE; ch06-overlap's
+#                            heap copies under initcheck, ~500 a call, hence its --calls 2); a
+#                            summary that counts more than the log shows fails the run
+#                            (sanitizer_filter.py: an unprinted record cannot be classified)
 #   --show-backtrace yes     the host stack of an API error: the NCCL rule reads it
 #   memcheck:  --report-api-errors explicit   errors of API calls made by code (ours, NVSHMEM's,
 #              NCCL's); not the runtime's internal calls nor the driver's log ("extended")
@@ -200,7 +202,7 @@ if [[ -n "$sanitizer" ]]; then
   san_pairs=${GPU_TEST_SANITIZER_PAIRS:-4}
   [[ "$san_timeout_ms" =~ ^[1-9][0-9]*$ ]] || die "GPU_TEST_SANITIZER_TIMEOUT_MS: '$san_timeout_ms' is not a positive integer"
   [[ "$san_pairs" =~ ^[1-9][0-9]*$ ]] || die "GPU_TEST_SANITIZER_PAIRS: '$san_pairs' is not a positive integer"
-  san_cmd=("$compute_sanitizer" --tool "$sanitizer" --target-processes all --print-limit 1000
+  san_cmd=("$compute_sanitizer" --tool "$sanitizer" --target-processes all --print-limit 5000
     --show-backtrace yes "${san_tool_args[@]}")
   export NVSHMEM_TUTORIAL_TIMEOUT_MS=$san_timeout_ms NVSHMEM_TUTORIAL_BUFFER_TIMEOUT_MS=$san_timeout_ms
   # The Python scripts' pairs in a row (ch07_buffer.py 1000, ch08_low_latency.py 200), as the
@@ -324,6 +326,8 @@ for bin in "${bins[@]}"; do
       if [[ "$bin" == ch07-buffer || "$bin" == ch08-low-latency || "$bin" == internode-notify ||
         "$bin" == internode-dispatch ]]; then
         args=(--pairs "$san_pairs" --timeout-ms "$san_timeout_ms")
+      elif [[ "$bin" == ch06-overlap ]]; then
+        args=(--calls 2) # each call copies peers' heap rows: initcheck's ipc-heap-copy records
       fi
     fi
     step "$label, $n PEs on $where -> $log"

@@ -55,13 +55,18 @@ def size_table() -> List[Tuple[str, int, str]]:
     return rows
 
 
-def broadcast_units_from() -> int:
-    """BROADCAST_UNITS_FROM of chapter 4's algorithm.rs: from this size at more than 2 PEs,
-    `choose` turns the table's scatter_gather broadcast into scatter_gather_units."""
-    found = re.search(r"pub const BROADCAST_UNITS_FROM: usize = (\d+)\s*<<\s*(\d+);", read_text(SIZE_TABLE_SOURCE))
-    if not found:
-        raise GenError(f"{SIZE_TABLE_SOURCE}: BROADCAST_UNITS_FROM not found")
-    return int(found.group(1)) << int(found.group(2))
+def broadcast_units_range() -> Tuple[int, int]:
+    """BROADCAST_UNITS_FROM and BROADCAST_UNITS_UP_TO of chapter 4's algorithm.rs: between these
+    sizes at more than 2 PEs, `choose` turns the table's scatter_gather broadcast into
+    scatter_gather_units."""
+    source = read_text(SIZE_TABLE_SOURCE)
+    ends = []
+    for name in ("BROADCAST_UNITS_FROM", "BROADCAST_UNITS_UP_TO"):
+        found = re.search(rf"pub const {name}: usize = (\d+)\s*<<\s*(\d+);", source)
+        if not found:
+            raise GenError(f"{SIZE_TABLE_SOURCE}: {name} not found")
+        ends.append(int(found.group(1)) << int(found.group(2)))
+    return ends[0], ends[1]
 
 
 class Coll:
@@ -72,14 +77,14 @@ class Coll:
         self.r = result
         self.table = table_rows
         self.n = int(result.rows[0]["n_pes"])
-        self.units_from = broadcast_units_from()
+        self.units_from, self.units_up_to = broadcast_units_range()
 
     def choices(self, collective: str, size: int) -> List[str]:
         """`choose`'s algorithm first, then the table's others (a run older than a change of
         the table, or LL past its scratch, falls back to them in this order)."""
         out = [a for c, up_to, a in self.table if c == collective and size <= up_to]
         if (collective == "broadcast" and out and out[0] == "scatter_gather" and self.n > 2
-                and size >= self.units_from):
+                and self.units_from <= size <= self.units_up_to):
             out.insert(0, "scatter_gather_units")
         return out + [a for c, _, a in self.table if c == collective]
 

@@ -53,7 +53,7 @@ MANIFEST: Dict[str, Dict[str, str]] = {
         "plots": "benchmarks/results/coll_h100_4gpu_{}.png",
     },
     # Chapter 4 at N = 4: the broadcast's block pipeline (A) against its 4-warp units (V, what
-    # choose takes from BROADCAST_UNITS_FROM at n > 2), two runs each in one call, NCCL after.
+    # choose takes from BROADCAST_UNITS_FROM to BROADCAST_UNITS_UP_TO at n > 2), two runs each in one call, NCCL after.
     "broadcast_units": {
         "csv": "benchmarks/results/broadcast_unit_steps_h100_4gpu_2026-11-27.csv",
     },

@@ -96,7 +96,7 @@ def gen_ch04(book: Book) -> None:
         s.add(f"{key}_run", f"{r.device}, {r.date}")
         s.add(f"{key}_table", coll_table(c) + "\n\n" +
               f"*Time per call in us, CUDA-graph replay; ours: chapter 4's choice (the size table, and the broadcast's units "
-              f"from {size_label(c.units_from)} at more than 2 PEs); best peer: the fastest of "
+              f"from {size_label(c.units_from)} to {size_label(c.units_up_to)} at more than 2 PEs); best peer: the fastest of "
               f"NCCL, torch SymmetricMemory{' and NVSHMEM' if c.has_nvshmem() else ''} at that size. "
               f"`{r.path}`: {r.device}, {r.date}.{unmeasured_note(c)}*" + book.caveat(key))
         ours128 = [float(x["us"]) for x in r.select(collective="all_to_all_v", algorithm="direct_128tok")]

@@ -76,7 +76,7 @@ pub enum Algorithm {
     ScatterGather,
     /// The same pipeline in units of 4 warps (4 per block, on at most
     /// [`BROADCAST_UNIT_BLOCKS`] blocks): each unit waits for its own steps only, so the first
-    /// steps are shorter. Large broadcasts at more than 2 PEs ([`BROADCAST_UNITS_FROM`]).
+    /// steps are shorter. Broadcasts from [`BROADCAST_UNITS_FROM`] to [`BROADCAST_UNITS_UP_TO`] at more than 2 PEs.
     ScatterGatherUnits,
     /// Each PE reads its chunk from every peer's symmetric input and sums it.
     Pull,
@@ -142,13 +142,17 @@ pub const SIZE_TABLE: &[(Collective, usize, Algorithm)] = &[
     (Collective::SyncAll, usize::MAX, Algorithm::Signal),
 ];
 
-/// Where the PE count changes the table's choice: from this size, at more than 2 PEs, the
-/// broadcast's pipeline runs in 4-warp units on [`BROADCAST_UNIT_BLOCKS`] blocks instead of
-/// whole blocks (`scatter_gather_units`). Measured on 4x H100 at N = 4 against the block
-/// pipeline (benchmarks/notes/collectives.md, "per-unit broadcast steps"): 7% faster at 4 MiB,
-/// 10% at 16 MiB, 2% at 64 MiB, equal at 256 MiB, 18% slower at 1 MiB. At 2 PEs there is no
-/// forwarder, and the block pipeline stays.
+/// Where the PE count changes the table's choice: from this size up to
+/// [`BROADCAST_UNITS_UP_TO`], at more than 2 PEs, the broadcast's pipeline runs in 4-warp units
+/// on [`BROADCAST_UNIT_BLOCKS`] blocks instead of whole blocks (`scatter_gather_units`).
+/// Measured on 4x H100 at N = 4 against the block pipeline, both in one run
+/// (benchmarks/results/broadcast_units_rule_h100_4gpu_2026-11-27.csv): 3-4% faster at 4 MiB,
+/// 9-10% at 16 MiB, level at 64 MiB, 1-2% slower at 256 MiB, 15% slower at 1 MiB. At 2 PEs
+/// there is no forwarder, and the block pipeline stays.
 pub const BROADCAST_UNITS_FROM: usize = 4 << 20;
+/// The largest broadcast that runs in units (above it the block pipeline's fewer, longer steps
+/// win by 1-2%).
+pub const BROADCAST_UNITS_UP_TO: usize = 64 << 20;
 // ANCHOR_END: size_table
 
 /// The blocks the 4-warp units run on (4 units each, one done word per unit in the root's row
@@ -157,7 +161,7 @@ pub const BROADCAST_UNIT_BLOCKS: u32 = 64;
 
 /// The table's choice for a call of `size_bytes`, falling back to the next algorithm when the
 /// LL scratch (`ll_max_bytes` per peer) cannot hold it; then the PE count's rule
-/// ([`BROADCAST_UNITS_FROM`]).
+/// ([`BROADCAST_UNITS_FROM`] to [`BROADCAST_UNITS_UP_TO`]).
 pub fn choose(
     collective: Collective,
     size_bytes: usize,
@@ -176,7 +180,10 @@ pub fn choose(
     } else {
         chosen
     };
-    if chosen == Algorithm::ScatterGather && n_pes > 2 && size_bytes >= BROADCAST_UNITS_FROM {
+    if chosen == Algorithm::ScatterGather
+        && n_pes > 2
+        && (BROADCAST_UNITS_FROM..=BROADCAST_UNITS_UP_TO).contains(&size_bytes)
+    {
         Algorithm::ScatterGatherUnits
     } else {
         chosen
@@ -387,13 +394,15 @@ mod tests {
     }
 
     #[test]
-    fn broadcast_runs_in_units_from_4_mib_at_more_than_2_pes() {
+    fn broadcast_runs_in_units_from_4_to_64_mib_at_more_than_2_pes() {
         use Algorithm::{ScatterGather, ScatterGatherUnits};
         let ll = 512 << 10;
         let bcast = |size, n| choose(Collective::Broadcast, size, n, ll);
         for n in [3, 4, 8] {
             assert_eq!(bcast(BROADCAST_UNITS_FROM, n), ScatterGatherUnits);
-            assert_eq!(bcast(256 << 20, n), ScatterGatherUnits);
+            assert_eq!(bcast(BROADCAST_UNITS_UP_TO, n), ScatterGatherUnits);
+            assert_eq!(bcast(BROADCAST_UNITS_UP_TO + 1, n), ScatterGather);
+            assert_eq!(bcast(256 << 20, n), ScatterGather);
             assert_eq!(bcast(BROADCAST_UNITS_FROM - 1, n), ScatterGather);
             assert_eq!(bcast(1 << 20, n), ScatterGather);
             assert_eq!(bcast(1 << 10, n), Algorithm::OneShot);

@@ -2,7 +2,7 @@
 //! reference on every PE, then the overlapped call many times in a row with new data each time
 //! (the signals carry call numbers and are never reset), then bad input refused.
 //!
-//!     torchrun --nproc_per_node=2 --no-python target/release/ch06-overlap
+//!     torchrun --nproc_per_node=2 --no-python target/release/ch06-overlap [--calls N]
 
 use std::process::ExitCode;
 
@@ -19,7 +19,9 @@ const ROWS: usize = 64;
 const K: usize = 256;
 const COLS: usize = 128;
 const CHUNKS: usize = 4;
-/// Overlapped calls in a row, each with new input.
+/// Calls in a row of each layer, each with new input: the first serial, the rest overlapped
+/// (`--calls N`; scripts/gpu_test.sh passes 2 under compute-sanitizer, whose initcheck reports
+/// every heap copy).
 const CALLS: usize = 20;
 
 fn main() -> ExitCode {
@@ -34,7 +36,23 @@ fn w_value(pe: usize, k: usize, col: usize) -> f32 {
     ((pe * 3 + k * 5 + col) % 7) as f32 / 4.0 - 0.75
 }
 
+/// `--calls N` (N >= 2) from the command line, else CALLS; anything else is an error.
+fn calls_arg() -> Result<usize, AnyError> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.as_slice() {
+        [] => Ok(CALLS),
+        [flag, n] if flag == "--calls" => match n.parse() {
+            Ok(calls) if calls >= 2 => Ok(calls),
+            _ => Err(
+                format!("--calls {n}: not a count of 2 or more (call 0 is the serial one)").into(),
+            ),
+        },
+        _ => Err(format!("unknown arguments {args:?} (takes --calls N)").into()),
+    }
+}
+
 fn run() -> Result<bool, AnyError> {
+    let calls = calls_arg()?;
     let world = World::from_env()?;
     let (me, n) = (world.my_pe(), world.n_pes());
     let mut tally = Tally::default();
@@ -51,7 +69,7 @@ fn run() -> Result<bool, AnyError> {
     let (w_ptr, y_ptr) = (w.device_ptr(stream).0, y.device_ptr(stream).0);
     stream.synchronize()?;
 
-    for call in 0..CALLS {
+    for call in 0..calls {
         write_shard(&layer, me, call)?;
         let serial = call == 0;
         stream.memset_zeros(&mut y)?;
@@ -71,14 +89,14 @@ fn run() -> Result<bool, AnyError> {
                 got.len()
             )
         });
-        if call < 2 || call == CALLS - 1 {
+        if call < 2 || call == calls - 1 {
             println!(
                 "pe {me}: call {call} ({how}): {} outputs, {wrong} wrong",
                 got.len()
             );
         }
     }
-    check_gemm_rs(&world, plan, &w_host, &mut tally)?;
+    check_gemm_rs(&world, plan, &w_host, calls, &mut tally)?;
     let refused = AgGemm::new(&world, TpPlan::new(n + 1, ROWS, K, COLS, CHUNKS)?);
     let message = tally.expect_error(me, "a plan for another job", refused, "the plan is for");
     println!("pe {me}: refused: {message}");
@@ -95,6 +113,7 @@ fn check_gemm_rs(
     world: &World,
     plan: TpPlan,
     w_host: &[bf16],
+    calls: usize,
     tally: &mut Tally,
 ) -> Result<(), AnyError> {
     let (me, n) = (world.my_pe(), world.n_pes());
@@ -102,7 +121,7 @@ fn check_gemm_rs(
     let stream = world.stream();
     let w: CudaSlice<bf16> = stream.clone_htod(w_host)?;
     let mut y: CudaSlice<bf16> = stream.alloc_zeros(ROWS * COLS)?;
-    for call in 0..CALLS {
+    for call in 0..calls {
         let x_host: Vec<bf16> = (0..n * ROWS * K)
             .map(|i| bf16::from_f32(x_value(me, i / K, i % K, call)))
             .collect();
@@ -126,7 +145,7 @@ fn check_gemm_rs(
         tally.check(me, wrong == 0, || {
             format!("GEMM + reduce-scatter call {call} ({how}): {wrong} outputs off")
         });
-        if call < 2 || call == CALLS - 1 {
+        if call < 2 || call == calls - 1 {
             println!("pe {me}: GEMM + reduce-scatter call {call} ({how}): {wrong} wrong");
         }
     }

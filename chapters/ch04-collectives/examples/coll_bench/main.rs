@@ -387,8 +387,9 @@ fn print_table(rows: &[String]) {
             .collect::<Vec<_>>()
     );
     println!(
-        "pe 0: and at n > 2 from {} B: broadcast by {} (choose)",
+        "pe 0: and at n > 2 from {} B to {} B: broadcast by {} (choose)",
         algorithm::BROADCAST_UNITS_FROM,
+        algorithm::BROADCAST_UNITS_UP_TO,
         Algorithm::ScatterGatherUnits.name()
     );
     let parsed: Vec<(&str, &str, usize, f64)> = rows
