@@ -3,10 +3,10 @@
 combine in DeepEP's benchmark shape (issue 32, "Performance, on paper").
 
 A model, not a measurement: no RDMA network was run for it. It writes the tables of
-benchmarks/notes/buffer_internode.md section 6, and the book's page on the normal mode across
+benchmarks/notes/buffer_internode.md section 8, and the book's page on the normal mode across
 nodes generates its table from the same functions (scripts/bookgen/internode_normal.py).
 
-- The shape: DeepEP's tests/test_internode.py at 567632d: 4096 tokens per rank, hidden 7168,
+- The shape: DeepEP's tests/test_internode.py at 567632d (:374-383): 4096 tokens per rank, hidden 7168,
   top-8 of 256 experts, fp8 dispatch with its scales, bf16 combine.
 - The routing: the test's (`tests/test_internode.py:40-44`): experts in groups, one group per
   node; a token takes the top min(N, 4) groups by their best score, then its top-8 experts
@@ -24,7 +24,7 @@ nodes generates its table from the same functions (scripts/bookgen/internode_nor
 - The prediction: DeepEP's efficiency on the link that binds (from its published rows) applied
   to each topology's bytes is the target, since our slots and chunks move the same bytes with
   the same NIC operations; our design is predicted within OURS_RANGE of it (reasons in the
-  notes, section 6).
+  notes, section 8.5).
 
     python3 benchmarks/internode_normal_model.py              # every table
     python3 benchmarks/internode_normal_model.py --tokens 5000  # fewer Monte Carlo tokens
@@ -45,7 +45,7 @@ from typing import Dict, List, Sequence, Tuple
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cluster_model import PUBLISHED  # noqa: E402  (one source for the InfiniBand figure)
 
-# ---- the shape (DeepEP tests/test_internode.py defaults at 567632d, :370-381) ---------------------
+# ---- the shape (DeepEP tests/test_internode.py defaults at 567632d, :374-383) ---------------------
 TOKENS = 4096  # T: tokens per rank
 HIDDEN = 7168
 TOPK = 8
