@@ -26,8 +26,9 @@ prose stops the script with a message naming the page to rewrite.
 This file is the driver: the generators live in scripts/bookgen/, one module per concern
 (pages_setup: the captures' captions, chapters 1 and 2; pages_p2p: chapter 3 and the PyTorch
 page; pages_coll: chapter 4; inter_node: chapter 5; overlap: chapter 6 and the MoE page;
-pages_buffer: chapters 7 and 8; bad_inputs: chapter 7's table of bad inputs; cluster: Appendix
-A's cost model), beside what they share (common.py, collectives.py).
+pages_buffer: chapters 7 and 8; bad_inputs: chapter 7's table of bad inputs; internode_normal:
+chapter 9's normal mode across nodes (its cost model and GPU checks); cluster: Appendix A's cost
+model), beside what they share (common.py, collectives.py).
 
 Python 3.9+, standard library only.
 """
@@ -43,6 +44,7 @@ from bookgen.bad_inputs import gen_bad_inputs
 from bookgen.cluster import gen_cluster
 from bookgen.common import Book, GenError, OUT_DIR
 from bookgen.inter_node import gen_ch05
+from bookgen.internode_normal import gen_ch09_normal
 from bookgen.overlap import gen_ch06, gen_moe
 from bookgen.pages_buffer import gen_ch07, gen_ch08
 from bookgen.pages_coll import gen_ch04
@@ -96,7 +98,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 GENERATORS += [gen_captures, gen_ch01, gen_ch02, gen_ch03, gen_ch04, gen_ch05, gen_ch06, gen_ch07, gen_bad_inputs,
-               gen_ch08, gen_moe, gen_python, gen_cluster]
+               gen_ch08, gen_ch09_normal, gen_moe, gen_python, gen_cluster]
 
 
 if __name__ == "__main__":

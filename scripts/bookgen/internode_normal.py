@@ -1,0 +1,142 @@
+"""The normal mode across nodes (book/src/ch09-normal-mode.md): the cost model's tables from
+benchmarks/internode_normal_model.py, and the GPU checks of record from the internode test's
+log, for scripts/gen_book.py."""
+
+from __future__ import annotations
+
+import re
+from typing import Dict, List, Tuple
+
+from .common import Book, claim, GenError, load_module, read_text, Snippets, table
+
+MODEL = "benchmarks/internode_normal_model.py"
+PAGE = "ch09-normal-mode.md"
+# The GPU test of record: internode-dispatch (1,000 dispatches, then 1,000 dispatch and combine
+# pairs per topology) on virtual nodes of one host, with its per-run summary lines.
+CHECKS_LOG = "benchmarks/results/internode_dispatch_4xh100_2026-11-27.log"
+
+
+def gen_ch09_normal(book: Book) -> None:
+    m = load_module(MODEL)
+    model = m.build()
+    s = Snippets("ch09_normal", f"{MODEL} and {CHECKS_LOG}")
+    cap = (f"*Predicted by `{MODEL}`, not measured: per rank and op, {m.TOKENS} tokens of hidden {m.HIDDEN}, "
+           f"top-{m.TOPK} of {m.EXPERTS} experts, DeepEP's test routing (at most {m.MAX_GROUPS} nodes per token); "
+           f"MB = 10^6 bytes.*")
+    sizes = [(n, g) for g in m.NODE_SIZES for n in m.EP_SIZES]
+
+    # Inline figures of the prose.
+    s.add("shape", f"{m.TOKENS} tokens per rank, hidden {m.HIDDEN}, top-{m.TOPK} of {m.EXPERTS} experts, "
+                   f"fp8 dispatch with its scales, bf16 combine")
+    s.add("max_groups", f"{m.MAX_GROUPS}")
+    s.add("slots", f"{m.dispatch_slot():,} bytes for an fp8 dispatch slot and {m.combine_slot():,} for a "
+                   f"combine slot")
+    s.add("links", f"{m.IB_GBS:g} GB/s per GPU through its NIC (400 Gb/s) and {m.NVL_GBS:g} GB/s over NVLink "
+                   f"(H800)")
+    s.add("node_sizes", ", ".join(str(g) for g in m.NODE_SIZES[:-1]) + f" and {m.NODE_SIZES[-1]}")
+
+    # Why a token crosses once: the two-level route's network bytes against a copy per rank.
+    rows, saved = [], {}
+    for n, g in sizes:
+        r = model.routings[(n, g)]
+        d, _ = model.ops(n, g)
+        saved[(n, g)] = 1 - d.nic_bytes / d.flat_nic_bytes
+        rows.append([f"EP{n}", f"{n // g} x {g}", f"{r.remote_nodes:.2f}", f"{r.remote_ranks:.2f}",
+                     f"{d.nic_bytes / 1e6:.1f}", f"{d.flat_nic_bytes / 1e6:.1f}", f"{100 * saved[(n, g)]:.0f}%"])
+    s.add("once_table", table(["EP", "nodes x G", "other nodes per token", "ranks on other nodes per token",
+                               "two-level, MB", "a copy per rank, MB", "saved"], ["l", "l", "r", "r", "r", "r", "r"],
+                              rows) + "\n\n" + cap.replace("per rank and op", "dispatch bytes one rank sends "
+                                                           "across the network"))
+    claim(all(saved[(n, 8)] > saved[(n, 4)] > saved[(n, 2)] for n in m.EP_SIZES), PAGE,
+          "forwarding saves more the larger the node, at every EP size")
+    s.add("saved_span", f"{100 * min(saved.values()):.0f}% to {100 * max(saved.values()):.0f}%")
+
+    # DeepEP's published figures and what they mean.
+    pubs = {n: m.published(model.routings[(n, 8)]) for n in m.EP_SIZES}
+    binds = {(n, g): tuple(op.binds for op in model.ops(n, g)) for n, g in sizes}
+    claim(binds[(16, 8)] == ("NVLink", "NVLink") and all(b == ("NIC", "NIC") for k, b in binds.items() if k != (16, 8)),
+          PAGE, "NVLink binds EP16 in nodes of 8; the NIC binds every other topology")
+    s.add("deepep_figures", ", ".join(f"{pubs[n].gbs[0]:g} / {pubs[n].gbs[1]:g} GB/s at EP{n}" for n in m.EP_SIZES))
+    s.add("ep16_nic", f"{pubs[16].nic_gbs[0]:.1f} GB/s")
+    nic_eff = [model.efficiency[("dispatch", "NIC")], model.efficiency[("combine", "NIC")]]
+    nvl_eff = [model.efficiency[("dispatch", "NVLink")], model.efficiency[("combine", "NVLink")]]
+    s.add("efficiency", f"{nic_eff[0]:.2f} (dispatch) and {nic_eff[1]:.2f} (combine) of the NIC's floor where the NIC "
+                        f"binds, {nvl_eff[0]:.2f} and {nvl_eff[1]:.2f} of NVLink's where NVLink does")
+    lo, hi = m.OURS_RANGE
+    s.add("ours_range", f"{lo:.1f} to {hi:.1f}")
+    worst = max(abs(model.target_us(n, 8)[i] / pubs[n].us[i] - 1) for n in m.EP_SIZES for i in range(2))
+    claim(worst < 0.02, PAGE, "the target reproduces DeepEP's published times at nodes of 8 within 2%")
+
+    # The model's table.
+    rows = []
+    for n, g in sizes:
+        d, c = model.ops(n, g)
+        td, tc = model.target_us(n, g)
+        (dlo, dhi), (clo, chi) = model.ours_us(n, g)
+        pub = pubs.get(n) if g == 8 else None
+        rows.append([f"EP{n}", f"{n // g} x {g}", f"{d.nic_bytes / 1e6:.0f} / {c.nic_bytes / 1e6:.0f}",
+                     f"{d.floor_us:.0f} / {c.floor_us:.0f} ({d.binds})",
+                     f"{pub.gbs[0]:g} / {pub.gbs[1]:g} GB/s: {pub.us[0]:.0f} / {pub.us[1]:.0f}" if pub else "-",
+                     f"{td:.0f} / {tc:.0f}", f"{dlo:.0f}-{dhi:.0f} / {clo:.0f}-{chi:.0f}"])
+    s.add("model_table", table(["EP", "nodes x G", "network MB, d / c", "floor us, d / c (binds)",
+                                "DeepEP v1 published, us", "target us", "ours, predicted us"],
+                               ["l", "l", "r", "r", "r", "r", "r"], rows) + "\n\n" +
+          cap[:-1] + f" Floors: each link alone at {m.IB_GBS:g} GB/s (NIC) and {m.NVL_GBS:g} GB/s (NVLink). DeepEP: "
+          f"its README's H800 + ConnectX-7 figures at commit 567632d, as its test counts them, turned into times. "
+          f"Nodes of 4 and 2: the same GPUs and NICs. Target: DeepEP's efficiency on the link that binds, applied to "
+          f"the row's bytes. Ours: {lo:.1f} to {hi:.1f} of the target's speed.*")
+
+    # Smaller nodes: the network bytes follow the node count.
+    t = {k: model.target_us(*k) for k in sizes}
+    s.add("ep16_g4_ratio", f"{t[(16, 4)][0] / t[(16, 8)][0]:.2f}x")
+    claim(all(abs(t[(16, 4)][i] - t[(32, 8)][i]) < 1e-6 for i in range(2)), PAGE,
+          "EP16 in nodes of 4 costs what EP32 in nodes of 8 costs (4 nodes both)")
+    s.add("g2_ratios", f"{t[(32, 2)][0] / t[(32, 8)][0]:.2f}x at EP32 and {t[(64, 2)][0] / t[(64, 8)][0]:.2f}x at EP64")
+
+    # What ran: the GPU checks of record, per topology.
+    s.add("checks_table", checks_table(read_text(CHECKS_LOG)))
+    book.write(s)
+
+
+def checks_table(text: str) -> str:
+    """Per topology, the checks every rank passed in the log's per-run summaries: the dispatch's
+    run, and the dispatch and combine pairs' run."""
+    header = text.splitlines()[1] if len(text.splitlines()) > 1 else ""
+    found = re.search(r"(\d+x NVIDIA [^,]+), (\d{4}-\d\d-\d\d)", header)
+    if not found:
+        raise GenError(f"{CHECKS_LOG}: its second line names no '<N>x NVIDIA <GPU>, <date>'")
+    device, date = found.groups()
+    parts = re.split(r"^# ", text, flags=re.MULTILINE)
+    runs: List[Dict[Tuple[int, int], Tuple[int, int]]] = []
+    for part in parts:
+        results: Dict[Tuple[int, int], Tuple[int, int]] = {}
+        for n, g, passed, failed in re.findall(r"^internode-dispatch-n(\d+)-g(\d+)\.log: (\d+) passed, (\d+) failed$",
+                                                part, flags=re.MULTILINE):
+            results[(int(n), int(g))] = (int(passed), int(failed))
+        if results:
+            runs.append(results)
+    if len(runs) < 2:
+        raise GenError(f"{CHECKS_LOG}: expected the dispatch's per-run summary, then the pairs' ones; found {len(runs)}")
+    dispatch = runs[0]
+    pairs = {key: result for run in runs[1:] for key, result in run.items()}  # a later run of a topology wins
+    count = re.search(r"(\d+) dispatch and combine pairs", text)
+    if not count:
+        raise GenError(f"{CHECKS_LOG}: no line says how many dispatch and combine pairs ran")
+    rows = []
+    for key in sorted(set(dispatch) | set(pairs), key=lambda k: (k[0], -k[1])):
+        n, g = key
+        cells = [f"{n // g} x {g}", f"{n}"]
+        for run in (dispatch, pairs):
+            if key in run:
+                passed, failed = run[key]
+                if failed:
+                    raise GenError(f"{CHECKS_LOG}: {n // g} x {g} failed {failed} checks: the page says every check passed")
+                cells.append(f"{passed:,}")
+            else:
+                cells.append("-")
+        rows.append(cells)
+    return (table(["nodes x G", "ranks", "dispatches alone: checks passed",
+                   f"{int(count.group(1)):,} dispatch and combine pairs: checks passed"], ["l", "r", "r", "r"], rows) +
+            f"\n\n*Measured: correctness, not speed. {device}, {date}, one host: the \"network\" is NVSHMEM's "
+            f"peer-to-peer transport over NVLink under the same RMA calls. Checks summed over the ranks, none failed; "
+            f"8 ranks ran folded onto 4 GPUs under MPS; -: no completed run. `{CHECKS_LOG}`.*")
