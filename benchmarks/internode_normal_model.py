@@ -71,6 +71,12 @@ def combine_slot(hidden: int = HIDDEN, k: int = TOPK) -> int:
     return a16(2 * hidden) + a16(4 * k)
 
 
+def deepep_slots(hidden: int = HIDDEN, k: int = TOPK) -> Tuple[int, int]:
+    """DeepEP's slots, dispatch fp8 and combine: row, SourceMeta (8 B), scales, top-k ids and
+    weights, 16-aligned (csrc/kernels/internode.cu:42-46; combine without ids or scales, :1753)."""
+    return a16(hidden + 8 + 4 * (hidden // FP8_GROUP) + 8 * k), a16(2 * hidden + 8 + 4 * k)
+
+
 def deepep_counted(hidden: int = HIDDEN) -> Tuple[float, float]:
     """Bytes DeepEP's test counts per (token, node hit), dispatch fp8 and combine bf16:
     hidden x 2 x (1 + 4/128) / 2 and hidden x 2 (tests/test_internode.py:222, 237-240)."""
@@ -380,7 +386,7 @@ def main(argv: Sequence[str] = ()) -> int:
           f"seed {args.seed}")
     print(f"slots: dispatch {dispatch_slot()} B (fp8 row, meta, top-k ids and weights, scales), combine "
           f"{combine_slot()} B (bf16 row, weights); DeepEP's test counts {deepep_counted()[0]:.0f} / "
-          f"{deepep_counted()[1]:.0f} B per (token, node hit)")
+          f"{deepep_counted()[1]:.0f} B per (token, node hit); DeepEP's slots {deepep_slots()[0]} / {deepep_slots()[1]} B")
     print(f"NIC {IB_GBS:g} GB/s per GPU, NVLink {NVL_GBS:g} GB/s per GPU [published]")
     print("\n# Routing per token")
     print(table(ROUTING_HEADER, routing_rows(m)))

@@ -31,6 +31,11 @@ def gen_ch09_normal(book: Book) -> None:
     s.add("max_groups", f"{m.MAX_GROUPS}")
     s.add("slots", f"{m.dispatch_slot():,} bytes for an fp8 dispatch slot and {m.combine_slot():,} for a "
                    f"combine slot")
+    ours, theirs = (m.dispatch_slot(), m.combine_slot()), m.deepep_slots()
+    worst_slot = max(abs(o / d - 1) for o, d in zip(ours, theirs))
+    claim(worst_slot < 0.002, PAGE, "our slots are DeepEP's within 0.2%")
+    s.add("deepep_slots", f"{theirs[0]:,} and {theirs[1]:,}")
+    s.add("nvl_over_nic", f"{m.NVL_GBS / m.IB_GBS:.1f}")
     s.add("links", f"{m.IB_GBS:g} GB/s per GPU through its NIC (400 Gb/s) and {m.NVL_GBS:g} GB/s over NVLink "
                    f"(H800)")
     s.add("node_sizes", ", ".join(str(g) for g in m.NODE_SIZES[:-1]) + f" and {m.NODE_SIZES[-1]}")
