@@ -107,6 +107,10 @@ impl RowFormat {
     pub(crate) fn hidden_bytes(&self) -> usize {
         self.hidden * self.elem.size()
     }
+    /// The scales' dtype (f32 or int32; f32 when there are none).
+    pub(crate) fn scale_elem(&self) -> ElemType {
+        self.scale_elem
+    }
 }
 
 const WHAT: &str = "dispatch";

@@ -103,10 +103,15 @@ contract_structs! {
     /// buffer/internode_dispatch.cu): each token once to each destination node's rail peer
     /// (RDMA rings, put-with-signal), which forwards it to the node's ranks (NVL rings, stores).
     /// A ring slot: [row: a16(hidden_bytes)][src node: i32][in-node mask: u32][top-k ids: i32 x K]
-    /// [weights: f32 x K], padded to 16 bytes (`slot.bytes`).
+    /// [weights: f32 x K][scales: 4 bytes x S], padded to 16 bytes (`slot.bytes`).
     struct InternodeDispatchArgs {
-        /// local [num_tokens, hidden_bytes] (bf16 rows)
+        /// local [num_tokens, hidden_bytes]: bf16 rows, or fp8 e4m3 bytes with x_scales
         x: u64 => "const uint8_t*",
+        /// local 4-byte words (f32, or int32 UE8M0: copied as opaque words), scale k of token t at
+        /// t * scale_token_stride + k * scale_hidden_stride; null for bf16
+        x_scales: u64 => "const float*",
+        scale_token_stride: i64 => "int64_t",
+        scale_hidden_stride: i64 => "int64_t",
         /// local [num_tokens, num_topk] global expert ids or -1; null: no top-k
         topk_idx: u64 => "const int64_t*",
         /// local [num_tokens, num_topk]; null with topk_idx
@@ -123,7 +128,10 @@ contract_structs! {
         recv_gbl_rank_prefix_sum: u64 => "const int*",
         /// local [num_recv_rows, hidden_bytes]
         recv_x: u64 => "uint8_t*",
-        /// local [num_recv_rows, 2] i32: source node, in-node mask (handle 7, 8 bytes a row)
+        /// local [num_recv_rows, num_scales] row-major 4-byte words, or null (bf16)
+        recv_x_scales: u64 => "float*",
+        /// local [num_recv_rows, 2] i32: source node, in-node mask (handle 7, 8 bytes a row); null
+        /// in a cached dispatch (not written)
         recv_src_meta: u64 => "int*",
         /// local [num_recv_rows, num_topk] (local expert ids or -1) or null
         recv_topk_idx: u64 => "int64_t*",

@@ -3,7 +3,8 @@
 //! notify (handle positions 1-6 and the host's counts), one launch of 2C blocks moves every
 //! token once to each destination node, to the rank with our local index there (its RDMA
 //! rings: put-with-signal per chunk), which forwards it to the node's ranks (NVL rings, peer
-//! pointers inside the node). bf16 rows with or without top-k; fp8, the cached handle and
+//! pointers inside the node). bf16 rows, or fp8 bytes with their scales (step 6: DeepEP's
+//! strided `x_scales`, received row major), with or without top-k; the cached handle and
 //! `num_worst_tokens` are later steps.
 //!
 //! This module holds the call's types and the launch; `plan` every check and the argument struct.
@@ -26,8 +27,11 @@ use crate::view::View;
 /// M_r = rows forwarded (`num_rdma_recv_tokens`), T tokens, N nodes of G ranks, K top-k.
 #[derive(Debug, Clone, Copy)]
 pub struct InternodeDispatchOutputs {
-    /// [M, H] bf16: rows grouped by source rank, then channel, then token (DeepEP's order).
+    /// [M, H] of x's dtype (bf16, or fp8 e4m3 bytes): rows grouped by source rank, then
+    /// channel, then token (DeepEP's order).
     pub recv_x: View,
+    /// [M, S] of x_scales' dtype (f32 or int32), row major, with fp8 x only: each row's scales.
+    pub recv_x_scales: Option<View>,
     /// [M, K] i64 local expert ids (-1: another rank's), with top-k only.
     pub recv_topk_idx: Option<View>,
     /// [M, K] f32 (0 where -1), with top-k only.

@@ -53,42 +53,91 @@ pub(crate) fn rdma_ring(
     Ok((ring, chunk))
 }
 
-/// The outputs for rows of format `f`, T tokens, N nodes of G ranks, checked: (M, M_r).
+/// The dispatch's outputs as the kernel takes them: rows received (M) and forwarded (M_r), and
+/// the addresses (0: not written, as handle 7-9 in a cached dispatch).
+pub(crate) struct Written {
+    pub(crate) rows: usize,
+    pub(crate) forwarded: usize,
+    pub(crate) recv_x: u64,
+    pub(crate) recv_x_scales: u64,
+    pub(crate) recv_topk: (u64, u64),
+    pub(crate) recv_src_meta: u64,
+    pub(crate) send_rdma_head: u64,
+    pub(crate) send_nvl_head: u64,
+}
+
+/// recv_x [M, H] of x's dtype and, with fp8, recv_x_scales [M, S] of x_scales' dtype (row
+/// major), for rows of format `f`: M.
+pub(crate) fn check_recv_x(
+    recv_x: &View,
+    recv_x_scales: &Option<View>,
+    f: &RowFormat,
+) -> Result<usize, BufferError> {
+    let rows = recv_x.rows();
+    recv_x.expect(WHAT, "recv_x", f.elem, &[None, Some(f.hidden)])?;
+    recv_x.expect_aligned(WHAT, "recv_x", 16)?;
+    match (recv_x_scales, f.num_scales) {
+        (Some(s), scales) if scales > 0 => {
+            let shape = [Some(rows), Some(scales)];
+            s.expect(WHAT, "recv_x_scales", f.scale_elem(), &shape)?;
+        }
+        (None, 0) => {}
+        (Some(_), _) => {
+            return Err(invalid(
+                "recv_x_scales goes with fp8 x and its x_scales only: pass None for bf16".into(),
+            ));
+        }
+        (None, _) => {
+            return Err(invalid(
+                "fp8 x needs recv_x_scales [M, S] of x_scales' dtype, row major".into(),
+            ));
+        }
+    }
+    Ok(rows)
+}
+
+/// The outputs for rows of format `f`, T tokens, N nodes of G ranks, checked.
 fn check_outputs(
     outputs: &InternodeDispatchOutputs,
     f: &RowFormat,
     num_tokens: usize,
     (nodes, g): (usize, usize),
-) -> Result<(usize, usize), BufferError> {
-    let rows = outputs.recv_x.rows();
-    outputs
-        .recv_x
-        .expect(WHAT, "recv_x", ElemType::Bf16, &[None, Some(f.hidden)])?;
-    outputs.recv_x.expect_aligned(WHAT, "recv_x", 16)?;
+) -> Result<Written, BufferError> {
+    let rows = check_recv_x(&outputs.recv_x, &outputs.recv_x_scales, f)?;
     let meta = [Some(rows), Some(2)];
     outputs
         .recv_src_meta
         .expect(WHAT, "recv_src_meta", ElemType::I32, &meta)?;
-    match (&outputs.recv_topk_idx, &outputs.recv_topk_weights) {
+    let recv_topk = match (&outputs.recv_topk_idx, &outputs.recv_topk_weights) {
         (Some(i), Some(w)) if f.num_topk > 0 => {
             let shape = [Some(rows), Some(f.num_topk)];
             i.expect(WHAT, "recv_topk_idx", ElemType::I64, &shape)?;
             w.expect(WHAT, "recv_topk_weights", ElemType::F32, &shape)?;
+            (i.ptr, w.ptr)
         }
-        (None, None) if f.num_topk == 0 => {}
+        (None, None) if f.num_topk == 0 => (0, 0),
         _ => {
             return Err(invalid(
                 "recv_topk_idx and recv_topk_weights come exactly with topk_idx".into(),
             ));
         }
-    }
+    };
     let head = [Some(num_tokens), Some(nodes)];
     outputs
         .send_rdma_head
         .expect(WHAT, "send_rdma_head", ElemType::I32, &head)?;
     let nvl = &outputs.send_nvl_head;
     nvl.expect(WHAT, "send_nvl_head", ElemType::I32, &[None, Some(g)])?;
-    Ok((rows, nvl.rows()))
+    Ok(Written {
+        rows,
+        forwarded: nvl.rows(),
+        recv_x: outputs.recv_x.ptr,
+        recv_x_scales: outputs.recv_x_scales.map_or(0, |v| v.ptr),
+        recv_topk,
+        recv_src_meta: outputs.recv_src_meta.ptr,
+        send_rdma_head: outputs.send_rdma_head.ptr,
+        send_nvl_head: nvl.ptr,
+    })
 }
 
 /// The RDMA rings of `spec`'s buffer, R_r slots each with chunks of c_r, and their words
@@ -133,8 +182,9 @@ pub(crate) fn fits(
 
 // ANCHOR: plan_internode_dispatch
 /// Checks an internode dispatch for `config` and plans it: a normal-mode buffer across nodes,
-/// bf16 `inputs` of `is_token_in_rank`'s tokens, positions 3-6 of `handle` as the notify wrote
-/// them, outputs of the notify's counts, and the RDMA and NVL rings inside their regions.
+/// `inputs` of `is_token_in_rank`'s tokens (bf16 rows, or fp8 bytes with their scales),
+/// positions 3-6 of `handle` as the notify wrote them, outputs of the notify's counts, and the
+/// RDMA and NVL rings inside their regions.
 pub fn plan_internode_dispatch(
     spec: &BufferSpec,
     config: &Config,
@@ -143,31 +193,35 @@ pub fn plan_internode_dispatch(
     handle: &InternodeHandle,
     outputs: &InternodeDispatchOutputs,
 ) -> Result<InternodeDispatchPlan, BufferError> {
-    let InternodeCall {
-        area,
-        n,
-        g,
-        nodes,
-        c,
-        num_tokens,
-    } = check_call(WHAT, spec, config, handle, is_token_in_rank)?;
-    if inputs.x.elem != ElemType::Bf16 || inputs.x_scales.is_some() {
-        return Err(invalid(format!(
-            "x is {}: across nodes the dispatch takes bfloat16 rows for now (fp8 with scales \
-             is issue 32's step 6)",
-            inputs.x.elem.name()
-        )));
-    }
-    let f = check_inputs(WHAT, inputs, num_tokens, n)?;
-    let (rows, forwarded) = check_outputs(outputs, &f, num_tokens, (nodes, g))?;
+    let call = check_call(WHAT, spec, config, handle, is_token_in_rank)?;
+    let f = check_inputs(WHAT, inputs, call.num_tokens, call.n)?;
+    let written = check_outputs(outputs, &f, call.num_tokens, (call.nodes, call.g))?;
+    let routing = (is_token_in_rank, handle);
+    let args = dispatch_args(spec, config, (&call, &f), inputs, routing, &written)?;
+    Ok(InternodeDispatchPlan {
+        args,
+        num_channels: call.c,
+    })
+}
+// ANCHOR_END: plan_internode_dispatch
+
+/// The RDMA and NVL rings of a call with rows of format `f`, checked inside their regions:
+/// (slot bytes, R_r, c_r, R_n).
+fn check_rings(
+    spec: &BufferSpec,
+    config: &Config,
+    call: &InternodeCall,
+    f: &RowFormat,
+) -> Result<(usize, usize, usize, usize), BufferError> {
+    let (c, nodes, g) = (call.c, call.nodes, call.g);
     let (rdma_ring, rdma_chunk) = rdma_ring(WHAT, config)?;
     let nvl_ring = config.num_max_nvl_chunked_recv_tokens as usize;
-    let slot_bytes = internode_dispatch_slot_bytes(f.hidden_bytes(), f.num_topk, 0);
-    let rdma_needed = CONTROL_BYTES + 2 * c * nodes * rdma_ring * slot_bytes;
+    let slot_bytes = internode_dispatch_slot_bytes(f.hidden_bytes(), f.num_topk, f.num_scales);
     let rings = |peers: usize, what: &str, ring: usize| {
         format!("{what}: {c} channels x {peers} x {ring} slots x {slot_bytes} bytes")
     };
     let (rdma_have, nvl_have) = (spec.options.num_rdma_bytes, spec.options.num_nvl_bytes);
+    let rdma_needed = CONTROL_BYTES + 2 * c * nodes * rdma_ring * slot_bytes;
     let rdma_described = rings(nodes, "staging and landing", rdma_ring);
     fits(
         WHAT,
@@ -176,19 +230,33 @@ pub fn plan_internode_dispatch(
         rdma_have,
         rdma_described,
     )?;
-    let nvl_rings = rings(g, "ranks of the node", nvl_ring);
-    fits(
-        WHAT,
-        "num_nvl_bytes",
-        c * g * nvl_ring * slot_bytes,
-        nvl_have,
-        nvl_rings,
-    )?;
+    let nvl_needed = c * g * nvl_ring * slot_bytes;
+    let nvl_described = rings(g, "ranks of the node", nvl_ring);
+    fits(WHAT, "num_nvl_bytes", nvl_needed, nvl_have, nvl_described)?;
+    Ok((slot_bytes, rdma_ring, rdma_chunk, nvl_ring))
+}
+
+/// The kernel's arguments for a checked call (`call`, rows of format `f`) with `written`
+/// outputs, the routing (handle 0) and positions 3-6 of `handle`, the rings checked first.
+pub(crate) fn dispatch_args(
+    spec: &BufferSpec,
+    config: &Config,
+    (call, f): (&InternodeCall, &RowFormat),
+    inputs: &DispatchInputs,
+    (is_token_in_rank, handle): (View, &InternodeHandle),
+    written: &Written,
+) -> Result<InternodeDispatchArgs, BufferError> {
+    let (slot_bytes, rdma_ring, rdma_chunk, nvl_ring) = check_rings(spec, config, call, f)?;
     let base = spec.notify_area_base().unwrap_or_default();
-    let at = |offset: usize| base + offset as u64;
     let optional = |view: Option<View>| view.map_or(0, |v| v.ptr);
-    let args = InternodeDispatchArgs {
+    let (scale_token_stride, scale_hidden_stride) = inputs
+        .x_scales
+        .map_or((0, 0), |s| (s.strides[0] as i64, s.strides[1] as i64));
+    Ok(InternodeDispatchArgs {
         x: inputs.x.ptr,
+        x_scales: optional(inputs.x_scales),
+        scale_token_stride,
+        scale_hidden_stride,
         topk_idx: optional(inputs.topk_idx),
         topk_weights: optional(inputs.topk_weights),
         is_token_in_rank: is_token_in_rank.ptr,
@@ -196,13 +264,14 @@ pub fn plan_internode_dispatch(
         recv_rdma_rank_prefix_sum: handle.recv_rdma_rank_prefix_sum.ptr,
         recv_gbl_channel_prefix_matrix: handle.recv_gbl_channel_prefix_matrix.ptr,
         recv_gbl_rank_prefix_sum: handle.recv_gbl_rank_prefix_sum.ptr,
-        recv_x: outputs.recv_x.ptr,
-        recv_src_meta: outputs.recv_src_meta.ptr,
-        recv_topk_idx: optional(outputs.recv_topk_idx),
-        recv_topk_weights: optional(outputs.recv_topk_weights),
-        send_rdma_head: outputs.send_rdma_head.ptr,
-        send_nvl_head: outputs.send_nvl_head.ptr,
-        calls: at(area.dispatch_calls()),
+        recv_x: written.recv_x,
+        recv_x_scales: written.recv_x_scales,
+        recv_src_meta: written.recv_src_meta,
+        recv_topk_idx: written.recv_topk.0,
+        recv_topk_weights: written.recv_topk.1,
+        send_rdma_head: written.send_rdma_head,
+        send_nvl_head: written.send_nvl_head,
+        calls: base + call.area.dispatch_calls() as u64,
         nvl: spec.nvl(),
         nvl_counters: NvlCounters {
             tails: spec.counters(0),
@@ -215,19 +284,14 @@ pub fn plan_internode_dispatch(
         slot: DispatchSlot {
             hidden_bytes: f.hidden_bytes() as i32,
             num_topk: f.num_topk as i32,
-            num_scales: 0,
+            num_scales: f.num_scales as i32,
             bytes: slot_bytes as i32,
         },
-        num_tokens: num_tokens as i32,
+        num_tokens: call.num_tokens as i32,
         num_experts: inputs.num_experts as i32,
-        num_channels: c as i32,
+        num_channels: call.c as i32,
         nvl_ring_tokens: nvl_ring as i32,
-        num_recv_rows: rows as i32,
-        num_forwarded_rows: forwarded as i32,
-    };
-    Ok(InternodeDispatchPlan {
-        args,
-        num_channels: c,
+        num_recv_rows: written.rows as i32,
+        num_forwarded_rows: written.forwarded as i32,
     })
 }
-// ANCHOR_END: plan_internode_dispatch

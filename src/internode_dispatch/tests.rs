@@ -3,7 +3,7 @@
 //! The combine's tests (which share the rings) use its buffers, calls and checks.
 
 use super::*;
-use crate::config::internode_slot_bytes;
+use crate::config::{internode_dispatch_slot_bytes, internode_slot_bytes};
 use crate::internode_notify::NotifyArea;
 use crate::low_latency::regions::CONTROL_BYTES;
 use crate::regions::Regions;
@@ -63,6 +63,7 @@ pub(crate) fn call(n: usize, g: usize, c: usize, t: usize, k: usize) -> Call {
         handle: internode_handle(n, nodes, c),
         outputs: InternodeDispatchOutputs {
             recv_x: matrix(11, m, HIDDEN, ElemType::Bf16),
+            recv_x_scales: None,
             recv_topk_idx: topk(12, m, ElemType::I64),
             recv_topk_weights: topk(13, m, ElemType::F32),
             recv_src_meta: matrix(14, m, 2, ElemType::I32),
@@ -207,7 +208,7 @@ fn every_bad_input_and_output_is_refused_naming_it() {
     let good = call(n, g, 12, 64, 8);
     assert!(plan_of(&spec, &config(), &good).is_ok());
     let cases: [(&str, Spoil); 9] = [
-        ("float8_e4m3fn", |x| {
+        ("x_scales", |x| {
             x.inputs.x = matrix(1, 64, HIDDEN, ElemType::Fp8E4m3)
         }),
         ("recv_x", |x| {
@@ -241,6 +242,93 @@ fn every_bad_input_and_output_is_refused_naming_it() {
     let one_node = spec_one_node();
     let error = error_of(&one_node, &config(), &call(4, 4, 12, 64, 0));
     assert_mentions(&error, &["one node", "dispatch_raw"]);
+}
+
+/// `x` made fp8 with scales [T, HIDDEN / 128] f32 of `strides` (DeepEP's test passes
+/// column-major ones), and its outputs to match.
+fn fp8(x: &mut Call, strides: [usize; 2]) {
+    let (t, m, s) = (x.inputs.x.rows(), x.outputs.recv_x.rows(), HIDDEN / 128);
+    x.inputs.x = matrix(1, t, HIDDEN, ElemType::Fp8E4m3);
+    x.inputs.x_scales = Some(View {
+        strides,
+        ..matrix(17, t, s, ElemType::F32)
+    });
+    x.outputs.recv_x = matrix(11, m, HIDDEN, ElemType::Fp8E4m3);
+    x.outputs.recv_x_scales = Some(matrix(18, m, s, ElemType::F32));
+}
+
+/// Step 6: fp8 rows travel with their scales in the slot (section 3's slot_d: 7,472 B at
+/// K = 8, H = 7168), the scales read with the caller's strides and received row major.
+#[test]
+fn fp8_rows_carry_their_strided_scales_in_the_slot() {
+    let (n, g) = (8, 2);
+    let spec = spec(n, g, 3);
+    for (k, slot) in [(8, 7_472), (0, 7_408)] {
+        let mut x = call(n, g, 12, 64, k);
+        fp8(&mut x, [1, 64]); // column-major, as DeepEP's test
+        let a = plan_of(&spec, &config(), &x).unwrap().args;
+        assert_eq!(a.slot.bytes as usize, slot);
+        assert_eq!(slot, internode_dispatch_slot_bytes(HIDDEN, k, HIDDEN / 128));
+        assert!(slot <= internode_slot_bytes(HIDDEN, 2 * HIDDEN, 32, HIDDEN / 128));
+        assert_eq!(
+            (a.slot.hidden_bytes, a.slot.num_scales),
+            (HIDDEN as i32, 56)
+        );
+        assert_eq!((a.scale_token_stride, a.scale_hidden_stride), (1, 64));
+        assert_eq!(a.x_scales, x.inputs.x_scales.unwrap().ptr);
+        assert_eq!(a.recv_x_scales, x.outputs.recv_x_scales.unwrap().ptr);
+    }
+    // bf16: no scales anywhere.
+    let a = plan_of(&spec, &config(), &call(n, g, 12, 64, 8))
+        .unwrap()
+        .args;
+    assert_eq!((a.x_scales, a.recv_x_scales, a.slot.num_scales), (0, 0, 0));
+    // int32 (UE8M0) scales are 4-byte words too; recv_x_scales takes their dtype.
+    let mut x = call(n, g, 12, 64, 8);
+    fp8(&mut x, [56, 1]);
+    x.inputs.x_scales = Some(matrix(17, 64, 56, ElemType::I32));
+    x.outputs.recv_x_scales = Some(matrix(18, 192, 56, ElemType::I32));
+    assert!(plan_of(&spec, &config(), &x).is_ok());
+}
+
+#[test]
+fn fp8_without_its_scales_or_outputs_is_refused_naming_them() {
+    let (n, g) = (8, 2);
+    let spec = spec(n, g, 3);
+    let cases: [(&[&str], Spoil); 6] = [
+        (&["fp8 x comes as (x, x_scales)"], |x| {
+            x.inputs.x_scales = None
+        }),
+        (&["x_scales only go with fp8 x"], |x| {
+            x.inputs.x = matrix(1, 64, HIDDEN, ElemType::Bf16)
+        }),
+        (&["recv_x_scales", "fp8 x needs"], |x| {
+            x.outputs.recv_x_scales = None
+        }),
+        (&["recv_x must be float8_e4m3fn"], |x| {
+            x.outputs.recv_x = matrix(11, 192, HIDDEN, ElemType::Bf16)
+        }),
+        (&["recv_x_scales must be float32 [192, 56]"], |x| {
+            x.outputs.recv_x_scales = Some(matrix(18, 192, 56, ElemType::I32))
+        }),
+        (&["x_scales must be float32 or int32 [64, S]"], |x| {
+            x.inputs.x_scales = Some(matrix(17, 64, 56, ElemType::Bf16))
+        }),
+    ];
+    for (parts, spoil) in cases {
+        let mut x = call(n, g, 12, 64, 8);
+        fp8(&mut x, [1, 64]);
+        spoil(&mut x);
+        let error = error_of(&spec, &config(), &x);
+        assert_mentions(&error, &[&["internode_dispatch"], parts].concat());
+    }
+    // Scales with bf16 outputs: recv_x_scales is refused.
+    let mut x = call(n, g, 12, 64, 8);
+    x.outputs.recv_x_scales = Some(matrix(18, 192, 56, ElemType::F32));
+    assert_mentions(
+        &error_of(&spec, &config(), &x),
+        &["recv_x_scales goes with fp8 x"],
+    );
 }
 
 pub(crate) fn spec_one_node() -> BufferSpec {

@@ -1,6 +1,7 @@
-// Normal mode across nodes (issue 32, step 4): the two-level dispatch, bf16 with or without
-// top-k (benchmarks/notes/buffer_internode_normal.md, sections 2.6 and 7). Grid 2C, all blocks
-// resident; channel c owns a contiguous range of our tokens, as in chapter 7.
+// Normal mode across nodes (issue 32, steps 4 and 6): the two-level dispatch, bf16 rows or fp8
+// bytes with their scales, with or without top-k (benchmarks/notes/buffer_internode_normal.md,
+// sections 2.6 and 7). Grid 2C, all blocks resident; channel c owns a contiguous range of our
+// tokens, as in chapter 7.
 //
 //   block 2c, warps 0-7   sender: each token once to each destination node k, into ring
 //                         (c, our node) on our rail peer there (k, our local index): staged,
@@ -60,9 +61,12 @@ static_assert(RECEIVER_BARRIERS + MAX_PES <= 16, "named barriers");
 
 // Where a slot's metadata sits after its row (the contract's InternodeDispatchArgs).
 struct SlotParts {
-    int meta, topk_idx, topk_weights;
+    int meta, topk_idx, topk_weights, scales;
     __device__ explicit SlotParts(const DispatchSlot& s)
-        : meta(round_up_to_vector(s.hidden_bytes)), topk_idx(meta + 8), topk_weights(meta + 8 + 4 * s.num_topk) {}
+        : meta(round_up_to_vector(s.hidden_bytes)),
+          topk_idx(meta + 8),
+          topk_weights(meta + 8 + 4 * s.num_topk),
+          scales(meta + 8 + 8 * s.num_topk) {}
 };
 
 // ---- sender ----------------------------------------------------------------------------------
@@ -117,6 +121,14 @@ __device__ __forceinline__ void write_slot(const InternodeDispatchArgs& a, int t
         const int64_t i = static_cast<int64_t>(t) * a.slot.num_topk + lane;
         reinterpret_cast<int*>(slot + parts.topk_idx)[lane] = static_cast<int>(__ldg(a.topk_idx + i));
         reinterpret_cast<float*>(slot + parts.topk_weights)[lane] = __ldg(a.topk_weights + i);
+    }
+    // fp8: the token's scales, read with the caller's strides (DeepEP's test passes column-major
+    // ones), copied as opaque 4-byte words (f32, or int32 UE8M0).
+    if (a.x_scales != nullptr) {
+        const int* scales = reinterpret_cast<const int*>(a.x_scales) + static_cast<int64_t>(t) * a.scale_token_stride;
+        for (int k = lane; k < a.slot.num_scales; k += WARP_SIZE) {
+            reinterpret_cast<int*>(slot + parts.scales)[k] = __ldg(scales + k * a.scale_hidden_stride);
+        }
     }
 }
 
@@ -327,7 +339,15 @@ __device__ __forceinline__ void receive_slot(const InternodeDispatchArgs& a, con
     const SlotParts parts(a.slot);
     const int64_t r = row;
     moe::warp_copy<true, 4>(a.recv_x + r * a.slot.hidden_bytes, slot, a.slot.hidden_bytes, lane);
-    if (lane < 2) a.recv_src_meta[r * 2 + lane] = __ldcg(reinterpret_cast<const int*>(slot + parts.meta) + lane);
+    if (a.recv_src_meta != nullptr && lane < 2) {
+        a.recv_src_meta[r * 2 + lane] = __ldcg(reinterpret_cast<const int*>(slot + parts.meta) + lane);
+    }
+    if (a.recv_x_scales != nullptr) {
+        int* scales = reinterpret_cast<int*>(a.recv_x_scales) + r * a.slot.num_scales;
+        for (int k = lane; k < a.slot.num_scales; k += WARP_SIZE) {
+            scales[k] = __ldcg(reinterpret_cast<const int*>(slot + parts.scales) + k);
+        }
+    }
     if (a.recv_topk_idx != nullptr && lane < a.slot.num_topk) {
         const int L = a.num_experts / a.topo.num_ranks, first = a.topo.rank * L;
         const int expert = __ldcg(reinterpret_cast<const int*>(slot + parts.topk_idx) + lane);

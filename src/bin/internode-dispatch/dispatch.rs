@@ -10,19 +10,121 @@ use cudarc::driver::CudaStream;
 use half::bf16;
 use nvshmem_tutorial::internode::Job;
 use nvshmem_tutorial::{
-    DeviceArray, DispatchInputs, InternodeDispatchOutputs, InternodeNotifyCall, NvshmemBuffer,
+    DeviceArray, DispatchInputs, ElemType, Fp8E4m3, InternodeDispatchOutputs, InternodeNotifyCall,
+    NvshmemBuffer, View,
 };
 
 use crate::internode_case::{Case, HandleArrays, LayoutArrays, POISON, host_layout, notify};
-use crate::reference::{forwarded, in_node_mask, payload, received, send_rdma_head, weight};
+use crate::reference::{
+    forwarded, fp8_payload, in_node_mask, payload, received, scale, send_rdma_head, weight,
+};
 use crate::shared::AnyError;
+
+/// What a dispatch call sends: rows of `hidden` columns, top-k of K or none, and bf16 or fp8.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Format {
+    pub(crate) hidden: usize,
+    pub(crate) num_topk: Option<usize>,
+    /// fp8 bytes with f32 scales [T, hidden / 128]: `Some(column_major)` says how the scales lie
+    /// (DeepEP's test passes column-major ones); None: bf16.
+    pub(crate) fp8: Option<bool>,
+}
+
+impl Format {
+    pub(crate) fn num_scales(&self) -> usize {
+        self.fp8.map_or(0, |_| self.hidden / 128)
+    }
+}
+
+/// The rows a dispatch sends and receives: bf16 ([x, recv_x]), or fp8 bytes with their scales.
+pub(crate) enum Rows {
+    Bf16(Box<[DeviceArray<bf16>; 2]>),
+    Fp8(Box<Fp8Rows>),
+}
+
+/// fp8 rows: the bytes, their scales and what receives them.
+pub(crate) struct Fp8Rows {
+    x: DeviceArray<Fp8E4m3>,
+    /// [T, S] as a [T, S] or (column-major) an [S, T] array: `x_scales` is the view.
+    _scales: DeviceArray<f32>,
+    x_scales: View,
+    pub(crate) recv_x: DeviceArray<Fp8E4m3>,
+    pub(crate) recv_x_scales: DeviceArray<f32>,
+}
+
+impl Rows {
+    /// Rank `me`'s rows of `t_count` tokens in format `f`, and outputs of `m` rows poisoned.
+    fn new(
+        stream: &Arc<CudaStream>,
+        me: usize,
+        t_count: usize,
+        f: &Format,
+        m: usize,
+    ) -> Result<Self, AnyError> {
+        let hidden = f.hidden;
+        let Some(column_major) = f.fp8 else {
+            let rows: Vec<bf16> = (0..t_count)
+                .flat_map(|t| (0..hidden).map(move |j| payload(me, t, j)))
+                .collect();
+            let poison = vec![bf16::from_bits(u16::MAX); m * hidden];
+            return Ok(Self::Bf16(Box::new([
+                DeviceArray::from_host(stream, &rows, t_count, hidden)?,
+                DeviceArray::from_host(stream, &poison, m, hidden)?,
+            ])));
+        };
+        let s = f.num_scales();
+        let bytes: Vec<Fp8E4m3> = (0..t_count)
+            .flat_map(|t| (0..hidden).map(move |j| Fp8E4m3(fp8_payload(me, t, j))))
+            .collect();
+        let (scales, x_scales) = if column_major {
+            let host: Vec<f32> = (0..s)
+                .flat_map(|k| (0..t_count).map(move |t| scale(me, t, k)))
+                .collect();
+            let a = DeviceArray::from_host(stream, &host, s, t_count)?;
+            let view = View {
+                strides: [1, t_count.max(1)],
+                ..View::matrix(a.view().ptr, t_count, s, ElemType::F32)
+            };
+            (a, view)
+        } else {
+            let host: Vec<f32> = (0..t_count)
+                .flat_map(|t| (0..s).map(move |k| scale(me, t, k)))
+                .collect();
+            let a = DeviceArray::from_host(stream, &host, t_count, s)?;
+            let view = a.view();
+            (a, view)
+        };
+        Ok(Self::Fp8(Box::new(Fp8Rows {
+            x: DeviceArray::from_host(stream, &bytes, t_count, hidden)?,
+            _scales: scales,
+            x_scales,
+            recv_x: DeviceArray::from_host(stream, &vec![Fp8E4m3(0xFF); m * hidden], m, hidden)?,
+            recv_x_scales: DeviceArray::from_host(stream, &vec![f32::NAN; m * s], m, s)?,
+        })))
+    }
+
+    /// (x, x_scales) for the inputs.
+    fn x(&self) -> (View, Option<View>) {
+        match self {
+            Self::Bf16(a) => (a[0].view(), None),
+            Self::Fp8(f) => (f.x.view(), Some(f.x_scales)),
+        }
+    }
+
+    /// (recv_x, recv_x_scales) for the outputs.
+    pub(crate) fn recv_x(&self) -> (View, Option<View>) {
+        match self {
+            Self::Bf16(a) => (a[1].view(), None),
+            Self::Fp8(f) => (f.recv_x.view(), Some(f.recv_x_scales.view())),
+        }
+    }
+}
 
 /// The dispatch's arrays of one call on the GPU, outputs poisoned.
 pub(crate) struct Arrays {
-    x: DeviceArray<bf16>,
+    pub(crate) rows: Rows,
     topk_idx: Option<DeviceArray<i64>>,
     topk_weights: Option<DeviceArray<f32>>,
-    recv_x: DeviceArray<bf16>,
     recv_topk_idx: Option<DeviceArray<i64>>,
     recv_topk_weights: Option<DeviceArray<f32>>,
     recv_src_meta: DeviceArray<i32>,
@@ -35,44 +137,30 @@ impl Arrays {
         stream: &Arc<CudaStream>,
         job: &Job,
         me: usize,
-        hidden: usize,
-        num_topk: Option<usize>,
+        f: &Format,
         (m, m_r): (usize, usize),
     ) -> Result<Self, AnyError> {
         let (g, nodes) = (job.node_pes, job.n_pes / job.node_pes);
         let tokens = &job.routing[me];
         let t_count = tokens.len();
-        let rows: Vec<bf16> = (0..t_count)
-            .flat_map(|t| (0..hidden).map(move |j| payload(me, t, j)))
-            .collect();
         let poison_i32 = |rows: usize, cols: usize| {
             DeviceArray::from_host(stream, &vec![POISON; rows * cols], rows, cols)
         };
         let (mut topk_idx, mut topk_weights, mut recv_topk_idx, mut recv_topk_weights) =
             (None, None, None, None);
-        if let Some(k) = num_topk {
+        if let Some(k) = f.num_topk {
             let ids: Vec<i64> = tokens.iter().flatten().copied().collect();
             let weights: Vec<f32> = (0..t_count * k).map(|i| weight(me, i / k, i % k)).collect();
             topk_idx = Some(DeviceArray::from_host(stream, &ids, t_count, k)?);
             topk_weights = Some(DeviceArray::from_host(stream, &weights, t_count, k)?);
             recv_topk_idx = Some(DeviceArray::from_host(stream, &vec![-7777; m * k], m, k)?);
-            recv_topk_weights = Some(DeviceArray::from_host(
-                stream,
-                &vec![f32::NAN; m * k],
-                m,
-                k,
-            )?);
+            let nan = vec![f32::NAN; m * k];
+            recv_topk_weights = Some(DeviceArray::from_host(stream, &nan, m, k)?);
         }
         Ok(Self {
-            x: DeviceArray::from_host(stream, &rows, t_count, hidden)?,
+            rows: Rows::new(stream, me, t_count, f, m)?,
             topk_idx,
             topk_weights,
-            recv_x: DeviceArray::from_host(
-                stream,
-                &vec![bf16::from_bits(u16::MAX); m * hidden],
-                m,
-                hidden,
-            )?,
             recv_topk_idx,
             recv_topk_weights,
             recv_src_meta: poison_i32(m, 2)?,
@@ -82,13 +170,26 @@ impl Arrays {
     }
 
     fn outputs(&self) -> InternodeDispatchOutputs {
+        let (recv_x, recv_x_scales) = self.rows.recv_x();
         InternodeDispatchOutputs {
-            recv_x: self.recv_x.view(),
+            recv_x,
+            recv_x_scales,
             recv_topk_idx: self.recv_topk_idx.as_ref().map(DeviceArray::view),
             recv_topk_weights: self.recv_topk_weights.as_ref().map(DeviceArray::view),
             recv_src_meta: self.recv_src_meta.view(),
             send_rdma_head: self.send_rdma_head.view(),
             send_nvl_head: self.send_nvl_head.view(),
+        }
+    }
+
+    fn inputs(&self, num_experts: usize) -> DispatchInputs {
+        let (x, x_scales) = self.rows.x();
+        DispatchInputs {
+            x,
+            x_scales,
+            topk_idx: self.topk_idx.as_ref().map(DeviceArray::view),
+            topk_weights: self.topk_weights.as_ref().map(DeviceArray::view),
+            num_experts,
         }
     }
 }
@@ -103,13 +204,12 @@ pub(crate) struct Dispatched {
     pub(crate) num_topk: Option<usize>,
 }
 
-/// The full notify and the dispatch of `case`, every output checked: what it left, and whether
-/// every check held.
+/// The full notify and the dispatch of `case`, rows of `hidden` columns (fp8 when `fp8` says
+/// how the scales lie), every output checked: what it left, and whether every check held.
 pub(crate) fn dispatch_and_check(
     buffer: &NvshmemBuffer<&World>,
     case: &Case,
-    hidden: usize,
-    with_topk: bool,
+    (hidden, with_topk, fp8): (usize, bool, Option<bool>),
     tally: &mut Tally,
 ) -> Result<(Dispatched, bool), AnyError> {
     let world = buffer.world();
@@ -130,15 +230,14 @@ pub(crate) fn dispatch_and_check(
         .next()
         .unwrap_or(1);
     let topk = with_topk.then_some(num_topk);
-    let shape = (counts.num_recv_tokens, counts.num_rdma_recv_tokens);
-    let arrays = Arrays::new(stream, job, me, hidden, topk, shape)?;
-    let inputs = DispatchInputs {
-        x: arrays.x.view(),
-        x_scales: None,
-        topk_idx: arrays.topk_idx.as_ref().map(DeviceArray::view),
-        topk_weights: arrays.topk_weights.as_ref().map(DeviceArray::view),
-        num_experts: job.num_experts,
+    let format = Format {
+        hidden,
+        num_topk: topk,
+        fp8,
     };
+    let shape = (counts.num_recv_tokens, counts.num_rdma_recv_tokens);
+    let arrays = Arrays::new(stream, job, me, &format, shape)?;
+    let inputs = arrays.inputs(job.num_experts);
     let routing = layout.is_token_in_rank.view();
     // SAFETY: every view is a live array of this GPU, kept alive until the stream is
     // synchronised below; the world's stream belongs to the buffer's context.
@@ -167,7 +266,7 @@ pub(crate) fn dispatch_and_check(
     check_heads(job, me, &arrays, stream, tally)?;
     if tally.failed > before {
         eprintln!(
-            "pe {me}: {} (hidden {hidden}, top-k {with_topk})",
+            "pe {me}: {} (hidden {hidden}, top-k {with_topk}, fp8 {fp8:?})",
             case.describe()
         );
     }
@@ -192,20 +291,9 @@ fn check_received(
     tally: &mut Tally,
 ) -> Result<(), AnyError> {
     let want = received(job, me);
-    let hidden = arrays.recv_x.view().cols();
-    let recv_x = arrays.recv_x.to_host(stream)?;
+    check_rows(&want, me, &arrays.rows, stream, tally)?;
     let meta = arrays.recv_src_meta.to_host(stream)?;
     let g = job.node_pes;
-    let rows_ok = want.len() * hidden == recv_x.len()
-        && want.iter().enumerate().all(|(r, &(s, t))| {
-            (0..hidden).all(|j| recv_x[r * hidden + j].to_bits() == payload(s, t, j).to_bits())
-        });
-    tally.check(me, rows_ok, || {
-        format!(
-            "recv_x: not the {} rows of the reference, in order",
-            want.len()
-        )
-    });
     let order_ok = want.iter().enumerate().all(|(r, &(s, _))| {
         let first = if s > 0 {
             recv_gbl_rank_prefix_sum[s - 1]
@@ -241,6 +329,52 @@ fn check_received(
         });
         tally.check(me, topk_ok, || {
             "recv_topk_idx / recv_topk_weights differ".into()
+        });
+    }
+    Ok(())
+}
+
+/// recv_x against the reference rows `want` (source, token), in order, and with fp8 the
+/// scales, all exactly (bf16 values by their bits, fp8 as bytes, scales by their bits).
+fn check_rows(
+    want: &[(usize, usize)],
+    me: usize,
+    rows: &Rows,
+    stream: &Arc<CudaStream>,
+    tally: &mut Tally,
+) -> Result<(), AnyError> {
+    let hidden = rows.recv_x().0.cols();
+    let rows_ok = match rows {
+        Rows::Bf16(a) => {
+            let got = a[1].to_host(stream)?;
+            want.len() * hidden == got.len()
+                && want.iter().enumerate().all(|(r, &(s, t))| {
+                    (0..hidden).all(|j| got[r * hidden + j].to_bits() == payload(s, t, j).to_bits())
+                })
+        }
+        Rows::Fp8(f) => {
+            let got = f.recv_x.to_host(stream)?;
+            want.len() * hidden == got.len()
+                && want.iter().enumerate().all(|(r, &(s, t))| {
+                    (0..hidden).all(|j| got[r * hidden + j].0 == fp8_payload(s, t, j))
+                })
+        }
+    };
+    tally.check(me, rows_ok, || {
+        format!(
+            "recv_x: not the {} rows of the reference, in order",
+            want.len()
+        )
+    });
+    if let Rows::Fp8(f) = rows {
+        let got = f.recv_x_scales.to_host(stream)?;
+        let k_count = f.recv_x_scales.view().cols();
+        let ok = want.len() * k_count == got.len()
+            && want.iter().enumerate().all(|(r, &(s, t))| {
+                (0..k_count).all(|k| got[r * k_count + k].to_bits() == scale(s, t, k).to_bits())
+            });
+        tally.check(me, ok, || {
+            "recv_x_scales: not the rows' scales, in order".into()
         });
     }
     Ok(())

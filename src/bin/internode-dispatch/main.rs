@@ -1,4 +1,4 @@
-//! Issue 32, steps 4 and 5's GPU test: the two-level dispatch and combine across nodes
+//! Issue 32, steps 4-6's GPU test: the two-level dispatch and combine across nodes
 //! (`internode_dispatch`, `internode_combine`) against a pure reference, on virtual nodes of G
 //! ranks:
 //!
@@ -9,8 +9,10 @@
 //!
 //! Each pair (`--pairs`, default 1,000) draws fresh routing for every rank (internode-notify's
 //! cases: a rank with no tokens, nodes that get nothing, channels and experts changing), runs
-//! the full notify, then the dispatch of bf16 rows that say where they came from (source
-//! rank, token), without top-k on even calls and with it on odd ones, hidden 128 / 512 / 2048,
+//! the full notify, then the dispatch of rows that say where they came from (source rank,
+//! token), without top-k on even calls and with it on odd ones, hidden 128 / 512 / 2048, bf16
+//! or (pairs 2-3 of every 4) fp8 bytes with f32 scales, row or column major (`fp8_of`), the
+//! scales checked exactly,
 //! and compares every output with the reference (`reference.rs`), computed from the global
 //! routing alone: the rows each rank receives in DeepEP's order (by source rank, then token:
 //! the order check, also against handle position 6), their source meta (handle 7), local top-k
@@ -57,6 +59,13 @@ const RDMA_CHUNKS: [u32; 4] = [6, 4, 8, 5];
 
 fn main() -> ExitCode {
     internode_case::main("internode-dispatch", region_bytes, checks)
+}
+
+/// Whether pair i's dispatch sends fp8 rows with scales (pairs 2 and 3 of every 4, so with and
+/// without top-k), and then how the scales lie: row major on pairs 2-3 of every 8, column major
+/// (DeepEP's test's layout) on 6-7. The combine stays bf16 (as DeepEP's).
+pub(crate) fn fp8_of(i: usize) -> Option<bool> {
+    (i % 4 >= 2).then_some(i % 8 >= 4)
 }
 
 /// Call i's dispatch config: the RDMA chunk changes between calls (as DeepEP's tuning loop
@@ -135,7 +144,8 @@ fn checks(program: &Program, tally: &mut Tally) -> Result<(), AnyError> {
     tally.passed += pairs.passed;
     tally.failed += pairs.failed;
     let case = case_of(1)?;
-    let (dispatched, _) = dispatch::dispatch_and_check(buffer, &case, HIDDEN[0], true, tally)?;
+    let (dispatched, _) =
+        dispatch::dispatch_and_check(buffer, &case, (HIDDEN[0], true, None), tally)?;
     let config = combine_config(case.config.num_sms, 1)?;
     combine::check_refusals(buffer, &case, &dispatched, &config, HIDDEN[0], tally)?;
     drop(dispatched);
@@ -154,17 +164,17 @@ fn pair(
     i: usize,
     tally: &mut Tally,
 ) -> Result<bool, AnyError> {
-    let (hidden, with_topk) = (HIDDEN[i % HIDDEN.len()], i % 2 == 1);
+    let (hidden, with_topk, fp8) = (HIDDEN[i % HIDDEN.len()], i % 2 == 1, fp8_of(i));
     let (dispatched, dispatch_ok) =
-        dispatch::dispatch_and_check(buffer, case, hidden, with_topk, tally)?;
+        dispatch::dispatch_and_check(buffer, case, (hidden, with_topk, fp8), tally)?;
     let config = combine_config(case.config.num_sms, i)?;
     let biases = [i % 4 == 1 || i % 4 == 3, i % 4 >= 2];
     let combine_ok =
         combine::combine_and_check(buffer, case, &dispatched, &config, (hidden, biases), tally)?;
     if !(dispatch_ok && combine_ok) {
         eprintln!(
-            "pe {}: pair {i} ({}): hidden {hidden}, top-k {with_topk}, RDMA chunks {} / {}, \
-             biases {biases:?}: dispatch {dispatch_ok}, combine {combine_ok}",
+            "pe {}: pair {i} ({}): hidden {hidden}, top-k {with_topk}, fp8 {fp8:?}, RDMA chunks \
+             {} / {}, biases {biases:?}: dispatch {dispatch_ok}, combine {combine_ok}",
             buffer.world().my_pe(),
             case.describe(),
             case.config.num_max_rdma_chunked_send_tokens,

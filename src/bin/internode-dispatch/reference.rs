@@ -33,6 +33,24 @@ pub(crate) fn payload(s: usize, t: usize, j: usize) -> bf16 {
     bf16::from_f32(v as f32)
 }
 
+/// fp8 calls: byte j of token t's row on rank s (the buffer moves fp8 rows as bytes, so any
+/// byte will do; NaN patterns included), naming the row as `payload` does.
+pub(crate) fn fp8_payload(s: usize, t: usize, j: usize) -> u8 {
+    let v = match j {
+        0 => s,
+        1 => t % 256,
+        2 => t / 256,
+        _ => s * 37 + t * 11 + j * 5,
+    };
+    (v % 256) as u8
+}
+
+/// fp8 calls: scale k of token t on rank s, exact in f32 (17 integer bits and 6 fractional
+/// ones at 64 ranks of < 1024 tokens), naming (s, t, k).
+pub(crate) fn scale(s: usize, t: usize, k: usize) -> f32 {
+    (s * 1024 + t) as f32 + k as f32 / 64.0
+}
+
 pub(crate) fn weight(s: usize, t: usize, j: usize) -> f32 {
     (1 + (s * 7 + t * 3 + j) % 64) as f32 / 64.0
 }
