@@ -177,6 +177,27 @@ class BufferCore:
         self, x: Tensor, handle: Tuple, topk_weights: Optional[Tensor], bias: Tuple[Optional[Tensor], Optional[Tensor]],
         config: Optional[Config], num_sms: int, streams: Streams,
     ) -> Tuple[Tensor, Optional[Tensor], Optional[Event]]: ...
+    def get_num_rdma_ranks(self) -> int:
+        """Nodes the buffer spans (ranks / G; 1 on one node), as DeepEP's runtime."""
+    def get_rdma_rank(self) -> int:
+        """This rank's node (0 on one node)."""
+    def get_root_rdma_rank(self, global_: bool) -> int:
+        """This rank's local index with ``global``, else 0 (DeepEP's rail root)."""
+    def get_local_device_id(self) -> int: ...
+    def internode_max_num_sms(self) -> int:
+        """The largest Config.num_sms the internode dispatch and combine can keep resident."""
+    def internode_dispatch(
+        self, x: Tensor, x_scales: Optional[Tensor], layout: Tuple[Tensor, Tensor, Tensor, Tensor], topk: Tuple[Optional[Tensor], Optional[Tensor]],
+        expert_alignment: int, num_worst_tokens: int, config: Optional[Config], num_sms: int, streams: Streams,
+    ) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor], Optional[Tensor], List[int], Tuple, Optional[Event]]:
+        """layout: (num_tokens_per_rank, num_tokens_per_rdma_rank, is_token_in_rank,
+        num_tokens_per_expert). Returns (recv_x, recv_x_scales, recv_topk_idx,
+        recv_topk_weights, num_recv_tokens_per_expert_list, the 10-tuple handle with
+        recv_src_meta as [M, 2] int32, event)."""
+    def internode_combine(
+        self, x: Tensor, handle: Tuple, topk_weights: Optional[Tensor], bias: Tuple[Optional[Tensor], Optional[Tensor]],
+        config: Optional[Config], num_sms: int, streams: Streams,
+    ) -> Tuple[Tensor, Optional[Tensor], Optional[Event]]: ...
     def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int, hidden: int, num_experts: int) -> None: ...
     def low_latency_dispatch(
         self, x: Tensor, topk_idx: Tensor, num_max_dispatch_tokens_per_rank: int, num_experts: int,

@@ -38,6 +38,12 @@ except ImportError:  # pragma: no cover - exercised by the CPU tests without tor
     topk_idx_t = None
 
 
+def _source_meta_bytes(recv_src_meta: Any) -> Any:
+    """Handle position 7 as DeepEP gives it: [M, 8] uint8 (the kernels write [M, 2] int32:
+    {source node, in-node rank mask}, DeepEP's ``SourceMeta`` bytes at nodes of 8)."""
+    return recv_src_meta.view(torch.uint8)
+
+
 class EventOverlap:
     """An event to wait for, and tensors to keep alive until it completes (DeepEP's)."""
 
@@ -61,17 +67,23 @@ class EventOverlap:
 
 class Buffer:
     """DeepEP's ``Buffer``: normal-mode dispatch and combine through NVLink inside one node, and
-    with ``low_latency_mode=True`` the low-latency calls (chapter 8) in ``num_rdma_bytes``, up
-    to 256 ranks across nodes (peer stores inside a node, NVSHMEM puts across; the node size
-    is chapter 5's, ``NVSHMEM_TUTORIAL_NODE_PES`` makes virtual ones). Normal mode on more than
-    one node raises ``ValueError`` naming the limit. ``allow_nvlink_for_low_latency_mode=False``
-    is nodes of one rank: it needs ``NVSHMEM_TUTORIAL_NODE_PES=1``. ``num_qps_per_rank`` is
-    accepted and unused (NVSHMEM maps its own queue pairs).
+    across nodes (``num_rdma_bytes > 0``, issue 32: DeepEP's internode mode, any node size G
+    from 1 to 8, up to 64 ranks), and with ``low_latency_mode=True`` the low-latency calls
+    (chapter 8) in ``num_rdma_bytes``, up to 256 ranks across nodes (peer stores inside a node,
+    NVSHMEM puts across). The node size is chapter 5's: the real node, or virtual nodes of G
+    ranks with ``NVSHMEM_TUTORIAL_NODE_PES=G``. ``dispatch`` and ``combine`` go across nodes
+    when ``runtime.get_num_rdma_ranks() > 1``, as DeepEP's (``internode_dispatch`` /
+    ``internode_combine``). ``allow_nvlink_for_low_latency_mode=False`` is nodes of one rank:
+    it needs ``NVSHMEM_TUTORIAL_NODE_PES=1``. ``num_qps_per_rank`` is accepted and unused
+    (NVSHMEM maps its own queue pairs).
 
     The constructor initialises NVSHMEM over ``group`` if nothing has yet (sizing the
     symmetric heap for this buffer unless ``NVSHMEM_SYMMETRIC_SIZE`` is set), then makes one
-    symmetric allocation holding the buffer's rings. Options DeepEP has for other machines
-    (inter-node normal mode, MNNVL, fabric memory, shrink) raise ``ValueError`` naming them.
+    symmetric allocation holding the buffer's rings. ``num_rdma_bytes > 0`` outside low-latency
+    mode on one node raises ``ValueError`` (there is no network stage); size it across nodes
+    with ``Config.get_buffer_size_hints_for_nodes(hidden_bytes, num_ranks, node_pes)``.
+    Options DeepEP has for other machines (MNNVL, fabric memory, shrink) raise ``ValueError``
+    naming them.
 
     ``timeout_ms`` (ours) bounds every wait of the buffer, on the GPU and on the host; by
     default ``NVSHMEM_TUTORIAL_BUFFER_TIMEOUT_MS``, else 100 s (DeepEP's bound).
@@ -109,7 +121,6 @@ class Buffer:
                     and not allow_nvlink_for_low_latency_mode
                     and os.environ.get("NVSHMEM_TUTORIAL_NODE_PES", "").strip() != "1",
                 ),
-                ("num_rdma_bytes > 0 (inter-node normal mode)", num_rdma_bytes > 0 and not low_latency_mode),
             )
             if value
         ]
@@ -274,12 +285,17 @@ class Buffer:
         async_finish: bool = False,
         allocate_on_comm_stream: bool = False,
     ) -> Tuple[Union[Tuple[Any, Any], Any], Optional[Any], Optional[Any], List[int], Tuple, EventOverlap]:
-        """DeepEP's intranode dispatch: ``(recv_x or (recv_x, recv_x_scales), recv_topk_idx,
+        """DeepEP's dispatch: ``(recv_x or (recv_x, recv_x_scales), recv_topk_idx,
         recv_topk_weights, num_recv_tokens_per_expert_list, handle, event)``; with a cached
-        ``handle``: ``(recv_x..., None, None, None, None, event)``."""
+        ``handle``: ``(recv_x..., None, None, None, None, event)``. Across nodes
+        (``runtime.get_num_rdma_ranks() > 1``) it is ``internode_dispatch``, as DeepEP's."""
+        if self.runtime.get_num_rdma_ranks() > 1:
+            return self.internode_dispatch(x, handle, num_tokens_per_rank, num_tokens_per_rdma_rank, is_token_in_rank,
+                                           num_tokens_per_expert, topk_idx, topk_weights, expert_alignment, num_worst_tokens, config,
+                                           previous_event, async_finish, allocate_on_comm_stream)
         x, x_scales = x if isinstance(x, tuple) else (x, None)
         if num_tokens_per_rdma_rank is not None:
-            raise ValueError("num_tokens_per_rdma_rank is for inter-node dispatch, which this buffer does not have")
+            raise ValueError("num_tokens_per_rdma_rank is for a buffer across nodes; this one is one node (get_num_rdma_ranks() == 1)")
         topk, streams = (topk_idx, topk_weights), (previous_event, async_finish, allocate_on_comm_stream)
         if handle is not None:
             recv_x, recv_scales, event = self.runtime.dispatch_cached(x, x_scales, handle, topk, config, Buffer.num_sms, streams)
@@ -301,12 +317,93 @@ class Buffer:
         async_finish: bool = False,
         allocate_on_comm_stream: bool = False,
     ) -> Tuple[Any, Optional[Any], EventOverlap]:
-        """DeepEP's intranode combine: ``(combined_x [N, H] bf16, combined_topk_weights
-        [N, K] f32 or None, event)``: each token's results from every rank it went to,
-        summed (plus the biases) in fp32 and rounded once."""
+        """DeepEP's combine: ``(combined_x [N, H] bf16, combined_topk_weights [N, K] f32 or
+        None, event)``: each token's results from every rank it went to, summed (plus the
+        biases) in fp32 and rounded once. Across nodes (``runtime.get_num_rdma_ranks() > 1``)
+        it is ``internode_combine``, as DeepEP's."""
+        if self.runtime.get_num_rdma_ranks() > 1:
+            return self.internode_combine(x, handle, topk_weights, bias, config, previous_event, async_finish, allocate_on_comm_stream)
         bias = bias if isinstance(bias, tuple) else (bias, None)
         streams = (previous_event, async_finish, allocate_on_comm_stream)
         combined, combined_w, event = self.runtime.combine(x, handle, topk_weights, bias, config, Buffer.num_sms, streams)
+        return combined, combined_w, EventOverlap(event)
+
+    # ---- normal mode across nodes (issue 32) ---------------------------------------------------
+
+    def internode_dispatch(
+        self,
+        x: Union[Any, Tuple[Any, Any]],
+        handle: Optional[Tuple] = None,
+        num_tokens_per_rank: Optional[Any] = None,
+        num_tokens_per_rdma_rank: Optional[Any] = None,
+        is_token_in_rank: Optional[Any] = None,
+        num_tokens_per_expert: Optional[Any] = None,
+        topk_idx: Optional[Any] = None,
+        topk_weights: Optional[Any] = None,
+        expert_alignment: int = 1,
+        num_worst_tokens: int = 0,
+        config: Optional[Config] = None,
+        previous_event: Optional[EventOverlap] = None,
+        async_finish: bool = False,
+        allocate_on_comm_stream: bool = False,
+    ) -> Tuple[Union[Tuple[Any, Any], Any], Optional[Any], Optional[Any], List[int], Tuple, EventOverlap]:
+        """DeepEP's internode dispatch (``dispatch`` calls it across nodes): the notify step
+        across nodes, then each token once to each destination node (to the rank of its local
+        index there), which forwards it over NVLink. Returns what ``dispatch`` does; the handle
+        is DeepEP's 10-tuple, in DeepEP's order::
+
+            (is_token_in_rank [T, n] bool, rdma_channel_prefix_matrix [N, C] int32,
+             gbl_channel_prefix_matrix [n, C], recv_rdma_channel_prefix_matrix [N, C],
+             recv_rdma_rank_prefix_sum [N], recv_gbl_channel_prefix_matrix [n, C],
+             recv_gbl_rank_prefix_sum [n], recv_src_meta [M, 8] uint8,
+             send_rdma_head [T, N] int32, send_nvl_head [M_r, G] int32)
+
+        for n ranks in N nodes of G, C = config.num_sms / 2 channels, M rows received, M_r
+        forwarded. Positions 0-6 have DeepEP's meaning and values (``handle[-4]``, the rows
+        received from ranks 0..s, is what DeepEP's test reads). Where ours differ:
+        ``recv_src_meta`` holds {source node int32, in-node rank mask uint32} (DeepEP's
+        ``SourceMeta`` bytes at nodes of 8); ``send_rdma_head`` is the token's index in its
+        channel's stream to node k (-1: not sent), never rewritten; ``send_nvl_head`` is G wide
+        (DeepEP's 8) and keeps its -1 entries (DeepEP rewrites them before a combine), its other
+        values are positions in our NVL rings. Pass the handle back unchanged.
+
+        Not supported across nodes yet (each raises ``ValueError`` naming it, before anything
+        is launched): a cached dispatch (``handle`` given), ``num_worst_tokens > 0``."""
+        x, x_scales = x if isinstance(x, tuple) else (x, None)
+        if handle is not None:
+            raise ValueError("Buffer.internode_dispatch: a cached dispatch (handle given) across nodes is not supported by "
+                             "nvshmem_tutorial yet (issue 32 step 7): dispatch with the layout instead")
+        if num_worst_tokens > 0:
+            raise ValueError("Buffer.internode_dispatch: num_worst_tokens > 0 across nodes is not supported by nvshmem_tutorial yet "
+                             "(issue 32 step 8)")
+        topk, streams = (topk_idx, topk_weights), (previous_event, async_finish, allocate_on_comm_stream)
+        layout = (num_tokens_per_rank, num_tokens_per_rdma_rank, is_token_in_rank, num_tokens_per_expert)
+        recv_x, recv_scales, recv_idx, recv_w, per_expert, handle, event = self.runtime.internode_dispatch(
+            x, x_scales, layout, topk, expert_alignment, num_worst_tokens, config, Buffer.num_sms, streams
+        )
+        handle = (*handle[:7], _source_meta_bytes(handle[7]), *handle[8:])
+        return (recv_x if recv_scales is None else (recv_x, recv_scales)), recv_idx, recv_w, per_expert, handle, EventOverlap(event)
+
+    def internode_combine(
+        self,
+        x: Any,
+        handle: Union[tuple, list],
+        topk_weights: Optional[Any] = None,
+        bias: Union[Any, Tuple[Any, Any], None] = None,
+        config: Optional[Config] = None,
+        previous_event: Optional[EventOverlap] = None,
+        async_finish: bool = False,
+        allocate_on_comm_stream: bool = False,
+    ) -> Tuple[Any, Optional[Any], EventOverlap]:
+        """DeepEP's internode combine (``combine`` calls it across nodes), with the 10-tuple
+        handle of ``internode_dispatch``: each rank's rows go back to the rank that forwarded
+        them, which sums a token's rows of its node (fp32, rounded to bf16 once), and that sum
+        crosses the network once to the token's rank, where the nodes' sums and the biases are
+        added (fp32, rounded once). ``(combined_x [T, H] bf16, combined_topk_weights [T, K] f32
+        or None, event)``. Results are bitwise repeatable (the order is fixed by the handle)."""
+        bias = bias if isinstance(bias, tuple) else (bias, None)
+        streams = (previous_event, async_finish, allocate_on_comm_stream)
+        combined, combined_w, event = self.runtime.internode_combine(x, tuple(handle), topk_weights, bias, config, Buffer.num_sms, streams)
         return combined, combined_w, EventOverlap(event)
 
     # ---- low-latency mode (chapter 8) -------------------------------------------------------------
@@ -368,8 +465,6 @@ class Buffer:
         return combined, EventOverlap(event), hook
 
     def __getattr__(self, name: str) -> Any:
-        if name in {"internode_dispatch", "internode_combine"}:
-            raise ValueError(f"Buffer.{name}: inter-node normal mode is not supported by nvshmem_tutorial (one node)")
         if name in {"low_latency_update_mask_buffer", "low_latency_query_mask_buffer", "low_latency_clean_mask_buffer"}:
             raise ValueError(f"Buffer.{name}: shrink mode (masking failed ranks) is not supported by nvshmem_tutorial")
         raise AttributeError(name)

@@ -49,8 +49,10 @@ use std::sync::{Arc, Mutex, Weak};
 use cudarc::driver::sys;
 use nvshmem_tutorial::config::{combine_config, dispatch_config};
 use nvshmem_tutorial::{
-    BufferError, BufferOptions, CombineInputs, Config, ElemType, LlDispatchOptions, NvshmemBuffer,
-    plan_combine, plan_dispatch, plan_layout, plan_ll_combine, plan_ll_dispatch, plan_notify,
+    BufferError, BufferOptions, CombineInputs, Config, ElemType, InternodeCombineCall,
+    InternodeNotifyCall, LlDispatchOptions, NvshmemBuffer, plan_combine, plan_dispatch,
+    plan_internode_combine, plan_internode_dispatch, plan_internode_notify, plan_layout,
+    plan_ll_combine, plan_ll_dispatch, plan_notify,
 };
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
@@ -59,6 +61,7 @@ use crate::config::{self, PyConfig, buffer_timeout_ms};
 use crate::dlpack;
 use crate::errors::Error;
 use crate::events::{StreamArgs, Streams};
+use crate::internode::{self, InternodeLayout, PyInternodeHandle};
 use crate::low_latency::{self, PyLlHandle, Receive};
 use crate::normal::{self, Layout, PyHandle};
 use crate::shared::{Call, Shared};
@@ -495,6 +498,223 @@ impl BufferCore {
         // SAFETY: as in `dispatch`.
         unsafe { buffer.combine_raw(&inputs, &handle_views, &outputs, &config, launch) }?;
         let made = combined.iter().chain(handle.tensors());
+        let used = tensors_used(&[&x], &[&topk_weights, &bias.0, &bias.1], made);
+        let event = streams.finish(&call, &used)?;
+        let [combined_x, combined_weights] = combined;
+        Ok((combined_x, combined_weights, event).into_pyobject(py)?)
+    }
+
+    /// DeepEP's `runtime.get_num_rdma_ranks()`: the nodes the buffer spans (N = ranks / G,
+    /// chapter 5's node size G, `NVSHMEM_TUTORIAL_NODE_PES` for virtual ones); 1 on one node.
+    /// buffer.py routes normal-mode calls across nodes when it is above 1, as DeepEP's.
+    fn get_num_rdma_ranks(&self) -> Result<usize, Error> {
+        let spec = *self.shared()?.buffer.spec();
+        Ok(if spec.spans_nodes() {
+            spec.n_pes / spec.node_pes
+        } else {
+            1
+        })
+    }
+
+    /// DeepEP's `runtime.get_rdma_rank()`: this rank's node (0 on one node).
+    fn get_rdma_rank(&self) -> Result<usize, Error> {
+        let spec = *self.shared()?.buffer.spec();
+        Ok(if spec.spans_nodes() {
+            spec.my_pe / spec.node_pes
+        } else {
+            0
+        })
+    }
+
+    /// DeepEP's `runtime.get_root_rdma_rank(global)` (`global_`: `global` is Python's keyword):
+    /// the rank that roots this rank's rail (the ranks of its local index on every node): its
+    /// local index with `global_`, else 0.
+    /// DeepEP bootstraps one NVSHMEM world per rail from it; ours has one world, so this is
+    /// information only.
+    fn get_root_rdma_rank(&self, global_: bool) -> Result<usize, Error> {
+        let spec = *self.shared()?.buffer.spec();
+        let local = if spec.spans_nodes() {
+            spec.my_pe % spec.node_pes
+        } else {
+            spec.my_pe
+        };
+        Ok(if global_ { local } else { 0 })
+    }
+
+    /// DeepEP's `runtime.get_local_device_id()`: this rank's GPU.
+    fn get_local_device_id(&self) -> i32 {
+        self.device
+    }
+
+    /// Ours: the largest `Config.num_sms` whose internode dispatch and combine grids (all blocks
+    /// resident) this PE can launch: the GPU's SMs with one PE per GPU, its share under MPS.
+    /// A larger one is refused by the call, naming this.
+    fn internode_max_num_sms(&self) -> Result<u32, Error> {
+        let call = Call::enter(&self.shared)?;
+        Ok(call.buffer.internode_max_num_sms()?)
+    }
+
+    /// DeepEP's internode dispatch without a handle (issue 32): the notify step across nodes,
+    /// the host's wait for the counts, then the two-level dispatch. Returns (recv_x,
+    /// recv_x_scales, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert_list, handle,
+    /// event), the handle DeepEP's 10-tuple (internode.rs: position 7 as [M, 2] int32). `layout`:
+    /// (num_tokens_per_rank, num_tokens_per_rdma_rank, is_token_in_rank, num_tokens_per_expert)
+    /// from get_dispatch_layout. bf16 rows, or fp8 bytes with their scales (recv_x_scales row
+    /// major, as DeepEP's); no `num_worst_tokens` yet (refused, naming it, before any launch).
+    fn internode_dispatch<'py>(
+        &self,
+        py: Python<'py>,
+        x: Tensor<'py>,
+        x_scales: Option<Tensor<'py>>,
+        layout: InternodeLayout<'py>,
+        topk: (Option<Tensor<'py>>, Option<Tensor<'py>>),
+        expert_alignment: usize,
+        num_worst_tokens: usize,
+        config: Option<PyRef<'py, PyConfig>>,
+        num_sms: u32,
+        streams: StreamArgs<'py>,
+    ) -> Result<Bound<'py, PyTuple>, Error> {
+        let (call, config) = self.enter_with(config, num_sms, dispatch_config)?;
+        let dev = self.device;
+        if num_worst_tokens > 0 {
+            return Err(Error::Invalid(
+                "internode_dispatch: num_worst_tokens > 0 is not supported across nodes yet \
+                 (issue 32 step 8): pass num_worst_tokens=0"
+                    .into(),
+            ));
+        }
+        let notify_inputs = layout.views(dev, expert_alignment)?;
+        let num_experts = notify_inputs.num_tokens_per_expert.rows();
+        let inputs =
+            normal::dispatch_inputs(dev, (&x, &x_scales), (&topk.0, &topk.1), num_experts)?;
+        let routing = notify_inputs.is_token_in_rank;
+        let spec = *call.buffer.spec();
+        let (n, g) = (spec.n_pes, spec.node_pes);
+        let shape = (n, n / g, config.num_channels());
+        let heads = (routing.rows(), n / g, g);
+        // The whole call is checked before the notify step, which the peers wait for.
+        let planned = Outputs::Planned;
+        let (_, handle_planned) = internode::notify_outputs(py, &planned, shape)?;
+        let (_, outputs_planned) =
+            internode::dispatch_outputs(py, &planned, &inputs, (0, 0), heads)?;
+        // The grid must stay resident (checked again at the launch): refused here, before the
+        // notify step, every rank refuses alike and none waits for the others.
+        let most = call.buffer.internode_max_num_sms()?;
+        if 2 * config.num_channels() as u32 > most {
+            return Err(Error::Invalid(format!(
+                "internode_dispatch: Config.num_sms = {}: this PE keeps at most {most} blocks of \
+                 the internode dispatch resident (runtime.internode_max_num_sms())",
+                config.num_sms
+            )));
+        }
+        let notify = InternodeNotifyCall::Full(notify_inputs);
+        plan_internode_notify(&spec, &config, &notify, &handle_planned)?;
+        plan_internode_dispatch(
+            &spec,
+            &config,
+            &inputs,
+            routing,
+            &handle_planned,
+            &outputs_planned,
+        )?;
+
+        let (streams, alloc) = self.streams(py, &call, streams)?;
+        let (prefix, handle_views) = internode::notify_outputs(py, &alloc, shape)?;
+        let (buffer, launch) = (&call.buffer, streams.launch);
+        // SAFETY (both launches): views of live tensors on this PE's GPU (checked by the
+        // plans and torch.rs), a stream of its context. The GIL is released while the host
+        // waits for the counts.
+        let counts = py.detach(|| unsafe {
+            buffer.internode_notify_raw(&notify, &handle_views, &config, true, cu(launch))
+        })?;
+        let counts = counts.ok_or_else(|| {
+            Error::Invalid("internode_dispatch: the notify step returned no counts".into())
+        })?;
+        let rows = (counts.num_recv_tokens, counts.num_rdma_recv_tokens);
+        let (received, outputs) = internode::dispatch_outputs(py, &alloc, &inputs, rows, heads)?;
+        unsafe {
+            buffer.internode_dispatch_raw(
+                &inputs,
+                routing,
+                &handle_views,
+                &outputs,
+                &config,
+                cu(streams.launch),
+            )
+        }?;
+
+        let [
+            recv_x,
+            recv_scales,
+            recv_idx,
+            recv_weights,
+            meta,
+            rdma_head,
+            nvl_head,
+        ] = &received;
+        let [p1, p2, p3, p4, p5, p6] = &prefix;
+        let in_rank = &layout.0[2].obj;
+        let handle = [in_rank, p1, p2, p3, p4, p5, p6, meta, rdma_head, nvl_head];
+        let handle = PyTuple::new(py, handle)?;
+        let layout_objects = layout.0.iter().map(|t| &t.obj);
+        let made = layout_objects.chain(&prefix).chain(&received);
+        let used = tensors_used(&[&x], &[&x_scales, &topk.0, &topk.1], made);
+        let event = streams.finish(&call, &used)?;
+        let values = (
+            recv_x,
+            recv_scales,
+            recv_idx,
+            recv_weights,
+            counts.per_local_expert,
+            handle,
+            event,
+        );
+        Ok(values.into_pyobject(py)?)
+    }
+
+    /// DeepEP's internode combine with the 10-tuple handle of the dispatch that delivered `x`'s
+    /// rows: (combined_x, combined_topk_weights, event). `bias`: (bias_0, bias_1). The cached
+    /// notify runs first (the entry barrier), as DeepEP's.
+    fn internode_combine<'py>(
+        &self,
+        py: Python<'py>,
+        x: Tensor<'py>,
+        handle: PyInternodeHandle<'py>,
+        topk_weights: Option<Tensor<'py>>,
+        bias: (Option<Tensor<'py>>, Option<Tensor<'py>>),
+        config: Option<PyRef<'py, PyConfig>>,
+        num_sms: u32,
+        streams: StreamArgs<'py>,
+    ) -> Result<Bound<'py, PyTuple>, Error> {
+        let (call, config) = self.enter_with(config, num_sms, combine_config)?;
+        let dev = self.device;
+        let handle_views = handle.combine_views(dev)?;
+        let inputs = CombineInputs {
+            x: x.view("x", dev)?,
+            topk_weights: optional_view(&topk_weights, "topk_weights", dev)?,
+            bias: [
+                optional_view(&bias.0, "bias[0]", dev)?,
+                optional_view(&bias.1, "bias[1]", dev)?,
+            ],
+        };
+        let shape = (handle_views.is_token_in_rank.rows(), inputs.x.cols());
+        let num_topk = inputs.topk_weights.map(|w| w.cols());
+        let combine = |outputs| InternodeCombineCall {
+            inputs,
+            handle: handle_views,
+            outputs,
+        };
+        let (streams, combined, outputs) = self.plan_and_allocate(
+            py,
+            &call,
+            streams,
+            |make| normal::combine_outputs(py, make, shape, num_topk),
+            |planned| plan_internode_combine(call.buffer.spec(), &config, &combine(*planned)),
+        )?;
+        let (buffer, launch) = (&call.buffer, cu(streams.launch));
+        // SAFETY: as in `dispatch`.
+        unsafe { buffer.internode_combine_raw(&combine(outputs), &config, launch) }?;
+        let made = combined.iter().chain(handle.objects());
         let used = tensors_used(&[&x], &[&topk_weights, &bias.0, &bias.1], made);
         let event = streams.finish(&call, &used)?;
         let [combined_x, combined_weights] = combined;

@@ -17,8 +17,8 @@
 //! barrier, quiet), [`signals`] (the pairwise handshake), [`collectives`] (chapter 4),
 //! [`inter_node`] (chapter 5: the same collectives over nodes, three ways);
 //! [`state`], [`errors`] and [`dlpack`] hold what they share. Chapters 7-8, the buffer:
-//! [`buffer`] (`BufferCore`: every DeepEP call, one crossing each), [`normal`] and
-//! [`low_latency`] (each mode's arguments and outputs), [`torch`] (tensors in, outputs out),
+//! [`buffer`] (`BufferCore`: every DeepEP call, one crossing each), [`normal`], [`internode`]
+//! (normal mode across nodes) and [`low_latency`] (each mode's arguments and outputs), [`torch`] (tensors in, outputs out),
 //! [`events`] and [`streams`] (DeepEP's stream rules, natively), [`shared`] (what a buffer's
 //! events and hooks share with it), [`config`] (`Config`, size hints, the timeout).
 //!
@@ -36,6 +36,7 @@ mod dlpack;
 mod errors;
 mod events;
 mod inter_node;
+mod internode;
 mod low_latency;
 mod normal;
 mod shared;

@@ -70,8 +70,6 @@ def test_buffer_module_imports_without_torch_and_refuses_what_it_lacks():
         deep_ep.Buffer.set_num_sms(23)
     with pytest.raises(ValueError, match="allow_mnnvl"):
         deep_ep.Buffer(object(), 1 << 20, allow_mnnvl=True)
-    with pytest.raises(ValueError, match="inter-node"):
-        deep_ep.Buffer(object(), 1 << 20, num_rdma_bytes=1 << 20)
     with pytest.raises(ValueError, match="'group' or 'comm'"):
         deep_ep.Buffer(None, 1 << 20)
 
@@ -248,12 +246,14 @@ _NATIVE_RESULTS = {
     "low_latency_combine": ("combined", None, "hook"),
     "clean_low_latency_buffer": None,
     "check": None,
+    "get_num_rdma_ranks": 1,  # one node: the intranode calls (test_internode_cpu.py: 2)
 }
 
 
-def _recording_buffer(calls):
+def _recording_buffer(calls, results=_NATIVE_RESULTS):
     """A Buffer whose runtime records each native call's arguments by the names the Rust
-    signature gives them (so a positional mix-up between buffer.py and buffer.rs shows)."""
+    signature gives them (so a positional mix-up between buffer.py and buffer.rs shows) and
+    returns `results[name]`."""
     import inspect
 
     import nvshmem_tutorial.buffer as deep_ep
@@ -265,7 +265,7 @@ def _recording_buffer(calls):
             def method(*args, **kwargs):
                 bound = signature.bind(None, *args, **kwargs).arguments
                 calls.append((name, {k: v for k, v in bound.items() if k != "self"}))
-                return _NATIVE_RESULTS[name]
+                return results[name]
 
             return method
 
