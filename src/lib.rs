@@ -32,7 +32,7 @@
 //!   internode.rs                    normal mode across nodes (issue 32): the notify step's
 //!                                   two-level arithmetic on the host, against DeepEP's definitions
 //!   internode_notify/               its kernel's area and launch (mod.rs), plan (plan.rs), tests
-//!   internode_dispatch/             the two-level dispatch (step 4): launch, plan, tests
+//!   internode_dispatch/             the two-level dispatch (steps 4, 6-8): launch, plan, cached
 //!   internode_combine/              the two-level combine (step 5): launch, plan, tests
 //!   bin/                            ch07-buffer, ch08-low-latency (self-checking, typed layer);
 //!                                   internode-notify, internode-dispatch (issue 32's GPU tests,
@@ -100,7 +100,8 @@ pub use internode_combine::{
     InternodeCombineCall, InternodeCombineHandle, InternodeCombinePlan, plan_internode_combine,
 };
 pub use internode_dispatch::{
-    InternodeDispatchOutputs, InternodeDispatchPlan, plan_internode_dispatch,
+    InternodeCachedDispatchCall, InternodeCachedHandle, InternodeDispatchOutputs,
+    InternodeDispatchPlan, plan_internode_cached_dispatch, plan_internode_dispatch,
 };
 pub use internode_notify::{
     InternodeHandle, InternodeNotifyCall, InternodeNotifyInputs, InternodeNotifyPlan,

@@ -137,9 +137,11 @@ contract_structs! {
         recv_topk_idx: u64 => "int64_t*",
         /// local [num_recv_rows, num_topk] or null
         recv_topk_weights: u64 => "float*",
-        /// local [num_tokens, N] i32 (handle 8), written: index in the channel's stream to node k, or -1
+        /// local [num_tokens, N] i32 (handle 8), written: index in the channel's stream to node k, or
+        /// -1; null in a cached dispatch
         send_rdma_head: u64 => "int*",
-        /// local [num_forwarded_rows, G] i32 (handle 9), written: index in NVL stream (c, l'), or -1
+        /// local [num_forwarded_rows, G] i32 (handle 9), written: index in NVL stream (c, l'), or -1;
+        /// null in a cached dispatch
         send_nvl_head: u64 => "int*",
         /// local [MAX_DISPATCH_BLOCKS] u64: the dispatches each block finished
         calls: u64 => "uint64_t*",

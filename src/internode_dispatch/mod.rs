@@ -4,10 +4,11 @@
 //! token once to each destination node, to the rank with our local index there (its RDMA
 //! rings: put-with-signal per chunk), which forwards it to the node's ranks (NVL rings, peer
 //! pointers inside the node). bf16 rows, or fp8 bytes with their scales (step 6: DeepEP's
-//! strided `x_scales`, received row major), with or without top-k; the cached handle and
-//! `num_worst_tokens` are later steps.
+//! strided `x_scales`, received row major), with or without top-k; with a full dispatch's
+//! handle, the cached dispatch (step 7, `cached`); `num_worst_tokens` is a later step.
 //!
-//! This module holds the call's types and the launch; `plan` every check and the argument struct.
+//! This module holds the call's types and the launch; `plan` every check and the argument
+//! struct; `cached` the cached dispatch's types, plan and launch.
 
 use std::ops::Deref;
 
@@ -53,10 +54,16 @@ pub struct InternodeDispatchPlan {
     pub num_channels: usize,
 }
 
+mod cached;
+#[cfg(test)]
+mod cached_tests;
 mod plan;
 #[cfg(test)]
 pub(crate) mod tests;
 
+pub use cached::{
+    InternodeCachedDispatchCall, InternodeCachedHandle, plan_internode_cached_dispatch,
+};
 pub use plan::plan_internode_dispatch;
 pub(crate) use plan::{fits, rdma_ring, rdma_rings};
 

@@ -67,29 +67,32 @@ pub(crate) struct Written {
 }
 
 /// recv_x [M, H] of x's dtype and, with fp8, recv_x_scales [M, S] of x_scales' dtype (row
-/// major), for rows of format `f`: M.
+/// major), for rows of format `f` (`what`: the full or the cached dispatch): M.
 pub(crate) fn check_recv_x(
+    what: &'static str,
     recv_x: &View,
     recv_x_scales: &Option<View>,
     f: &RowFormat,
 ) -> Result<usize, BufferError> {
     let rows = recv_x.rows();
-    recv_x.expect(WHAT, "recv_x", f.elem, &[None, Some(f.hidden)])?;
-    recv_x.expect_aligned(WHAT, "recv_x", 16)?;
+    recv_x.expect(what, "recv_x", f.elem, &[None, Some(f.hidden)])?;
+    recv_x.expect_aligned(what, "recv_x", 16)?;
     match (recv_x_scales, f.num_scales) {
         (Some(s), scales) if scales > 0 => {
             let shape = [Some(rows), Some(scales)];
-            s.expect(WHAT, "recv_x_scales", f.scale_elem(), &shape)?;
+            s.expect(what, "recv_x_scales", f.scale_elem(), &shape)?;
         }
         (None, 0) => {}
         (Some(_), _) => {
-            return Err(invalid(
-                "recv_x_scales goes with fp8 x and its x_scales only: pass None for bf16".into(),
+            return Err(BufferError::invalid(
+                what,
+                "recv_x_scales goes with fp8 x and its x_scales only: pass None for bf16",
             ));
         }
         (None, _) => {
-            return Err(invalid(
-                "fp8 x needs recv_x_scales [M, S] of x_scales' dtype, row major".into(),
+            return Err(BufferError::invalid(
+                what,
+                "fp8 x needs recv_x_scales [M, S] of x_scales' dtype, row major",
             ));
         }
     }
@@ -103,7 +106,7 @@ fn check_outputs(
     num_tokens: usize,
     (nodes, g): (usize, usize),
 ) -> Result<Written, BufferError> {
-    let rows = check_recv_x(&outputs.recv_x, &outputs.recv_x_scales, f)?;
+    let rows = check_recv_x(WHAT, &outputs.recv_x, &outputs.recv_x_scales, f)?;
     let meta = [Some(rows), Some(2)];
     outputs
         .recv_src_meta

@@ -42,10 +42,10 @@ pub(crate) fn spec_for(config: &Config, n: usize, g: usize, me: usize) -> Buffer
 /// A call's views: T tokens of bf16 [T, HIDDEN] with K top-k (0: none), M rows received, M_r
 /// forwarded, n ranks in N nodes of G, C channels.
 pub(crate) struct Call {
-    inputs: DispatchInputs,
-    is_token_in_rank: View,
-    handle: InternodeHandle,
-    outputs: InternodeDispatchOutputs,
+    pub(crate) inputs: DispatchInputs,
+    pub(crate) is_token_in_rank: View,
+    pub(crate) handle: InternodeHandle,
+    pub(crate) outputs: InternodeDispatchOutputs,
 }
 
 pub(crate) fn call(n: usize, g: usize, c: usize, t: usize, k: usize) -> Call {

@@ -1,7 +1,7 @@
-// Normal mode across nodes (issue 32, steps 4 and 6): the two-level dispatch, bf16 rows or fp8
-// bytes with their scales, with or without top-k (benchmarks/notes/buffer_internode_normal.md,
-// sections 2.6 and 7). Grid 2C, all blocks resident; channel c owns a contiguous range of our
-// tokens, as in chapter 7.
+// Normal mode across nodes (issue 32, steps 4, 6 and 7): the two-level dispatch, bf16 rows or
+// fp8 bytes with their scales, with or without top-k, fresh or cached
+// (benchmarks/notes/buffer_internode_normal.md, sections 2.6 and 7). Grid 2C, all blocks
+// resident; channel c owns a contiguous range of our tokens, as in chapter 7.
 //
 //   block 2c, warps 0-7   sender: each token once to each destination node k, into ring
 //                         (c, our node) on our rail peer there (k, our local index): staged,
@@ -42,6 +42,11 @@
 // - Every wait is bounded and names whom it waited for: WAIT_RDMA_SPACE the rail peer whose
 //   forwarder never freed space, WAIT_RDMA_DATA the first rail peer still owing a chunk,
 //   WAIT_RING_SPACE / WAIT_RING_DATA the node member (chapter 7's kinds).
+// - A cached dispatch (a handle of an earlier full one, after the cached notify's barrier) is
+//   the same kernel and protocol: positions, chunks and rows come from the routing and handle
+//   3-6 alone, so they are the full dispatch's again. Its send_rdma_head, send_nvl_head and
+//   recv_src_meta are null: the handle is read, never rewritten (send_nvl_head's values depend
+//   on the order the forwarder met chunks, which a rerun need not repeat).
 // ANCHOR_END: internode_dispatch_notes
 #include "internode.cuh"
 
@@ -91,7 +96,7 @@ __device__ __forceinline__ bool plan_window(const Workspace& ws, const Internode
         for (int l = 0; l < G; ++l) any |= to[l];
         mask |= uint32_t(any) << i;
     }
-    for (int i = 0; i < WINDOW_TOKENS && w0 + i < end; ++i) {
+    for (int i = 0; a.send_rdma_head != nullptr && i < WINDOW_TOKENS && w0 + i < end; ++i) {  // null: cached
         const bool hit = mask >> i & 1;
         a.send_rdma_head[static_cast<int64_t>(w0 + i) * N + k] = hit ? int(pos - base) + __popc(mask & ((1u << i) - 1)) : -1;
     }
@@ -265,7 +270,7 @@ __device__ __forceinline__ void forward_chunk(const Workspace& ws, const Interno
         const int first_row = (b > 0 ? a.recv_rdma_rank_prefix_sum[b - 1] : 0) +
                               (c > 0 ? a.recv_rdma_channel_prefix_matrix[b * C + c - 1] : 0) + f.taken[b];
         const int at = int(f.nvl_pos[l] - f.nvl_base[l]);
-        for (int i = 0; i < m && first_row + i < a.num_forwarded_rows; ++i) {
+        for (int i = 0; a.send_nvl_head != nullptr && i < m && first_row + i < a.num_forwarded_rows; ++i) {  // null: cached
             const bool hit = to >> i & 1;
             a.send_nvl_head[static_cast<int64_t>(first_row + i) * G + l] = hit ? at + __popc(to & ((1u << i) - 1)) : -1;
         }

@@ -54,7 +54,7 @@ pub(crate) struct Fp8Rows {
 
 impl Rows {
     /// Rank `me`'s rows of `t_count` tokens in format `f`, and outputs of `m` rows poisoned.
-    fn new(
+    pub(crate) fn new(
         stream: &Arc<CudaStream>,
         me: usize,
         t_count: usize,
@@ -104,7 +104,7 @@ impl Rows {
     }
 
     /// (x, x_scales) for the inputs.
-    fn x(&self) -> (View, Option<View>) {
+    pub(crate) fn x(&self) -> (View, Option<View>) {
         match self {
             Self::Bf16(a) => (a[0].view(), None),
             Self::Fp8(f) => (f.x.view(), Some(f.x_scales)),
@@ -127,7 +127,7 @@ pub(crate) struct Arrays {
     topk_weights: Option<DeviceArray<f32>>,
     recv_topk_idx: Option<DeviceArray<i64>>,
     recv_topk_weights: Option<DeviceArray<f32>>,
-    recv_src_meta: DeviceArray<i32>,
+    pub(crate) recv_src_meta: DeviceArray<i32>,
     pub(crate) send_rdma_head: DeviceArray<i32>,
     pub(crate) send_nvl_head: DeviceArray<i32>,
 }
@@ -336,7 +336,7 @@ fn check_received(
 
 /// recv_x against the reference rows `want` (source, token), in order, and with fp8 the
 /// scales, all exactly (bf16 values by their bits, fp8 as bytes, scales by their bits).
-fn check_rows(
+pub(crate) fn check_rows(
     want: &[(usize, usize)],
     me: usize,
     rows: &Rows,

@@ -1,4 +1,4 @@
-//! Issue 32, steps 4-6's GPU test: the two-level dispatch and combine across nodes
+//! Issue 32, steps 4-7's GPU test: the two-level dispatch and combine across nodes
 //! (`internode_dispatch`, `internode_combine`) against a pure reference, on virtual nodes of G
 //! ranks:
 //!
@@ -19,6 +19,8 @@
 //! ids and weights, `send_rdma_head` (handle 8) exactly, and `send_nvl_head` (handle 9) as -1
 //! exactly where a rank of the node is not a destination and a permutation of each NVL
 //! stream's indices elsewhere (the forwarder meets chunks of different nodes in any order).
+//! On pairs 0 of every 4 a cached dispatch follows with that handle (`cached_of`: bf16, or
+//! fp8 with column-major scales), its rows checked and handle positions 7-9 unchanged.
 //! Then the combine with that handle (its cached notify first), with its own RDMA chunk, the
 //! biases changing (none, bias0, bias1, both) and top-k weights when the dispatch had them:
 //! every rank sends back, for each row it received, values that differ by rank, and
@@ -35,6 +37,7 @@ use std::process::ExitCode;
 use ch01_bootstrap::checks::Tally;
 use nvshmem_tutorial::{BufferError, Config, NvshmemBuffer};
 
+mod cached;
 mod combine;
 mod dispatch;
 mod reference;
@@ -66,6 +69,13 @@ fn main() -> ExitCode {
 /// (DeepEP's test's layout) on 6-7. The combine stays bf16 (as DeepEP's).
 pub(crate) fn fp8_of(i: usize) -> Option<bool> {
     (i % 4 >= 2).then_some(i % 8 >= 4)
+}
+
+/// Whether pair i runs a cached dispatch between its dispatch and combine (pairs 0 of every 4:
+/// bf16 without top-k), and its rows: bf16 on pairs 0 of every 8, fp8 with column-major scales
+/// on pairs 4 of every 8 (the handle does not depend on the rows' format).
+pub(crate) fn cached_of(i: usize) -> Option<Option<bool>> {
+    i.is_multiple_of(4).then_some((i % 8 == 4).then_some(true))
 }
 
 /// Call i's dispatch config: the RDMA chunk changes between calls (as DeepEP's tuning loop
@@ -168,13 +178,22 @@ fn pair(
     let (dispatched, dispatch_ok) =
         dispatch::dispatch_and_check(buffer, case, (hidden, with_topk, fp8), tally)?;
     let config = combine_config(case.config.num_sms, i)?;
+    // Pairs 0 of every 4 (bf16 without top-k, as DeepEP's test's cached calls): a cached
+    // dispatch with the handle, under the combine's config (another RDMA chunk), bf16 or fp8.
+    let cached_ok = match cached_of(i) {
+        Some(fp8) => {
+            cached::cached_and_check(buffer, case, &dispatched, &config, (hidden, fp8), tally)?
+        }
+        None => true,
+    };
     let biases = [i % 4 == 1 || i % 4 == 3, i % 4 >= 2];
     let combine_ok =
         combine::combine_and_check(buffer, case, &dispatched, &config, (hidden, biases), tally)?;
+    let dispatch_ok = dispatch_ok && cached_ok;
     if !(dispatch_ok && combine_ok) {
         eprintln!(
             "pe {}: pair {i} ({}): hidden {hidden}, top-k {with_topk}, fp8 {fp8:?}, RDMA chunks \
-             {} / {}, biases {biases:?}: dispatch {dispatch_ok}, combine {combine_ok}",
+             {} / {}, biases {biases:?}: dispatch (and cached) {dispatch_ok}, combine {combine_ok}",
             buffer.world().my_pe(),
             case.describe(),
             case.config.num_max_rdma_chunked_send_tokens,
