@@ -54,12 +54,13 @@ pub enum BufferError {
     /// A dispatch's handle delivers more rows than its outputs hold: `num_worst_tokens` below
     /// what this rank received (found on the GPU; the call completed without the extra rows).
     #[error(
-        "dispatch: this rank received {needed} tokens, but num_worst_tokens = {num_worst_tokens} \
-         rows were allocated for them: the rows past {num_worst_tokens} (from rank \
-         {first_rank}'s tokens on) were dropped, and a combine with this handle leaves them out. \
-         Pass num_worst_tokens >= {needed}: at least the most tokens a rank can receive, the \
-         sum of every rank's num_tokens (num_tokens x num_ranks when all ranks have as many), \
-         or 0 to size the outputs from the notify step"
+        "dispatch: this rank received {needed} tokens (across nodes also: forwarded to its \
+         node), but num_worst_tokens = {num_worst_tokens} rows were allocated for them: the rows \
+         past {num_worst_tokens} (from rank {first_rank}'s tokens on) were dropped, and a \
+         combine with this handle leaves them out. Pass num_worst_tokens >= {needed}: at least \
+         the most tokens a rank can receive or forward, the sum of every rank's num_tokens \
+         (num_tokens x num_ranks when all ranks have as many), or 0 to size the outputs from \
+         the notify step"
     )]
     RecvOverflow {
         first_rank: u64,
@@ -388,6 +389,7 @@ mod input_record_tests {
             &text,
             &[
                 "received 250 tokens",
+                "forwarded to its node",
                 "num_worst_tokens = 100 rows",
                 "from rank 1's tokens on",
                 "Pass num_worst_tokens >= 250",

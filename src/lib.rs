@@ -34,6 +34,7 @@
 //!   internode_notify/               its kernel's area and launch (mod.rs), plan (plan.rs), tests
 //!   internode_dispatch/             the two-level dispatch (steps 4, 6-8): launch, plan, cached
 //!   internode_combine/              the two-level combine (step 5): launch, plan, tests
+//!   internode_pair/                 a dispatch and combine pair for CUDA graphs (step 8)
 //!   bin/                            ch07-buffer, ch08-low-latency (self-checking, typed layer);
 //!                                   internode-notify, internode-dispatch (issue 32's GPU tests,
 //!                                   raw layer; the latter runs dispatch and combine pairs)
@@ -67,6 +68,7 @@ pub mod internode;
 pub mod internode_combine;
 pub mod internode_dispatch;
 pub mod internode_notify;
+pub mod internode_pair;
 pub mod layout;
 pub mod low_latency;
 pub mod notify;
@@ -107,6 +109,7 @@ pub use internode_notify::{
     InternodeHandle, InternodeNotifyCall, InternodeNotifyInputs, InternodeNotifyPlan,
     InternodeRecvCounts, plan_internode_notify,
 };
+pub use internode_pair::{InternodePair, InternodePairPlan, plan_internode_pair};
 pub use kernels;
 pub use layout::{LayoutOutputs, LayoutPlan, plan_layout};
 pub use low_latency::{

@@ -133,7 +133,8 @@ contract_structs! {
         /// local [num_recv_rows, 2] i32: source node, in-node mask (handle 7, 8 bytes a row); null
         /// in a cached dispatch (not written)
         recv_src_meta: u64 => "int*",
-        /// local [num_recv_rows, num_topk] (local expert ids or -1) or null
+        /// local [num_recv_rows, num_topk] (local expert ids or -1; -1 on rows past those
+        /// received) or null
         recv_topk_idx: u64 => "int64_t*",
         /// local [num_recv_rows, num_topk] or null
         recv_topk_weights: u64 => "float*",
@@ -149,6 +150,8 @@ contract_structs! {
         nvl: u64 => "uint8_t*",
         /// chapter 7's dispatch counters, [MAX_CHANNELS][MAX_PES] by node member
         nvl_counters: NvlCounters => "NvlCounters",
+        /// where outputs smaller than the handle's rows are recorded (RECV_OVERFLOW: num_worst_tokens)
+        bad_input: InputError => "InputError",
         rings: RdmaRings => "RdmaRings",
         topo: LlTopology => "LlTopology",
         slot: DispatchSlot => "DispatchSlot",

@@ -5,7 +5,9 @@
 //! rings: put-with-signal per chunk), which forwards it to the node's ranks (NVL rings, peer
 //! pointers inside the node). bf16 rows, or fp8 bytes with their scales (step 6: DeepEP's
 //! strided `x_scales`, received row major), with or without top-k; with a full dispatch's
-//! handle, the cached dispatch (step 7, `cached`); `num_worst_tokens` is a later step.
+//! handle, the cached dispatch (step 7, `cached`); outputs of the notify's counts or of
+//! `num_worst_tokens` (step 8), and a dispatch and combine pair for CUDA graphs
+//! (`crate::internode_pair`).
 //!
 //! This module holds the call's types and the launch; `plan` every check and the argument
 //! struct; `cached` the cached dispatch's types, plan and launch.
@@ -25,7 +27,12 @@ use crate::internode_notify::InternodeHandle;
 use crate::view::View;
 
 /// What the internode dispatch fills. M = rows received (`InternodeRecvCounts::num_recv_tokens`),
-/// M_r = rows forwarded (`num_rdma_recv_tokens`), T tokens, N nodes of G ranks, K top-k.
+/// M_r = rows forwarded (`num_rdma_recv_tokens`), T tokens, N nodes of G ranks, K top-k. Or, as
+/// DeepEP's `num_worst_tokens` W, M = M_r = W fixed before the call (the notify without `wait`:
+/// no host sync, so a CUDA graph can hold the call; `crate::internode_pair` checks such a pair):
+/// rows past those received keep their contents but for `recv_topk_idx` (-1), and a call that
+/// delivers or forwards more rows than the outputs hold drops the rest and records
+/// `BufferError::RecvOverflow`.
 #[derive(Debug, Clone, Copy)]
 pub struct InternodeDispatchOutputs {
     /// [M, H] of x's dtype (bf16, or fp8 e4m3 bytes): rows grouped by source rank, then

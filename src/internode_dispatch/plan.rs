@@ -282,6 +282,7 @@ pub(crate) fn dispatch_args(
             sent: spec.progress(Progress::DispatchSent),
             received: spec.progress(Progress::DispatchReceived),
         },
+        bad_input: spec.input_error,
         rings: rdma_rings(spec, rdma_ring, rdma_chunk),
         topo: spec.ll_topology(),
         slot: DispatchSlot {

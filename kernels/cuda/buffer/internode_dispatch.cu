@@ -1,6 +1,6 @@
-// Normal mode across nodes (issue 32, steps 4, 6 and 7): the two-level dispatch, bf16 rows or
-// fp8 bytes with their scales, with or without top-k, fresh or cached
-// (benchmarks/notes/buffer_internode_normal.md, sections 2.6 and 7). Grid 2C, all blocks
+// Normal mode across nodes (issue 32, steps 4, 6-8): the two-level dispatch, bf16 rows or fp8
+// bytes with their scales, with or without top-k, fresh or cached, into outputs of the notify's
+// counts or of num_worst_tokens (benchmarks/notes/buffer_internode_normal.md, 2.6 and 7). Grid 2C, all blocks
 // resident; channel c owns a contiguous range of our tokens, as in chapter 7.
 //
 //   block 2c, warps 0-7   sender: each token once to each destination node k, into ring
@@ -422,6 +422,44 @@ __device__ void nvl_receive(const Workspace& ws, const InternodeDispatchArgs& a,
 }
 // ANCHOR_END: nvl_receive
 
+// ---- outputs of a fixed size (num_worst_tokens) ----------------------------------------------
+
+// ANCHOR: internode_rows_fit
+// Outputs the caller sized (num_worst_tokens: CUDA graphs, no host wait for the counts) may hold
+// fewer rows than the handle delivers. Every store is bounded (the receiver by num_recv_rows,
+// the forwarder's send_nvl_head by num_forwarded_rows), so those rows are consumed and not
+// copied, every ring still moves and the peers finish the call; one thread records
+// RECV_OVERFLOW, an input error: the first source rank whose rows do not all fit (the
+// forwarder's: the rail peer of the first such node), the rows delivered, the rows there were.
+__device__ __forceinline__ void check_rows_fit(const InternodeDispatchArgs& a) {
+    const LlTopology& topo = a.topo;
+    const int n = topo.num_ranks, N = num_nodes(topo);
+    const int received = a.recv_gbl_rank_prefix_sum[n - 1];
+    if (received > a.num_recv_rows) {
+        int s = 0;
+        while (s + 1 < n && a.recv_gbl_rank_prefix_sum[s] <= a.num_recv_rows) ++s;
+        moe::record_input_error(a.bad_input, RECV_OVERFLOW, s, received, a.num_recv_rows);
+    }
+    const int forwarded = a.recv_rdma_rank_prefix_sum[N - 1];
+    if (a.send_nvl_head != nullptr && forwarded > a.num_forwarded_rows) {  // null: cached, nothing stored
+        int b = 0;
+        while (b + 1 < N && a.recv_rdma_rank_prefix_sum[b] <= a.num_forwarded_rows) ++b;
+        moe::record_input_error(a.bad_input, RECV_OVERFLOW, b * topo.node_pes + my_local(topo), forwarded, a.num_forwarded_rows);
+    }
+}
+
+// Rows past those received hold no expert: recv_topk_idx -1 there (as DeepEP's worst-case
+// outputs; the weights are left). The receiver threads of every channel share the rows.
+__device__ __forceinline__ void clear_unreceived_topk(const InternodeDispatchArgs& a, int c, int thread, int threads) {
+    if (a.recv_topk_idx == nullptr) return;
+    const int64_t k = a.slot.num_topk, received = a.recv_gbl_rank_prefix_sum[a.topo.num_ranks - 1];
+    const int64_t stride = static_cast<int64_t>(a.num_channels) * threads;
+    for (int64_t i = received * k + static_cast<int64_t>(c) * threads + thread; i < a.num_recv_rows * k; i += stride) {
+        a.recv_topk_idx[i] = -1;
+    }
+}
+// ANCHOR_END: internode_rows_fit
+
 // ANCHOR: internode_dispatch
 // Grid 2C of CHANNEL_THREADS, all resident (every role waits for others).
 extern "C" __global__ void __launch_bounds__(CHANNEL_THREADS) internode_dispatch(const __grid_constant__ Workspace ws,
@@ -433,9 +471,11 @@ extern "C" __global__ void __launch_bounds__(CHANNEL_THREADS) internode_dispatch
     } else if (threadIdx.x < RDMA_SENDER_WARPS * WARP_SIZE) {
         rdma_send(ws, a, call, c);
     } else {
-        const int warps = blockDim.x / WARP_SIZE - RDMA_SENDER_WARPS;
+        const int warps = blockDim.x / WARP_SIZE - RDMA_SENDER_WARPS, first = RDMA_SENDER_WARPS * WARP_SIZE;
+        if (c == 0 && threadIdx.x == first) check_rows_fit(a);
         const PeerGroup g(a.topo.node_pes, -1, RDMA_SENDER_WARPS, warps, RECEIVER_BARRIERS);
         if (g.active()) nvl_receive(ws, a, call, c, g);
+        clear_unreceived_topk(a, c, threadIdx.x - first, blockDim.x - first);
     }
     if (threadIdx.x == 0) a.calls[blockIdx.x] = call;
 }

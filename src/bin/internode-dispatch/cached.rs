@@ -36,7 +36,7 @@ pub(crate) fn cached_and_check(
         fp8,
     };
     let t_count = job.routing[me].len();
-    let rows = Rows::new(stream, me, t_count, &format, d.num_recv_tokens)?;
+    let rows = Rows::new(stream, me, t_count, &format, d.num_rows)?;
     let (x, x_scales) = rows.x();
     let (recv_x, recv_x_scales) = rows.recv_x();
     let call = InternodeCachedDispatchCall {

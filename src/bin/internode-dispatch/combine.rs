@@ -25,7 +25,7 @@ use crate::reference::{
 use crate::shared::AnyError;
 
 /// The combine's arrays of one call on the GPU, outputs poisoned.
-struct CombineArrays {
+pub(crate) struct CombineArrays {
     x: DeviceArray<bf16>,
     topk_weights: Option<DeviceArray<f32>>,
     bias: [Option<DeviceArray<bf16>>; 2],
@@ -36,7 +36,7 @@ struct CombineArrays {
 impl CombineArrays {
     /// Rank `me`'s rows back for the rows `d` delivered (in received order), its weights when
     /// `d` had top-k, the biases `biases` names.
-    fn new(
+    pub(crate) fn new(
         stream: &Arc<CudaStream>,
         job: &Job,
         me: usize,
@@ -44,18 +44,22 @@ impl CombineArrays {
         d: &Dispatched,
         biases: [bool; 2],
     ) -> Result<Self, BufferError> {
+        // A row per output row of the dispatch: those received, then (num_worst_tokens) zeros,
+        // which the combine never reads.
         let rows = received(job, me);
-        let (m, t_count) = (rows.len(), job.routing[me].len());
-        let x: Vec<bf16> = rows
+        let (m, t_count) = (d.num_rows, job.routing[me].len());
+        let mut x: Vec<bf16> = rows
             .iter()
             .flat_map(|&(s, t)| (0..hidden).map(move |j| expert_out(me, s, t, j)))
             .collect();
+        x.resize(m * hidden, bf16::ZERO);
         let (mut topk_weights, mut combined_topk_weights) = (None, None);
         if let Some(k) = d.num_topk {
-            let w: Vec<f32> = rows
+            let mut w: Vec<f32> = rows
                 .iter()
                 .flat_map(|&(s, t)| (0..k).map(move |j| combine_weight(me, s, t, j)))
                 .collect();
+            w.resize(m * k, 0.0);
             topk_weights = Some(DeviceArray::from_host(stream, &w, m, k)?);
             let nan = vec![f32::NAN; t_count * k];
             combined_topk_weights = Some(DeviceArray::from_host(stream, &nan, t_count, k)?);
@@ -79,7 +83,7 @@ impl CombineArrays {
         })
     }
 
-    fn inputs(&self) -> CombineInputs {
+    pub(crate) fn inputs(&self) -> CombineInputs {
         CombineInputs {
             x: self.x.view(),
             topk_weights: self.topk_weights.as_ref().map(DeviceArray::view),
@@ -87,7 +91,7 @@ impl CombineArrays {
         }
     }
 
-    fn outputs(&self) -> CombineOutputs {
+    pub(crate) fn outputs(&self) -> CombineOutputs {
         CombineOutputs {
             combined_x: self.combined_x.view(),
             combined_topk_weights: self.combined_topk_weights.as_ref().map(DeviceArray::view),
@@ -142,13 +146,6 @@ pub(crate) fn combine_and_check(
     let (me, stream) = (world.my_pe(), world.stream());
     let job = &case.job;
     let arrays = CombineArrays::new(stream, job, me, hidden, d, biases)?;
-    let rows = arrays.x.view().rows();
-    tally.check(me, rows == d.num_recv_tokens, || {
-        format!(
-            "the reference receives {rows} rows, the notify counted {}",
-            d.num_recv_tokens
-        )
-    });
     combine(
         buffer,
         arrays.inputs(),
@@ -156,7 +153,27 @@ pub(crate) fn combine_and_check(
         arrays.outputs(),
         config,
     )?;
+    check_combine(buffer, case, d, &arrays, (hidden, biases), tally)
+}
+
+/// Every output of the combine into `arrays` against the reference, after the rows the notify
+/// counted and the failure record: whether all held.
+pub(crate) fn check_combine(
+    buffer: &NvshmemBuffer<&World>,
+    case: &Case,
+    d: &Dispatched,
+    arrays: &CombineArrays,
+    (hidden, biases): (usize, [bool; 2]),
+    tally: &mut Tally,
+) -> Result<bool, AnyError> {
+    let world = buffer.world();
+    let (me, stream) = (world.my_pe(), world.stream());
+    let job = &case.job;
     let before = tally.failed;
+    let (rows, counted) = (received(job, me).len(), d.notify_count(stream)?);
+    tally.check(me, rows == counted, || {
+        format!("the reference receives {rows} rows, the notify counted {counted}")
+    });
     let record = buffer.check();
     tally.check(me, record.is_ok(), || {
         format!(
@@ -164,7 +181,7 @@ pub(crate) fn combine_and_check(
             case.describe()
         )
     });
-    check_combined(job, me, (hidden, biases), &arrays, stream, tally)?;
+    check_combined(job, me, (hidden, biases), arrays, stream, tally)?;
     Ok(tally.failed == before)
 }
 // ANCHOR_END: combine_and_check
@@ -232,7 +249,7 @@ pub(crate) fn check_refusals(
     let (me, stream) = (world.my_pe(), world.stream());
     let job = &case.job;
     let good = CombineArrays::new(stream, job, me, hidden, d, [true, false])?;
-    let (m, t_count) = (d.num_recv_tokens, job.routing[me].len());
+    let (m, t_count) = (d.num_rows, job.routing[me].len());
     let f32_rows = DeviceArray::from_host(stream, &vec![0f32; m * hidden], m, hidden)?;
     let narrow = DeviceArray::from_host(stream, &vec![bf16::ZERO; t_count * 8], t_count, 8)?;
     let weights = DeviceArray::from_host(stream, &vec![0f32; t_count * 2], t_count, 2)?;

@@ -1,4 +1,4 @@
-//! Issue 32, steps 4-7's GPU test: the two-level dispatch and combine across nodes
+//! Issue 32, steps 4-8's GPU test: the two-level dispatch and combine across nodes
 //! (`internode_dispatch`, `internode_combine`) against a pure reference, on virtual nodes of G
 //! ranks:
 //!
@@ -19,6 +19,9 @@
 //! ids and weights, `send_rdma_head` (handle 8) exactly, and `send_nvl_head` (handle 9) as -1
 //! exactly where a rank of the node is not a destination and a permutation of each NVL
 //! stream's indices elsewhere (the forwarder meets chunks of different nodes in any order).
+//! Pairs 5 of every 6 size the dispatch's outputs by num_worst_tokens (the sum of every rank's
+//! tokens; the notify without its host wait), the rows past those received checked -1 in
+//! recv_topk_idx, the combine reading that handle.
 //! On pairs 0 of every 4 a cached dispatch follows with that handle (`cached_of`: bf16, or
 //! fp8 with column-major scales), its rows checked and handle positions 7-9 unchanged.
 //! Then the combine with that handle (its cached notify first), with its own RDMA chunk, the
@@ -29,7 +32,9 @@
 //! and lie within 2^-7 of the exact flat sum's magnitude (`reference::TOLERANCE`: two bf16
 //! roundings on a path across nodes); the weights exactly. The buffer's failure record is read
 //! after every call: a route through a peer pointer to another node (CROSS_NODE_POINTER) or a
-//! timeout fails the check. After the loop, the combine's refusals and one more pair. On one
+//! timeout fails the check. After the loop, the combine's refusals and one more pair, a
+//! dispatch with num_worst_tokens below what some ranks receive or forward (RECV_OVERFLOW on
+//! exactly those), and one pair captured in a CUDA graph and replayed twice. On one
 //! node it checks that the buffer is refused. Ends `N passed, M failed`.
 
 use std::process::ExitCode;
@@ -40,6 +45,7 @@ use nvshmem_tutorial::{BufferError, Config, NvshmemBuffer};
 mod cached;
 mod combine;
 mod dispatch;
+mod graph;
 mod reference;
 
 #[path = "../shared/heap.rs"]
@@ -56,7 +62,7 @@ use shared::AnyError;
 
 const NUM_CALLS: usize = 1000;
 /// bf16 columns of a row, by call.
-const HIDDEN: [usize; 3] = [128, 512, 2048];
+pub(crate) const HIDDEN: [usize; 3] = [128, 512, 2048];
 /// num_max_rdma_chunked_send_tokens, by call (5 calls each, across the channel counts).
 const RDMA_CHUNKS: [u32; 4] = [6, 4, 8, 5];
 
@@ -154,8 +160,13 @@ fn checks(program: &Program, tally: &mut Tally) -> Result<(), AnyError> {
     tally.passed += pairs.passed;
     tally.failed += pairs.failed;
     let case = case_of(1)?;
-    let (dispatched, _) =
-        dispatch::dispatch_and_check(buffer, &case, (HIDDEN[0], true, None), tally)?;
+    let call = dispatch::Call {
+        hidden: HIDDEN[0],
+        with_topk: true,
+        fp8: None,
+        worst: None,
+    };
+    let (dispatched, _) = dispatch::dispatch_and_check(buffer, &case, call, tally)?;
     let config = combine_config(case.config.num_sms, 1)?;
     combine::check_refusals(buffer, &case, &dispatched, &config, HIDDEN[0], tally)?;
     drop(dispatched);
@@ -163,7 +174,11 @@ fn checks(program: &Program, tally: &mut Tally) -> Result<(), AnyError> {
     tally.check(me, ok, || {
         "the pair after the refused combines differed".into()
     });
-    Ok(())
+    // num_worst_tokens below what some ranks receive or forward, then a pair in a CUDA graph.
+    graph::overflow(buffer, &case_of(num_calls + 2)?, tally)?;
+    let case = case_of(num_calls + 3)?;
+    let config = combine_config(case.config.num_sms, num_calls + 3)?;
+    graph::capture_and_replay(buffer, &case, &config, tally)
 }
 
 /// Pair i: the notify and dispatch of `case`, then its combine, every output checked. Whether
@@ -175,8 +190,14 @@ fn pair(
     tally: &mut Tally,
 ) -> Result<bool, AnyError> {
     let (hidden, with_topk, fp8) = (HIDDEN[i % HIDDEN.len()], i % 2 == 1, fp8_of(i));
-    let (dispatched, dispatch_ok) =
-        dispatch::dispatch_and_check(buffer, case, (hidden, with_topk, fp8), tally)?;
+    let worst = (i % 6 == 5).then(|| graph::total_tokens(case));
+    let call = dispatch::Call {
+        hidden,
+        with_topk,
+        fp8,
+        worst,
+    };
+    let (dispatched, dispatch_ok) = dispatch::dispatch_and_check(buffer, case, call, tally)?;
     let config = combine_config(case.config.num_sms, i)?;
     // Pairs 0 of every 4 (bf16 without top-k, as DeepEP's test's cached calls): a cached
     // dispatch with the handle, under the combine's config (another RDMA chunk), bf16 or fp8.
@@ -192,8 +213,8 @@ fn pair(
     let dispatch_ok = dispatch_ok && cached_ok;
     if !(dispatch_ok && combine_ok) {
         eprintln!(
-            "pe {}: pair {i} ({}): hidden {hidden}, top-k {with_topk}, fp8 {fp8:?}, RDMA chunks \
-             {} / {}, biases {biases:?}: dispatch (and cached) {dispatch_ok}, combine {combine_ok}",
+            "pe {}: pair {i} ({}): {call:?}, RDMA chunks {} / {}, biases {biases:?}: dispatch \
+             (and cached) {dispatch_ok}, combine {combine_ok}",
             buffer.world().my_pe(),
             case.describe(),
             case.config.num_max_rdma_chunked_send_tokens,
