@@ -413,6 +413,8 @@ if [[ "${GPU_TEST_PYTHON:-1}" == 1 ]]; then
       "ch07_quickstart.py:python3 scripts/ch07_quickstart.py"
       "ch08_low_latency.py:python3 scripts/ch08_low_latency.py"
       "ch08_low_latency.py@g2:python3 scripts/ch08_low_latency.py"
+      "ch09_internode_buffer.py:python3 scripts/ch09_internode_buffer.py"
+      "ch09_internode_buffer.py@g2:python3 scripts/ch09_internode_buffer.py"
       "moe_layer.py:python3 scripts/moe_layer.py")
     # The suite and most scripts exchange data between PEs: they start at 2. Chapter 5's
     # script also runs alone (one node of one PE: every method's path through one PE), and so

@@ -1,0 +1,496 @@
+"""Issue 32 from PyTorch: normal-mode dispatch and combine across nodes with nvshmem_tutorial.Buffer.
+
+    NVSHMEM_TUTORIAL_NODE_PES=1 torchrun --standalone --nproc_per_node=2 scripts/ch09_internode_buffer.py  # 2 nodes of 1
+    NVSHMEM_TUTORIAL_NODE_PES=2 torchrun --standalone --nproc_per_node=4 scripts/ch09_internode_buffer.py  # 2 nodes of 2
+    NVSHMEM_TUTORIAL_NODE_PES=1 torchrun --standalone --nproc_per_node=4 scripts/ch09_internode_buffer.py  # 4 nodes of 1
+
+Without NVSHMEM_TUTORIAL_NODE_PES the script makes nodes of one rank (set before NVSHMEM
+starts), so on one host every peer is another node. Through DeepEP's API (``dispatch`` and
+``combine`` go across nodes because ``runtime.get_num_rdma_ranks() > 1``), against a reference
+built with plain torch from every rank's inputs (all_gather): seeded random top-k routing with
+-1 entries, hidden 2048 / 4096 / 7168, bf16 and fp8 with column-major scales, with and without
+top-k, async with a previous event (and allocate_on_comm_stream), DeepEP's default config; the
+edge cases: a node that receives nothing, every token to one expert, expert 0 first for every
+token, zero tokens on a rank, tokens sent nowhere; the cached handle and num_worst_tokens when
+the buffer has them (else one line says they were skipped, and why); DeepEP's own checks from
+tests/test_internode.py (layout :88-93, counts :152-154, order by ``handle[-4]`` :107-113, top-k
+:159-171, combine with two biases and its tolerances :200-217); pairs in a row with changing
+routing; bad input refused by name. Every output is checked: the rows and their order, the
+received top-k, all ten handle positions against their definitions (DeepEP's for 0-6; ours,
+buffer.py's docstring, for 7-9), combined_x bit for bit against the kernels' summation order
+and within a tolerance of the exact sum, and the combined weights exactly. Each comparison is a
+check of its own, by name. Rank 0 prints every rank's lines (`pe <i>: ...`) and
+`N passed, M failed` last: 394 checks per rank (372 where the ranks keep fewer than 20 SMs
+resident, which skips DeepEP's default config), whatever NVSHMEM_TUTORIAL_PAIRS says (the pairs
+count as one check); the cached dispatch adds 17 and num_worst_tokens 45 once the buffer has
+them. Tried on CPU against a loop-by-loop model of the buffer (gloo, 2 x 1, 2 x 2, 4 x 1), where
+wrong handle positions 3, 5, 7, 8, 9, a wrong row order and a combine rounded once each fail it.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("NVSHMEM_TUTORIAL_NODE_PES", "1")  # nodes of one rank unless told (before NVSHMEM starts)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from ch00_common import Tally, gather_rows, main, nv, pairs_in_a_row, print_by_pe, start  # noqa: E402
+from nvshmem_tutorial.buffer import Buffer, Config  # noqa: E402
+
+EXPERTS_PER_RANK = 8
+NUM_TOPK = 8
+MAX_HIDDEN = 7168
+FP8_GROUP = 128
+
+
+class Topology:
+    """This job's ranks as the buffer sees them: n ranks in N nodes of G."""
+
+    def __init__(self, buffer: Buffer) -> None:
+        self.n, self.me = dist.get_world_size(), dist.get_rank()
+        self.nodes = buffer.runtime.get_num_rdma_ranks()
+        self.g = self.n // self.nodes
+        self.node, self.local = self.me // self.g, self.me % self.g
+        self.num_experts = EXPERTS_PER_RANK * self.n
+
+
+class NotBuilt:
+    """Features the buffer refuses as not built yet (a ValueError naming issue 32's step): each
+    is reported once, and its checks are not counted."""
+
+    def __init__(self) -> None:
+        self.seen: dict = {}
+
+    def call(self, what: str, fn):
+        """`fn()`, or None when it raises a ValueError naming issue 32 (every rank alike)."""
+        try:
+            return fn()
+        except ValueError as error:
+            if "issue 32" not in str(error):
+                raise
+            self.seen.setdefault(what, str(error).splitlines()[0])
+            return None
+
+    def lines(self) -> list:
+        return [f"skipped, not built yet: {what}: {why}" for what, why in self.seen.items()]
+
+
+NOT_BUILT = NotBuilt()
+
+
+def routing(num_tokens: int, topo: Topology, seed: int, *, skew: bool = False, one_expert: int | None = None,
+            skip_node: int | None = None, nowhere: bool = False) -> torch.Tensor:
+    """[num_tokens, K] int64 global expert ids, distinct per token, about 10% -1. `skew`: every
+    token's first choice is expert 0; `one_expert`: every token goes to that expert only;
+    `skip_node`: no expert on that node (its ranks receive nothing); `nowhere`: every 5th token
+    is all -1 (it comes back as its biases only)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    scores = torch.rand((num_tokens, topo.num_experts), generator=g, device="cuda")
+    if skew:
+        scores[:, 0] += 10
+    if skip_node is not None:
+        per_node = EXPERTS_PER_RANK * topo.g
+        scores[:, skip_node * per_node:(skip_node + 1) * per_node] = -1  # (n - G) x 8 >= K others remain
+    idx = scores.topk(NUM_TOPK, dim=1).indices
+    drop = torch.rand(idx.shape, generator=g, device="cuda") < 0.1
+    idx = torch.where(drop, torch.full_like(idx, -1), idx)
+    if one_expert is not None:
+        idx = torch.full_like(idx, -1)
+        idx[:, 0] = one_expert
+    if nowhere:
+        idx[::5] = -1
+    return idx
+
+
+def in_rank_of(idx: torch.Tensor, n: int) -> torch.Tensor:
+    """[T, n] bool: which ranks a token's experts are on (DeepEP's is_token_in_rank)."""
+    ranks = torch.where(idx >= 0, idx // EXPERTS_PER_RANK, torch.full_like(idx, n))
+    return torch.nn.functional.one_hot(ranks, n + 1)[..., :n].amax(1).bool()
+
+
+def channel_of(num_tokens: int, num_channels: int) -> torch.Tensor:
+    """[T] int64: each token's channel (DeepEP's get_channel_task_range: ceil(T / C) a channel)."""
+    per = max(1, -(-num_tokens // num_channels))
+    return torch.arange(num_tokens, device="cuda") // per
+
+
+def channel_prefix(mask: torch.Tensor, num_channels: int) -> torch.Tensor:
+    """[cols, C] int32: per column of mask [T, cols], its tokens in channels 0..=c."""
+    chan = channel_of(mask.shape[0], num_channels)
+    counts = [mask[chan == c].sum(0) for c in range(num_channels)]
+    return torch.stack(counts, 1).cumsum(1).int()
+
+
+def by_node(mask: torch.Tensor, nodes: int, g: int) -> torch.Tensor:
+    """[T, n] as [T, N, G] (the row count explicit: a view of 0 rows cannot infer it)."""
+    return mask.view(mask.shape[0], nodes, g)
+
+
+def mask_bits(mask: torch.Tensor) -> torch.Tensor:
+    """[rows] int32: mask [rows, G] bool as bits (bit l: local rank l)."""
+    weights = 1 << torch.arange(mask.shape[1], device=mask.device)
+    return (mask.long() * weights).sum(1).int()
+
+
+class Reference:
+    """Every rank's inputs and, from them, what this rank must receive, forward, hold in its
+    handle and get back from the combine."""
+
+    def __init__(self, topo: Topology, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, num_channels: int) -> None:
+        self.topo, self.c = topo, num_channels
+        self.xs, self.idxs, self.ws = gather_rows(x), gather_rows(idx), gather_rows(w)
+        self.in_rank = [in_rank_of(i, topo.n) for i in self.idxs]
+        me, g, nodes = topo.me, topo.g, topo.nodes
+        self.mine = [r[:, me] for r in self.in_rank]  # source s's tokens that come here
+        self.rows_from = torch.tensor([int(m.sum()) for m in self.mine], device="cuda")
+        local = [(i >= 0) & (i // EXPERTS_PER_RANK == me) for i in self.idxs]
+        self.recv_idx = torch.cat([torch.where(lo, i - me * EXPERTS_PER_RANK, -1)[m] for i, lo, m in zip(self.idxs, local, self.mine)])
+        self.recv_w = torch.cat([torch.where(lo, w_, 0.0)[m] for w_, lo, m in zip(self.ws, local, self.mine)])
+        self.per_expert = [int((self.recv_idx == e).sum()) for e in range(EXPERTS_PER_RANK)]
+        # Forwarded: from the rail peer on each node b, its tokens with a rank on our node.
+        fw_chan, fw_mask = [], []
+        for b in range(nodes):
+            s = b * g + topo.local
+            ours = by_node(self.in_rank[s], nodes, g)[:, topo.node, :]
+            has = ours.any(1)
+            fw_chan.append(channel_of(ours.shape[0], num_channels)[has])
+            fw_mask.append(ours[has])
+        self.fw_chan, self.fw_mask = torch.cat(fw_chan), torch.cat(fw_mask)
+
+    def rows(self, per_source: list) -> torch.Tensor:
+        """What arrives here of per-source rows (every rank's, in rank order): grouped by source
+        rank, then token (channels are contiguous token ranges), DeepEP's order."""
+        return torch.cat([rows[m] for rows, m in zip(per_source, self.mine)])
+
+    def handle_checks(self, handle: tuple, in_rank: torch.Tensor) -> dict:
+        """All ten positions against their definitions (buffer_internode_normal.md 2.10)."""
+        topo, c = self.topo, self.c
+        me, n, g, nodes = topo.me, topo.n, topo.g, topo.nodes
+        own = self.in_rank[me]
+        node_any = by_node(own, nodes, g).any(2)
+        checks = {"handle: a 10-tuple": len(handle) == 10}
+        checks["handle[0]: is_token_in_rank, the one given"] = handle[0] is in_rank
+        checks["handle[1]: rdma_channel_prefix_matrix"] = torch.equal(handle[1], channel_prefix(node_any, c))
+        checks["handle[2]: gbl_channel_prefix_matrix"] = torch.equal(handle[2], channel_prefix(own, c))
+        forwarded = []
+        for b in range(nodes):
+            s = b * g + topo.local
+            forwarded.append(channel_prefix(by_node(self.in_rank[s], nodes, g)[:, topo.node, :].any(1, keepdim=True), c)[0])
+        forwarded = torch.stack(forwarded)
+        checks["handle[3]: recv_rdma_channel_prefix_matrix"] = torch.equal(handle[3], forwarded)
+        checks["handle[4]: recv_rdma_rank_prefix_sum"] = torch.equal(handle[4], forwarded[:, -1].cumsum(0).int())
+        per_channel = torch.stack([channel_prefix(m.unsqueeze(1), c)[0] for m in self.mine])  # [n, C] inclusive
+        before = torch.cat([torch.zeros(1, dtype=torch.int64, device="cuda"), self.rows_from.cumsum(0)[:-1]])
+        starts = before.unsqueeze(1) + torch.cat([torch.zeros((n, 1), dtype=torch.int32, device="cuda"), per_channel[:, :-1]], 1)
+        checks["handle[5]: recv_gbl_channel_prefix_matrix (first row of each source's channel)"] = torch.equal(handle[5], starts.int())
+        checks["handle[6] = handle[-4]: recv_gbl_rank_prefix_sum"] = torch.equal(handle[-4], self.rows_from.cumsum(0).int())
+        meta = handle[7]
+        want_meta = torch.cat([
+            torch.stack([torch.full((int(m.sum()),), s // g, dtype=torch.int32, device="cuda"),
+                         mask_bits(by_node(self.in_rank[s][m], nodes, g)[:, topo.node, :])], 1)
+            for s, m in enumerate(self.mine)
+        ])
+        checks["handle[7]: recv_src_meta [M, 8] uint8 = {source node, in-node mask}"] = (
+            meta.dtype == torch.uint8 and tuple(meta.shape) == (want_meta.shape[0], 8)
+            and torch.equal(meta.contiguous().view(torch.int32), want_meta))
+        chan = channel_of(own.shape[0], c)
+        want_head = torch.full(node_any.shape, -1, dtype=torch.int32, device="cuda")
+        for ch in range(c):
+            sel = chan == ch
+            sub = node_any[sel]
+            want_head[sel] = torch.where(sub, sub.int().cumsum(0) - 1, -1).int()
+        checks["handle[8]: send_rdma_head"] = torch.equal(handle[8], want_head)
+        nvl = handle[9]
+        ok = tuple(nvl.shape) == tuple(self.fw_mask.shape) and torch.equal(nvl == -1, ~self.fw_mask)
+        for ch in range(c):
+            for lo in range(g if ok else 0):
+                at = nvl[(self.fw_chan == ch) & self.fw_mask[:, lo], lo]
+                ok = ok and torch.equal(at.sort().values, torch.arange(at.numel(), dtype=at.dtype, device="cuda"))
+        checks["handle[9]: send_nvl_head [M_r, G], -1 off the mask, a permutation per NVL stream"] = ok
+        return checks
+
+    def combined(self, bias: tuple, out_scale: list) -> tuple:
+        """This rank's tokens combined as the kernels do: rank r returns bf16(x * out_scale[r]);
+        per node, the rows of its ranks summed in fp32 and rounded to bf16; then bias0 + bias1 +
+        the node sums in fp32, rounded once. Also the exact fp32 sum and its magnitude (for the
+        tolerance), and the combined weights."""
+        topo = self.topo
+        x, in_rank = self.xs[topo.me].float(), self.in_rank[topo.me]
+        total = torch.zeros_like(x)
+        exact = torch.zeros_like(x)
+        magnitude = torch.zeros_like(x)
+        for b in bias:
+            if b is not None:
+                total, exact, magnitude = total + b.float(), exact + b.float(), magnitude + b.float().abs()
+        for k in range(topo.nodes):
+            node_sum = torch.zeros_like(x)
+            for r in range(k * topo.g, (k + 1) * topo.g):
+                y = (x * out_scale[r]).to(torch.bfloat16).float() * in_rank[:, r].unsqueeze(1)
+                node_sum, exact, magnitude = node_sum + y, exact + y, magnitude + y.abs()
+            goes = in_rank[:, k * topo.g:(k + 1) * topo.g].any(1).unsqueeze(1)
+            total = total + torch.where(goes, node_sum.to(torch.bfloat16).float(), 0.0)
+        idx, w = self.idxs[topo.me], self.ws[topo.me]
+        return total.to(torch.bfloat16), exact, magnitude, torch.where(idx >= 0, w, 0.0)
+
+
+def fp8_of(x: torch.Tensor) -> tuple:
+    """x as fp8 e4m3 with per-token, per-128-column f32 scales, column-major as DeepEP's test
+    passes them (test_internode.py:39)."""
+    t, hidden = x.shape
+    groups = x.view(t, hidden // FP8_GROUP, FP8_GROUP).float()
+    amax = groups.abs().amax(2).clamp(1e-4)
+    q = (groups * (448 / amax.unsqueeze(2))).to(torch.float8_e4m3fn).view(t, hidden)
+    return q, (amax / 448).T.contiguous().T
+
+
+# ANCHOR: round_trip
+def round_trip(buffer: Buffer, tally: Tally, config: Config, num_tokens: int, hidden: int, seed: int, *, fp8: bool = False,
+               topk: bool = True, bias: int = 3, streams: str = "sync", what: str = "", **route) -> bool:
+    """Layout, dispatch (cached and fixed-size where built), combine: against torch, each
+    comparison a check of its own. `bias`: bit 0 bias_0, bit 1 bias_1; `streams`: "sync",
+    "async" (previous event, async_finish) or "comm" (also allocate_on_comm_stream)."""
+    topo = Topology(buffer)
+    me = topo.me
+    g = torch.Generator(device="cuda").manual_seed(seed * 977 + me)
+    x = (torch.randint(-64, 64, (num_tokens, hidden), generator=g, device="cuda") / 8).to(torch.bfloat16)
+    idx = routing(num_tokens, topo, seed * 31 + me, **route)
+    w = torch.rand((num_tokens, NUM_TOPK), generator=g, device="cuda")
+    ref = Reference(topo, x, idx, w, config.num_sms // 2)
+    checks: dict = {}
+    per_rank, per_node, per_expert, in_rank, _ = buffer.get_dispatch_layout(idx, topo.num_experts)
+    checks["layout: is_token_in_rank"] = torch.equal(in_rank, ref.in_rank[me])
+    checks["layout: num_tokens_per_rank"] = torch.equal(per_rank, ref.in_rank[me].sum(0).int())
+    checks["layout: num_tokens_per_rdma_rank"] = per_node is not None and torch.equal(
+        per_node, by_node(ref.in_rank[me], topo.nodes, topo.g).any(2).sum(0).int())
+    checks["layout: num_tokens_per_expert"] = torch.equal(per_expert, torch.bincount(idx[idx >= 0], minlength=topo.num_experts).int())
+    sent = fp8_of(x) if fp8 else x
+    stream_args: dict = {}
+    if streams != "sync":
+        stream_args = {"previous_event": buffer.capture(), "async_finish": True, "allocate_on_comm_stream": streams == "comm"}
+    args = {"num_tokens_per_rank": per_rank, "num_tokens_per_rdma_rank": per_node, "is_token_in_rank": in_rank,
+            "num_tokens_per_expert": per_expert, "config": config}
+    if topk:
+        args.update({"topk_idx": idx, "topk_weights": w})
+    out = NOT_BUILT.call("fp8 dispatch across nodes", lambda: buffer.dispatch(sent, **args, **stream_args))
+    if out is None:
+        return True
+    recv, recv_idx, recv_w, per_expert_list, handle, event = out
+    if streams != "sync":
+        event.current_stream_wait()
+    if fp8:
+        q, scales = sent
+        want_q = ref.rows(gather_rows(q.view(torch.uint8)))
+        want_s = ref.rows(gather_rows(scales.contiguous()))
+        checks["dispatch: recv_x fp8 bytes"] = torch.equal(recv[0].view(torch.uint8), want_q)
+        checks["dispatch: recv_x_scales"] = torch.equal(recv[1], want_s)
+    else:
+        checks["dispatch: recv_x"] = torch.equal(recv, ref.rows(ref.xs))
+    if topk:
+        checks["dispatch: recv_topk_idx"] = torch.equal(recv_idx, ref.recv_idx)
+        checks["dispatch: recv_topk_weights"] = torch.equal(recv_w, ref.recv_w)
+    else:
+        checks["dispatch: no top-k without topk_idx"] = recv_idx is None and recv_w is None
+    # From the notify step's counts: the same with or without top-k (as DeepEP's).
+    checks["dispatch: num_recv_tokens_per_expert_list"] = per_expert_list == ref.per_expert
+    checks.update(ref.handle_checks(handle, in_rank))
+    recv_x = recv[0] if fp8 else recv
+    # The cached dispatch: the handle instead of the notify step, the same rows.
+    cached = NOT_BUILT.call("cached dispatch across nodes", lambda: buffer.dispatch(sent, handle=handle, config=config))
+    if cached is not None:
+        got = cached[0]
+        same = torch.equal(got[0].view(torch.uint8), recv_x.view(torch.uint8)) and torch.equal(got[1], recv[1]) if fp8 else torch.equal(got, recv)
+        checks["cached dispatch: the same rows"] = same and cached[1:5] == (None, None, None, None)
+    if topk:
+        worst = num_tokens_max(num_tokens) * topo.n
+        fixed = NOT_BUILT.call("num_worst_tokens across nodes",
+                               lambda: buffer.dispatch(sent, **args, num_worst_tokens=worst))
+        if fixed is not None:
+            w_recv, w_idx, _, w_list, _, _ = fixed
+            count = recv_x.shape[0]
+            w_rows = w_recv[0] if fp8 else w_recv
+            checks["num_worst_tokens: no per-expert list"] = w_list == []
+            checks["num_worst_tokens: the received rows first"] = (
+                w_rows.shape[0] == worst and torch.equal(w_rows[:count].view(torch.uint8), recv_x.view(torch.uint8)))
+            checks["num_worst_tokens: recv_topk_idx -1 past them"] = bool((w_idx[count:] == -1).all())
+    # Combine: rank r's "experts" return its rows times (r + 1) (rounded to bf16), with the
+    # received weights when there is top-k, and the biases `bias` names.
+    scale = [r + 1 for r in range(topo.n)]
+    rows = ref.rows(ref.xs).float() * scale[me]  # what this rank received, as bf16 (fp8 calls too)
+    y = rows.to(torch.bfloat16)
+    biases = tuple(
+        (torch.randint(-16, 16, (num_tokens, hidden), generator=g, device="cuda") / 4).to(torch.bfloat16) if bias >> i & 1 else None
+        for i in range(2)
+    )
+    combine_args = {"handle": handle, "config": config, **stream_args}
+    if streams != "sync":
+        combine_args["previous_event"] = buffer.capture()
+    if topk:
+        combine_args["topk_weights"] = recv_w
+    given = biases if biases[1] is not None else biases[0]  # DeepEP takes one tensor or a pair
+    combined, combined_w, event = buffer.combine(y, bias=given, **combine_args)
+    if streams != "sync":
+        event.current_stream_wait()
+    want, exact, magnitude, want_w = ref.combined(biases, scale)
+    checks["combine: combined_x bit for bit (node sums rounded, then the total)"] = torch.equal(combined, want)
+    tolerance = (2.0 ** -7 + 2.0 ** -20) * magnitude
+    checks["combine: combined_x within 2^-7 of the exact sum"] = bool(((combined.float() - exact).abs() <= tolerance).all())
+    if topk:
+        checks["combine: combined_topk_weights"] = torch.equal(combined_w, want_w)
+    else:
+        checks["combine: no weights without topk_weights"] = combined_w is None
+    label = f"{what}: {num_tokens} tokens x {hidden}{' fp8' if fp8 else ''}{'' if topk else ', no top-k'}, {streams}"
+    return all([tally.check(ok, f"{label}: {name} differs from torch's") for name, ok in checks.items()])
+# ANCHOR_END: round_trip
+
+
+def num_tokens_max(num_tokens: int) -> int:
+    """The most tokens any rank has this call (collective): num_worst_tokens must be the same
+    on every rank."""
+    counts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(counts, num_tokens)
+    return max(counts)
+
+
+def all_reduced(t: torch.Tensor) -> torch.Tensor:
+    """Collective: the sum over ranks of `t` (gloo, when ranks share a GPU, on host copies)."""
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    total = t.to(device).clone()
+    dist.all_reduce(total)
+    return total.to(t.device)
+
+
+def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
+    """DeepEP's tests/utils.py calc_diff."""
+    x, y = x.double() + 1, y.double() + 1
+    denominator = (x * x + y * y).sum()
+    return float(1 - 2 * (x * y).sum() / denominator)
+
+
+def deepep_checks(buffer: Buffer, tally: Tally, config: Config, num_tokens: int, hidden: int) -> None:
+    """DeepEP's own checks from tests/test_internode.py, ported: x = rank everywhere; the
+    received count against the all-reduced per-rank counts (:152), the per-expert list against
+    the all-reduced per-expert counts (:154), every row from rank i equal to i in the range
+    handle[-4] gives it (check_data, :107-113), the weights likewise (:166-171), and the
+    combine with bias_0 = 1 and a random bias_1 divided by the token's rank count back to x
+    (:200-217, calc_diff < 5e-6, weights < 1e-9)."""
+    topo = Topology(buffer)
+    me, n = topo.me, topo.n
+    torch.manual_seed(me + 17)
+    x = torch.ones((num_tokens, hidden), dtype=torch.bfloat16, device="cuda") * me
+    idx = routing(num_tokens, topo, 1234 + me)
+    w = torch.ones((num_tokens, NUM_TOPK), dtype=torch.float32, device="cuda") * me
+    per_rank, per_node, per_expert, in_rank, _ = buffer.get_dispatch_layout(idx, topo.num_experts)
+    gbl_per_rank, gbl_per_expert = all_reduced(per_rank), all_reduced(per_expert)
+    recv_x, recv_idx, recv_w, per_expert_list, handle, _ = buffer.dispatch(
+        x, num_tokens_per_rank=per_rank, num_tokens_per_rdma_rank=per_node, is_token_in_rank=in_rank,
+        num_tokens_per_expert=per_expert, topk_idx=idx, topk_weights=w, config=config)
+    prefix = handle[-4]
+
+    def check_data(check_x: torch.Tensor) -> bool:
+        ok = bool(torch.equal(check_x.amin(dim=1), check_x.amax(dim=1))) if check_x.numel() else True
+        start = 0
+        for i in range(n):
+            end = int(prefix[i])
+            ok = ok and int((check_x[start:end, :].int() - i).sum()) == 0 and check_x[start:end].shape[0] == end - start
+            start = end
+        return ok
+
+    tally.check(int(gbl_per_rank[me]) == recv_x.size(0), f"DeepEP :152: {int(gbl_per_rank[me])} != {recv_x.size(0)} rows")
+    tally.check(gbl_per_expert.view(n, -1)[me].tolist() == per_expert_list, "DeepEP :154: the per-expert list")
+    tally.check(check_data(recv_x), "DeepEP check_data (:107-113): rows by source rank in handle[-4]'s ranges")
+    local_ok = bool((recv_idx.eq(-1) | ((recv_idx >= 0) & (recv_idx < EXPERTS_PER_RANK))).all())
+    counts_ok = all(int(recv_idx.eq(i).sum()) == count for i, count in enumerate(per_expert_list))
+    tally.check(local_ok and counts_ok, "DeepEP :159-164: recv_topk_idx local ids and counts")
+    # In place, as DeepEP's test (:169-170), whose combine then takes these weights (:205).
+    if recv_w.numel():
+        recv_w[recv_idx.eq(-1)] = recv_w.amax(dim=1, keepdim=True).expand_as(recv_w)[recv_idx.eq(-1)]
+    tally.check(check_data(recv_w), "DeepEP :166-171: recv_topk_weights by source rank")
+    bias_0 = torch.ones((num_tokens, hidden), dtype=torch.bfloat16, device="cuda")
+    bias_1 = torch.randn((num_tokens, hidden), dtype=torch.bfloat16, device="cuda")
+    combined, combined_w, _ = buffer.combine(recv_x, handle, topk_weights=recv_w, bias=(bias_0, bias_1), config=config)
+    sends = in_rank.sum(dim=1).unsqueeze(1)
+    check_x = (combined.float() - bias_0.float() - bias_1.float()) / sends
+    reached = sends.squeeze(1) > 0  # a token sent nowhere divides by 0 (DeepEP's routing has none)
+    tally.check(calc_diff(check_x[reached], x[reached]) < 5e-6, "DeepEP :210-212: combined_x back to x")
+    tally.check(calc_diff(combined_w[reached] / sends[reached], w[reached]) < 1e-9, "DeepEP :213-217: combined weights back to w")
+
+
+def bad_input(buffer: Buffer, tally: Tally, config: Config) -> None:
+    """Every rank makes the same bad calls; each is refused, naming what is wrong, before
+    anything is launched."""
+    topo = Topology(buffer)
+    Invalid = nv.InvalidArgumentError
+    idx = routing(64, topo, 5)
+    per_rank, per_node, per_expert, in_rank, _ = buffer.get_dispatch_layout(idx, topo.num_experts)
+    x = torch.ones((64, 2048), dtype=torch.bfloat16, device="cuda")
+    layout = {"num_tokens_per_rank": per_rank, "is_token_in_rank": in_rank, "num_tokens_per_expert": per_expert, "config": config}
+    tally.expect_error(lambda: buffer.dispatch(x, **layout), Invalid, "num_tokens_per_rdma_rank")
+    tally.expect_error(lambda: buffer.dispatch(x, **layout, num_tokens_per_rdma_rank=per_node.long()), Invalid,
+                       "num_tokens_per_rdma_rank must be int32")
+    tally.expect_error(lambda: buffer.dispatch(x[:10], **layout, num_tokens_per_rdma_rank=per_node), Invalid, "x must be")
+    recv, _, _, _, handle, _ = buffer.dispatch(x, **layout, num_tokens_per_rdma_rank=per_node)
+    tally.expect_error(lambda: buffer.combine(recv, handle[:6], config=config), Invalid, "10-tuple")
+    tally.expect_error(lambda: buffer.combine(recv.float(), handle, config=config), Invalid, "x must be bfloat16")
+    narrow = torch.ones((64, 1024), dtype=torch.bfloat16, device="cuda")
+    tally.expect_error(lambda: buffer.combine(recv, handle, bias=narrow, config=config), Invalid, "bias[0] must be")
+    combined, _, _ = buffer.combine(recv, handle, config=config)  # the good pair still goes through
+    counts = in_rank.sum(1, keepdim=True).to(torch.bfloat16)
+    tally.check(torch.equal(combined, (x * counts).to(torch.bfloat16)), "after the refusals: a combine of ones is not the rank count")
+
+
+def run() -> bool:
+    start()
+    me, n = dist.get_rank(), dist.get_world_size()
+    tally = Tally()
+    layout = nv.inter_node_layout()
+    g, nodes = layout[1], layout[2]
+    if nodes < 2:
+        raise RuntimeError(f"{n} ranks in nodes of {g} are one node: run with NVSHMEM_TUTORIAL_NODE_PES below {n}")
+    probe = Config(24, 8, 256, 16, 128)
+    nvl_bytes, rdma_bytes = probe.get_buffer_size_hints_for_nodes(MAX_HIDDEN * 2, n, g)
+    buffer = Buffer(dist.group.WORLD, nvl_bytes, rdma_bytes, explicitly_destroy=True)
+    topo = Topology(buffer)
+    tally.check(topo.nodes == nodes and topo.g == g, f"get_num_rdma_ranks() = {topo.nodes}, expected {nodes} nodes of {g}")
+    tally.check(buffer.runtime.get_rdma_rank() == me // g, f"get_rdma_rank() = {buffer.runtime.get_rdma_rank()}, expected {me // g}")
+    tally.check(buffer.runtime.get_root_rdma_rank(True) == me % g and buffer.runtime.get_root_rdma_rank(False) == 0,
+                "get_root_rdma_rank: not (local index, 0)")
+    # Every rank the same SM count: the smallest that all keep resident (MPS shares differ).
+    most: list = [None] * n
+    dist.all_gather_object(most, buffer.runtime.internode_max_num_sms())
+    num_sms = min(24, min(most)) & ~1
+    config = Config(num_sms, 8, 256, 16, 128)
+    for hidden in (2048, 4096, MAX_HIDDEN):
+        round_trip(buffer, tally, config, 1000, hidden, hidden, what="random routing")
+        round_trip(buffer, tally, config, 1000, hidden, hidden + 1, fp8=True, what="random routing")
+    round_trip(buffer, tally, config, 700, 2048, 3, topk=False, bias=1, what="random routing")
+    round_trip(buffer, tally, config, 700, 2048, 4, fp8=True, topk=False, bias=0, what="random routing")
+    round_trip(buffer, tally, config, 500, 2048, 5, streams="async", bias=2, what="after a previous event")
+    round_trip(buffer, tally, config, 500, 2048, 6, streams="comm", what="allocated on the comm stream")
+    round_trip(buffer, tally, config, 400, 2048, 7, skip_node=nodes - 1, what=f"node {nodes - 1} receives nothing")
+    round_trip(buffer, tally, config, 400, 2048, 8, one_expert=EXPERTS_PER_RANK * n - 1, what="every token to one expert")
+    round_trip(buffer, tally, config, 400, 2048, 9, skew=True, what="expert 0 first for every token")
+    round_trip(buffer, tally, config, 0 if me == 0 else 300, 2048, 10, what="zero tokens on rank 0")
+    round_trip(buffer, tally, config, 300, 2048, 11, nowhere=True, what="every 5th token sent nowhere")
+    if num_sms >= Buffer.num_sms:  # DeepEP's default configs (Buffer.num_sms = 20 SMs)
+        default = Buffer.get_dispatch_config(n)
+        round_trip(buffer, tally, default, 300, 2048, 12, what="DeepEP's default config")
+    deepep_checks(buffer, tally, config, 1000, MAX_HIDDEN)
+    pairs = pairs_in_a_row(200)
+    ok = True
+    for i in range(pairs):
+        # RDMA chunk changing between calls, as DeepEP's tuning loop does over one buffer.
+        chunked = Config(num_sms, 8, 256, (16, 8, 4, 12)[i % 4], 128)
+        ok = round_trip(buffer, Tally(), chunked, 64 + i % 50, 2048, 100 + i, fp8=i % 4 == 3, topk=i % 3 != 2, bias=i % 4,
+                        what="pair") and ok
+    tally.check(ok, f"{pairs} dispatch/combine pairs in a row with changing routing: a result differed")
+    print_by_pe([f"{tally.passed} checks passed", *NOT_BUILT.lines()])
+    bad_input(buffer, tally, config)
+    round_trip(buffer, tally, config, 300, 2048, 13, what="after bad input")
+    buffer.destroy()
+    return tally.finish()
+
+
+if __name__ == "__main__":
+    main("ch09_internode_buffer.py", run)
