@@ -1,7 +1,7 @@
 // Normal mode across nodes (issue 32, steps 4, 6-8): the two-level dispatch, bf16 rows or fp8
 // bytes with their scales, with or without top-k, fresh or cached, into outputs of the notify's
-// counts or of num_worst_tokens (benchmarks/notes/buffer_internode_normal.md, 2.6 and 7). Grid 2C, all blocks
-// resident; channel c owns a contiguous range of our tokens, as in chapter 7.
+// counts or of num_worst_tokens (benchmarks/notes/buffer_internode_normal.md, 2.6 and 7). Grid
+// 2C, all blocks resident; channel c owns a contiguous range of our tokens, as in chapter 7.
 //
 //   block 2c, warps 0-7   sender: each token once to each destination node k, into ring
 //                         (c, our node) on our rail peer there (k, our local index): staged,

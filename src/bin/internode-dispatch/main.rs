@@ -42,6 +42,7 @@ use std::process::ExitCode;
 use ch01_bootstrap::checks::Tally;
 use nvshmem_tutorial::{BufferError, Config, NvshmemBuffer};
 
+mod arrays;
 mod cached;
 mod combine;
 mod dispatch;
