@@ -192,8 +192,13 @@ class BufferCore:
     ) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor], Optional[Tensor], List[int], Tuple, Optional[Event]]:
         """layout: (num_tokens_per_rank, num_tokens_per_rdma_rank, is_token_in_rank,
         num_tokens_per_expert). Returns (recv_x, recv_x_scales, recv_topk_idx,
-        recv_topk_weights, num_recv_tokens_per_expert_list, the 10-tuple handle with
-        recv_src_meta as [M, 2] int32, event)."""
+        recv_topk_weights, num_recv_tokens_per_expert_list (empty with num_worst_tokens), the
+        10-tuple handle with recv_src_meta as [M, 2] int32, event)."""
+    def internode_dispatch_cached(
+        self, x: Tensor, x_scales: Optional[Tensor], handle: Tuple, topk: Tuple[Optional[Tensor], Optional[Tensor]],
+        config: Optional[Config], num_sms: int, streams: Streams,
+    ) -> Tuple[Tensor, Optional[Tensor], Optional[Event]]:
+        """handle: a full internode dispatch's 10-tuple, position 7 as [M, 2] int32."""
     def internode_combine(
         self, x: Tensor, handle: Tuple, topk_weights: Optional[Tensor], bias: Tuple[Optional[Tensor], Optional[Tensor]],
         config: Optional[Config], num_sms: int, streams: Streams,

@@ -44,6 +44,11 @@ def _source_meta_bytes(recv_src_meta: Any) -> Any:
     return recv_src_meta.view(torch.uint8)
 
 
+def _source_meta_words(recv_src_meta: Any) -> Any:
+    """Handle position 7 as the kernels read it ([M, 2] int32), from DeepEP's [M, 8] uint8."""
+    return recv_src_meta.view(torch.int32) if recv_src_meta.dtype == torch.uint8 else recv_src_meta
+
+
 class EventOverlap:
     """An event to wait for, and tensors to keep alive until it completes (DeepEP's)."""
 
@@ -367,16 +372,19 @@ class Buffer:
         (DeepEP's 8) and keeps its -1 entries (DeepEP rewrites them before a combine), its other
         values are positions in our NVL rings. Pass the handle back unchanged.
 
-        Not supported across nodes yet (each raises ``ValueError`` naming it, before anything
-        is launched): a cached dispatch (``handle`` given), ``num_worst_tokens > 0``."""
+        With ``handle`` (DeepEP's cached mode): the handle's counts and positions, no top-k,
+        no host wait; returns ``(recv_x..., None, None, None, None, event)``. With
+        ``num_worst_tokens`` W: outputs of W rows (received and forwarded), no host wait (CUDA
+        graphs), an empty per-expert list, ``recv_topk_idx`` -1 past the rows received; a call
+        that would deliver or forward more drops the rest, and the overflow the kernels record
+        raises ``InvalidArgumentError`` at the next check."""
         x, x_scales = x if isinstance(x, tuple) else (x, None)
-        if handle is not None:
-            raise ValueError("Buffer.internode_dispatch: a cached dispatch (handle given) across nodes is not supported by "
-                             "nvshmem_tutorial yet (issue 32 step 7): dispatch with the layout instead")
-        if num_worst_tokens > 0:
-            raise ValueError("Buffer.internode_dispatch: num_worst_tokens > 0 across nodes is not supported by nvshmem_tutorial yet "
-                             "(issue 32 step 8)")
         topk, streams = (topk_idx, topk_weights), (previous_event, async_finish, allocate_on_comm_stream)
+        if handle is not None:
+            handle = tuple(handle)
+            handle = (*handle[:7], _source_meta_words(handle[7]), *handle[8:]) if len(handle) == 10 else handle
+            recv_x, recv_scales, event = self.runtime.internode_dispatch_cached(x, x_scales, handle, topk, config, Buffer.num_sms, streams)
+            return (recv_x if recv_scales is None else (recv_x, recv_scales)), None, None, None, None, EventOverlap(event)
         layout = (num_tokens_per_rank, num_tokens_per_rdma_rank, is_token_in_rank, num_tokens_per_expert)
         recv_x, recv_scales, recv_idx, recv_w, per_expert, handle, event = self.runtime.internode_dispatch(
             x, x_scales, layout, topk, expert_alignment, num_worst_tokens, config, Buffer.num_sms, streams

@@ -49,10 +49,10 @@ use std::sync::{Arc, Mutex, Weak};
 use cudarc::driver::sys;
 use nvshmem_tutorial::config::{combine_config, dispatch_config};
 use nvshmem_tutorial::{
-    BufferError, BufferOptions, CombineInputs, Config, ElemType, InternodeCombineCall,
-    InternodeNotifyCall, LlDispatchOptions, NvshmemBuffer, plan_combine, plan_dispatch,
-    plan_internode_combine, plan_internode_dispatch, plan_internode_notify, plan_layout,
-    plan_ll_combine, plan_ll_dispatch, plan_notify,
+    BufferError, BufferOptions, CombineInputs, Config, ElemType, InternodeCachedDispatchCall,
+    InternodeCombineCall, InternodeNotifyCall, LlDispatchOptions, NvshmemBuffer, plan_combine,
+    plan_dispatch, plan_internode_cached_dispatch, plan_internode_combine, plan_internode_dispatch,
+    plan_internode_notify, plan_layout, plan_ll_combine, plan_ll_dispatch, plan_notify,
 };
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
@@ -158,6 +158,20 @@ impl BufferCore {
         let (streams, alloc) = self.streams(py, call, streams)?;
         let (tensors, views) = make(&alloc)?;
         Ok((streams, tensors, views))
+    }
+
+    /// `Err` unless this PE keeps the internode grid of `config` (2C blocks) resident: checked
+    /// before a notify step, so that every rank refuses alike and none waits for the others.
+    fn check_resident(&self, call: &Call, config: &Config) -> Result<(), Error> {
+        let most = call.buffer.internode_max_num_sms()?;
+        if 2 * config.num_channels() as u32 > most {
+            return Err(Error::Invalid(format!(
+                "internode_dispatch: Config.num_sms = {}: this PE keeps at most {most} blocks of \
+                 the internode dispatch resident (runtime.internode_max_num_sms())",
+                config.num_sms
+            )));
+        }
+        Ok(())
     }
 
     /// The communication stream (a torch Stream).
@@ -555,12 +569,14 @@ impl BufferCore {
     }
 
     /// DeepEP's internode dispatch without a handle (issue 32): the notify step across nodes,
-    /// the host's wait for the counts, then the two-level dispatch. Returns (recv_x,
-    /// recv_x_scales, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert_list, handle,
-    /// event), the handle DeepEP's 10-tuple (internode.rs: position 7 as [M, 2] int32). `layout`:
+    /// the host's wait for the counts (none with `num_worst_tokens`: outputs of that many rows,
+    /// received and forwarded, and no host sync, as DeepEP's), then the two-level dispatch.
+    /// Returns (recv_x, recv_x_scales, recv_topk_idx, recv_topk_weights,
+    /// num_recv_tokens_per_expert_list (empty with num_worst_tokens), handle, event), the handle
+    /// DeepEP's 10-tuple (internode.rs: position 7 as [M, 2] int32). `layout`:
     /// (num_tokens_per_rank, num_tokens_per_rdma_rank, is_token_in_rank, num_tokens_per_expert)
     /// from get_dispatch_layout. bf16 rows, or fp8 bytes with their scales (recv_x_scales row
-    /// major, as DeepEP's); no `num_worst_tokens` yet (refused, naming it, before any launch).
+    /// major, as DeepEP's).
     fn internode_dispatch<'py>(
         &self,
         py: Python<'py>,
@@ -576,13 +592,6 @@ impl BufferCore {
     ) -> Result<Bound<'py, PyTuple>, Error> {
         let (call, config) = self.enter_with(config, num_sms, dispatch_config)?;
         let dev = self.device;
-        if num_worst_tokens > 0 {
-            return Err(Error::Invalid(
-                "internode_dispatch: num_worst_tokens > 0 is not supported across nodes yet \
-                 (issue 32 step 8): pass num_worst_tokens=0"
-                    .into(),
-            ));
-        }
         let notify_inputs = layout.views(dev, expert_alignment)?;
         let num_experts = notify_inputs.num_tokens_per_expert.rows();
         let inputs =
@@ -592,21 +601,15 @@ impl BufferCore {
         let (n, g) = (spec.n_pes, spec.node_pes);
         let shape = (n, n / g, config.num_channels());
         let heads = (routing.rows(), n / g, g);
+        let worst = (num_worst_tokens, num_worst_tokens);
         // The whole call is checked before the notify step, which the peers wait for.
         let planned = Outputs::Planned;
         let (_, handle_planned) = internode::notify_outputs(py, &planned, shape)?;
         let (_, outputs_planned) =
-            internode::dispatch_outputs(py, &planned, &inputs, (0, 0), heads)?;
+            internode::dispatch_outputs(py, &planned, &inputs, worst, heads)?;
         // The grid must stay resident (checked again at the launch): refused here, before the
         // notify step, every rank refuses alike and none waits for the others.
-        let most = call.buffer.internode_max_num_sms()?;
-        if 2 * config.num_channels() as u32 > most {
-            return Err(Error::Invalid(format!(
-                "internode_dispatch: Config.num_sms = {}: this PE keeps at most {most} blocks of \
-                 the internode dispatch resident (runtime.internode_max_num_sms())",
-                config.num_sms
-            )));
-        }
+        self.check_resident(&call, &config)?;
         let notify = InternodeNotifyCall::Full(notify_inputs);
         plan_internode_notify(&spec, &config, &notify, &handle_planned)?;
         plan_internode_dispatch(
@@ -620,17 +623,16 @@ impl BufferCore {
 
         let (streams, alloc) = self.streams(py, &call, streams)?;
         let (prefix, handle_views) = internode::notify_outputs(py, &alloc, shape)?;
-        let (buffer, launch) = (&call.buffer, streams.launch);
+        let (buffer, launch, wait) = (&call.buffer, streams.launch, num_worst_tokens == 0);
         // SAFETY (both launches): views of live tensors on this PE's GPU (checked by the
         // plans and torch.rs), a stream of its context. The GIL is released while the host
         // waits for the counts.
         let counts = py.detach(|| unsafe {
-            buffer.internode_notify_raw(&notify, &handle_views, &config, true, cu(launch))
+            buffer.internode_notify_raw(&notify, &handle_views, &config, wait, cu(launch))
         })?;
-        let counts = counts.ok_or_else(|| {
-            Error::Invalid("internode_dispatch: the notify step returned no counts".into())
-        })?;
-        let rows = (counts.num_recv_tokens, counts.num_rdma_recv_tokens);
+        let rows = counts
+            .as_ref()
+            .map_or(worst, |c| (c.num_recv_tokens, c.num_rdma_recv_tokens));
         let (received, outputs) = internode::dispatch_outputs(py, &alloc, &inputs, rows, heads)?;
         unsafe {
             buffer.internode_dispatch_raw(
@@ -660,16 +662,60 @@ impl BufferCore {
         let made = layout_objects.chain(&prefix).chain(&received);
         let used = tensors_used(&[&x], &[&x_scales, &topk.0, &topk.1], made);
         let event = streams.finish(&call, &used)?;
+        let per_expert = counts.map(|c| c.per_local_expert).unwrap_or_default();
         let values = (
             recv_x,
             recv_scales,
             recv_idx,
             recv_weights,
-            counts.per_local_expert,
+            per_expert,
             handle,
             event,
         );
         Ok(values.into_pyobject(py)?)
+    }
+
+    /// DeepEP's internode dispatch with a cached `handle` (the 10-tuple of a full one, position
+    /// 7 as [M, 2] int32): the cached notify (the entry barrier), then the dispatch with the
+    /// handle's positions; no top-k, no host wait. Returns (recv_x, recv_x_scales, event).
+    fn internode_dispatch_cached<'py>(
+        &self,
+        py: Python<'py>,
+        x: Tensor<'py>,
+        x_scales: Option<Tensor<'py>>,
+        handle: PyInternodeHandle<'py>,
+        topk: (Option<Tensor<'py>>, Option<Tensor<'py>>),
+        config: Option<PyRef<'py, PyConfig>>,
+        num_sms: u32,
+        streams: StreamArgs<'py>,
+    ) -> Result<Bound<'py, PyTuple>, Error> {
+        let (call, config) = self.enter_with(config, num_sms, dispatch_config)?;
+        let dev = self.device;
+        let cached = handle.cached_views(dev)?;
+        let inputs = normal::dispatch_inputs(dev, (&x, &x_scales), (&topk.0, &topk.1), 0)?;
+        let rows = cached.recv_src_meta.rows();
+        let make = |outputs: &Outputs<'_>| {
+            let (tensors, (recv_x, recv_x_scales)) =
+                internode::recv_x_outputs(py, outputs, &inputs, rows)?;
+            let dispatch = InternodeCachedDispatchCall {
+                inputs,
+                handle: cached,
+                recv_x,
+                recv_x_scales,
+            };
+            Ok((tensors, dispatch))
+        };
+        let (streams, [recv_x, recv_scales], dispatch) =
+            self.plan_and_allocate(py, &call, streams, make, |planned| {
+                plan_internode_cached_dispatch(call.buffer.spec(), &config, planned)
+            })?;
+        let (buffer, launch) = (&call.buffer, cu(streams.launch));
+        // SAFETY: as in `dispatch`.
+        unsafe { buffer.internode_cached_dispatch_raw(&dispatch, &config, launch) }?;
+        let made = [&recv_x, &recv_scales].into_iter().chain(handle.objects());
+        let used = tensors_used(&[&x], &[&x_scales], made);
+        let event = streams.finish(&call, &used)?;
+        Ok((recv_x, recv_scales, event).into_pyobject(py)?)
     }
 
     /// DeepEP's internode combine with the 10-tuple handle of the dispatch that delivered `x`'s

@@ -10,8 +10,8 @@
 //! and keeps its -1 entries (DeepEP rewrites them in place before a combine).
 
 use nvshmem_tutorial::{
-    DispatchInputs, ElemType, InternodeCombineHandle, InternodeDispatchOutputs, InternodeHandle,
-    InternodeNotifyInputs,
+    DispatchInputs, ElemType, InternodeCachedHandle, InternodeCombineHandle,
+    InternodeDispatchOutputs, InternodeHandle, InternodeNotifyInputs, View,
 };
 use pyo3::prelude::*;
 
@@ -23,7 +23,8 @@ use crate::torch::{Outputs, Tensor};
 /// (is_token_in_rank, rdma_channel_prefix_matrix, gbl_channel_prefix_matrix,
 /// recv_rdma_channel_prefix_matrix, recv_rdma_rank_prefix_sum, recv_gbl_channel_prefix_matrix,
 /// recv_gbl_rank_prefix_sum, recv_src_meta, send_rdma_head, send_nvl_head). Position 7 is kept
-/// as given (no call reads it; a cached dispatch takes its row count).
+/// as given: the combine does not read it, and a cached dispatch reads it as [M, 2] int32 (its
+/// rows are the rows the handle delivers; buffer.py views DeepEP's uint8 bytes so).
 pub(crate) struct PyInternodeHandle<'py> {
     pub tensors: [Tensor<'py>; 9],
     pub recv_src_meta: Bound<'py, PyAny>,
@@ -90,6 +91,16 @@ impl<'py> PyInternodeHandle<'py> {
             prefixes: self.prefixes(device)?,
             send_rdma_head: view(7)?,
             send_nvl_head: view(8)?,
+        })
+    }
+
+    /// What a cached dispatch reads: positions 0-6 and 7 (as [M, 2] int32).
+    pub(crate) fn cached_views(&self, device: i32) -> Result<InternodeCachedHandle, Error> {
+        let meta: Tensor<'py> = self.recv_src_meta.extract()?;
+        Ok(InternodeCachedHandle {
+            is_token_in_rank: self.tensors[0].view(HANDLE_NAMES[0], device)?,
+            prefixes: self.prefixes(device)?,
+            recv_src_meta: meta.view("handle[7] (recv_src_meta)", device)?,
         })
     }
 
@@ -190,12 +201,8 @@ pub(crate) fn dispatch_outputs<'py>(
     (rows, forwarded): (usize, usize),
     (num_tokens, num_nodes, node_pes): (usize, usize, usize),
 ) -> PyResult<([Bound<'py, PyAny>; 7], InternodeDispatchOutputs)> {
-    let (x, scales) = (&inputs.x, &inputs.x_scales);
-    let (recv_x, recv_x_view) = make.make(py, &[rows, x.cols()], x.elem)?;
-    let scale_shape = [rows, scales.map_or(0, |s| s.cols())];
-    let scale_elem = scales.map_or(ElemType::F32, |s| s.elem);
-    let (recv_scales, scales_view) =
-        make.make_if(py, scales.is_some(), &scale_shape, scale_elem)?;
+    let ([recv_x, recv_scales], (recv_x_view, scales_view)) =
+        recv_x_outputs(py, make, inputs, rows)?;
     let topk = inputs.topk_idx.map(|i| i.cols());
     let topk_shape = [rows, topk.unwrap_or(0)];
     let (idx, idx_view) = make.make_if(py, topk.is_some(), &topk_shape, ElemType::I64)?;
@@ -219,4 +226,24 @@ pub(crate) fn dispatch_outputs<'py>(
     };
     let tensors = [recv_x, recv_scales, idx, weights, meta, rdma_head, nvl_head];
     Ok((tensors, views))
+}
+
+/// recv_x and recv_x_scales: the tensors (the second None without scales) and their views.
+pub(crate) type RecvX<'py> = ([Bound<'py, PyAny>; 2], (View, Option<View>));
+
+/// recv_x [rows, H] of x's dtype and, with fp8 x, recv_x_scales [rows, S] of x_scales' dtype
+/// (row major): what a cached dispatch fills, and the first two outputs of a full one.
+pub(crate) fn recv_x_outputs<'py>(
+    py: Python<'py>,
+    make: &Outputs<'_>,
+    inputs: &DispatchInputs,
+    rows: usize,
+) -> PyResult<RecvX<'py>> {
+    let (x, scales) = (&inputs.x, &inputs.x_scales);
+    let (recv_x, recv_x_view) = make.make(py, &[rows, x.cols()], x.elem)?;
+    let scale_shape = [rows, scales.map_or(0, |s| s.cols())];
+    let scale_elem = scales.map_or(ElemType::F32, |s| s.elem);
+    let (recv_scales, scales_view) =
+        make.make_if(py, scales.is_some(), &scale_shape, scale_elem)?;
+    Ok(([recv_x, recv_scales], (recv_x_view, scales_view)))
 }

@@ -282,10 +282,17 @@ def test_our_signatures_are_deepeps():
 
 
 class _Meta:
-    """recv_src_meta as the runtime returns it ([M, 2] int32): Buffer views it as uint8."""
+    """recv_src_meta as the runtime returns it ([M, 2] int32): Buffer views it as uint8 for the
+    caller, and back as int32 for a cached dispatch."""
+
+    def __init__(self, dtype="int32"):
+        self.dtype = dtype
 
     def view(self, dtype):
-        return ("recv_src_meta", dtype)
+        return _Meta(dtype)
+
+    def __eq__(self, other):
+        return other == ("recv_src_meta", self.dtype)
 
 
 _INTERNODE_RESULTS = dict(_NATIVE_RESULTS)
@@ -297,6 +304,7 @@ _INTERNODE_RESULTS.update(
             tuple(_Meta() if name == "recv_src_meta" else name for name in HANDLE_ORDER), "event",
         ),
         "internode_combine": ("combined", "combined_w", "event"),
+        "internode_dispatch_cached": ("recv_x", "recv_scales", "event"),
     }
 )
 
@@ -306,7 +314,7 @@ def across_nodes(monkeypatch):
     """A Buffer over 2 nodes whose runtime records its calls, and the calls list."""
     import nvshmem_tutorial.buffer as ours
 
-    monkeypatch.setattr(ours, "torch", types.SimpleNamespace(uint8="uint8"))
+    monkeypatch.setattr(ours, "torch", types.SimpleNamespace(uint8="uint8", int32="int32"))
     monkeypatch.setattr(ours.Buffer, "num_sms", 24)
     calls: list = []
     return _recording_buffer(calls, _INTERNODE_RESULTS), calls
@@ -322,7 +330,7 @@ def test_across_nodes_calls_return_deepeps_tuples_and_handle(across_nodes):
         "num_tokens_per_expert": "e", "config": "cfg", "async_finish": True, "topk_idx": "i", "topk_weights": "w",
         "previous_event": "p",
     }
-    # Every keyword of DeepEP's test except the two refused across nodes (below).
+    # Every keyword of DeepEP's test but the cached handle and num_worst_tokens (the next test).
     assert set(dispatch_args) == TEST_INTERNODE_USES["dispatch"]["keywords"] - {"handle", "num_worst_tokens"}
     out = buffer.dispatch(**dispatch_args)
     assert len(out) in TEST_INTERNODE_USES["dispatch"]["returns"]
@@ -361,16 +369,26 @@ def test_across_nodes_calls_return_deepeps_tuples_and_handle(across_nodes):
     assert calls[-1][0] == "internode_combine"
 
 
-def test_across_nodes_what_is_not_built_yet_is_refused_by_name(across_nodes):
+def test_across_nodes_cached_and_worst_case_dispatches_reach_their_native_calls(across_nodes):
     buffer, calls = across_nodes
-    before = len(calls)
-    with pytest.raises(ValueError, match="cached dispatch"):
-        buffer.dispatch("x", handle=("h",) * 10, config="cfg")
-    with pytest.raises(ValueError, match="num_worst_tokens"):
-        buffer.dispatch("x", num_tokens_per_rank="r", num_tokens_per_rdma_rank="n", is_token_in_rank="m",
-                        num_tokens_per_expert="e", topk_idx="i", topk_weights="w", num_worst_tokens=64)
-    # Refused before any native call but the node count.
-    assert [name for name, _ in calls[before:]] == ["get_num_rdma_ranks", "get_num_rdma_ranks"]
+    handle = buffer.dispatch("x", num_tokens_per_rank="r", num_tokens_per_rdma_rank="n", is_token_in_rank="m",
+                             num_tokens_per_expert="e")[4]
+    # Cached (test_internode.py:191-194): the handle as DeepEP's test passes it back, position 7
+    # viewed as the kernels read it ([M, 2] int32).
+    out = buffer.dispatch(("x8", "scales"), handle=handle, config="cfg", async_finish=True, previous_event="p")
+    assert len(out) in TEST_INTERNODE_USES["dispatch"]["returns"]
+    assert out[0] == ("recv_x", "recv_scales") and out[1:5] == (None, None, None, None) and out[5].event == "event"
+    words = tuple(("recv_src_meta", "int32") if name == "recv_src_meta" else name for name in HANDLE_ORDER)
+    assert calls[-1] == ("internode_dispatch_cached", {
+        "x": "x8", "x_scales": "scales", "handle": words, "topk": (None, None), "config": "cfg", "num_sms": 24,
+        "streams": ("p", True, False),
+    })
+    buffer.dispatch("x", handle=list(handle), topk_idx="i")  # DeepEP takes a list; top-k is the plan's to refuse
+    assert calls[-1][1]["handle"] == words and calls[-1][1]["topk"] == ("i", None)
+    # num_worst_tokens (test_internode.py:174-177): passed through, the native call sizes the outputs.
+    worst = buffer.dispatch("x", num_tokens_per_rank="r", num_tokens_per_rdma_rank="n", is_token_in_rank="m",
+                            num_tokens_per_expert="e", topk_idx="i", topk_weights="w", num_worst_tokens=64)
+    assert len(worst) == 6 and calls[-1][0] == "internode_dispatch" and calls[-1][1]["num_worst_tokens"] == 64
 
 
 def test_one_node_calls_stay_intranode(monkeypatch):
@@ -416,6 +434,7 @@ def test_the_runtime_has_deepeps_node_queries():
         "get_num_rdma_ranks": [], "get_rdma_rank": [], "get_root_rdma_rank": ["global_"], "get_local_device_id": [],
         "internode_max_num_sms": [],
         "internode_dispatch": ["x", "x_scales", "layout", "topk", "expert_alignment", "num_worst_tokens", "config", "num_sms", "streams"],
+        "internode_dispatch_cached": ["x", "x_scales", "handle", "topk", "config", "num_sms", "streams"],
         "internode_combine": ["x", "handle", "topk_weights", "bias", "config", "num_sms", "streams"],
     }.items():
         signature = inspect.signature(getattr(_native.BufferCore, name))
