@@ -12,15 +12,16 @@ use crate::view::View;
 /// Chapter 7's notify, dispatch and combine reach every rank through the node's peer pointers:
 /// a buffer whose ranks span nodes (normal mode across nodes, issue 32) has its own notify,
 /// dispatch and combine (`internode_notify_raw`, `internode_dispatch_raw`,
-/// `internode_combine_raw`), so they refuse it.
+/// `internode_cached_dispatch_raw`, `internode_combine_raw`), so they refuse it.
 pub(crate) fn one_node(what: &'static str, spec: &BufferSpec) -> Result<(), BufferError> {
     if spec.spans_nodes() {
         return Err(BufferError::invalid(
             what,
             format!(
                 "this buffer's {} ranks span {} nodes of {}: across nodes, normal mode has its \
-                 notify step and a bf16 dispatch and combine in Rust (internode_notify_raw, \
-                 internode_dispatch_raw, internode_combine_raw); chapter 7's calls run inside one \
+                 notify step, a bf16 or fp8 dispatch (fresh or cached) and a bf16 combine in Rust \
+                 (internode_notify_raw, internode_dispatch_raw, internode_cached_dispatch_raw, \
+                 internode_combine_raw, internode_pair_raw); chapter 7's calls run inside one \
                  node (unset NVSHMEM_TUTORIAL_NODE_PES, at most 8 ranks), or use \
                  low_latency_mode=True",
                 spec.n_pes,
