@@ -20,11 +20,12 @@ received top-k, all ten handle positions against their definitions (DeepEP's for
 buffer.py's docstring, for 7-9), combined_x bit for bit against the kernels' summation order
 and within a tolerance of the exact sum, and the combined weights exactly. Each comparison is a
 check of its own, by name. Rank 0 prints every rank's lines (`pe <i>: ...`) and
-`N passed, M failed` last: 394 checks per rank (372 where the ranks keep fewer than 20 SMs
+`N passed, M failed` last: 456 checks per rank (430 where the ranks keep fewer than 20 SMs
 resident, which skips DeepEP's default config), whatever NVSHMEM_TUTORIAL_PAIRS says (the pairs
-count as one check); the cached dispatch adds 17 and num_worst_tokens 45 once the buffer has
-them. Tried on CPU against a loop-by-loop model of the buffer (gloo, 2 x 1, 2 x 2, 4 x 1), where
-wrong handle positions 3, 5, 7, 8, 9, a wrong row order and a combine rounded once each fail it.
+count as one check); a buffer without the cached dispatch (17 checks) or num_worst_tokens (45)
+says so in a "skipped, not built yet" line. Tried on CPU against a loop-by-loop model of the
+buffer (gloo, 2 x 1, 2 x 2, 4 x 1), where wrong handle positions 3, 5, 7, 8, 9, a wrong row
+order and a combine rounded once each fail it.
 """
 
 from __future__ import annotations
