@@ -148,3 +148,50 @@ fn a_pair_that_a_graph_cannot_hold_is_refused_naming_the_fix() {
         &["num_worst_tokens = 2147483648", "at most"],
     );
 }
+
+/// The pair's launch path never waits for the GPU on the host, which a capture forbids: the
+/// notify goes without `wait` (the one host wait of the internode calls, `wait_for_counts`,
+/// and its start marker sit under `if wait` in `internode_notify_raw`), and nothing in the path
+/// (the notify before that wait, the dispatch's and the combine's launches) synchronises,
+/// copies to the host or records an event.
+#[test]
+fn the_pairs_launches_wait_for_nothing_on_the_host() {
+    let source = include_str!("mod.rs");
+    let path = source
+        .split("pub unsafe fn internode_pair_raw(")
+        .nth(1)
+        .and_then(|s| s.split("\n    }\n").next())
+        .expect("internode_pair_raw");
+    assert!(path.contains("internode_notify_raw(&full, &pair.handle, configs.0, false, stream)"));
+    let notify = include_str!("../internode_notify/mod.rs");
+    let gated = notify
+        .split("if wait {")
+        .nth(1)
+        .expect("the notify's wait is gated")
+        .split('}')
+        .next()
+        .unwrap();
+    assert!(gated.contains("mark_started"), "{gated}");
+    assert!(notify.contains("if !wait {\n            return Ok(None);"));
+    let after = notify.split("if !wait {").nth(1).unwrap();
+    assert!(
+        after.contains("wait_for_counts"),
+        "the counts are read only past `if !wait`"
+    );
+    let dispatch = include_str!("../internode_dispatch/mod.rs");
+    let combine = include_str!("../internode_combine/mod.rs");
+    for path in [path, &notify.replace(after, ""), dispatch, combine] {
+        for host_wait in [
+            "synchronize",
+            "to_host",
+            "wait_for_counts(",
+            "event::record",
+            "sleep",
+        ] {
+            assert!(
+                !path.contains(host_wait),
+                "a host wait ({host_wait}) on the pair's path"
+            );
+        }
+    }
+}
