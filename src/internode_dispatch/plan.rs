@@ -186,7 +186,8 @@ pub(crate) fn fits(
 // ANCHOR: plan_internode_dispatch
 /// Checks an internode dispatch for `config` and plans it: a normal-mode buffer across nodes,
 /// `inputs` of `is_token_in_rank`'s tokens (bf16 rows, or fp8 bytes with their scales),
-/// positions 3-6 of `handle` as the notify wrote them, outputs of the notify's counts, and the
+/// positions 3-6 of `handle` as the notify wrote them, outputs of the notify's counts (or of
+/// num_worst_tokens rows: the kernel bounds every store and records RECV_OVERFLOW), and the
 /// RDMA and NVL rings inside their regions.
 pub fn plan_internode_dispatch(
     spec: &BufferSpec,
