@@ -78,7 +78,10 @@ class Buffer:
     NVSHMEM puts across). The node size is chapter 5's: the real node, or virtual nodes of G
     ranks with ``NVSHMEM_TUTORIAL_NODE_PES=G``. ``dispatch`` and ``combine`` go across nodes
     when ``runtime.get_num_rdma_ranks() > 1``, as DeepEP's (``internode_dispatch`` /
-    ``internode_combine``). ``allow_nvlink_for_low_latency_mode=False`` is nodes of one rank:
+    ``internode_combine``). A buffer made with ``low_latency_mode=True`` refuses normal calls
+    across nodes (the runtime names it: the two modes sharing ``num_rdma_bytes`` is not built
+    yet), so DeepEP's ``test_internode.py --test-ll-compatibility`` cannot run; without that flag
+    it can. ``allow_nvlink_for_low_latency_mode=False`` is nodes of one rank:
     it needs ``NVSHMEM_TUTORIAL_NODE_PES=1``. ``num_qps_per_rank`` is accepted and unused
     (NVSHMEM maps its own queue pairs).
 
