@@ -123,6 +123,11 @@ MANIFEST: Dict[str, Dict[str, str]] = {
     "moe_n4": {
         "csv": "benchmarks/results/moe_layer_h100_4gpu.csv",
     },
+    # ... and the four-layer schedule's hidden exchanges at 16 / 12 / 8 / 4 SMs in one run
+    # (moe_layer.py --overlap-rounds 5 --hidden-sms 16 12 8 4, N = 4).
+    "moe_sms_n4": {
+        "csv": "benchmarks/results/moe_hidden_sms_h100_4gpu_2026-11-27.csv",
+    },
     # The PyTorch page: scripts/ch03_put_get.py --bench (2 GPUs).
     "py_exchange": {
         "csv": "benchmarks/results/python_exchange_h200.csv",

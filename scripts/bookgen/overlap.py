@@ -328,6 +328,26 @@ class MoeRun:
                 "eff": (serial - over) / min(comm, compute) if comm > 0.01 * serial else float("nan")}
 
 
+def sm_sweep(book: Book, page: str, table_eff8: Optional[float]) -> str:
+    """The four-layer schedule with the hidden exchanges on 16 / 12 / 8 / 4 SMs in one run (N = 4):
+    more SMs for the exchanges hide no more than 8. `table_eff8`: what the table's run hid on 8."""
+    run = MoeRun(book.result("moe_sms_n4"), 4)
+    eff = {int(m.group(2)): run.overlap(c)["eff"] for c in run.cases() for m in [PIPELINE.match(c)] if m and m.group(2)}
+    claim(sorted(eff) == [4, 8, 12, 16], page, "the SM sweep has the rows at 4, 8, 12 and 16 SMs")
+    claim(max(eff[12], eff[16]) <= eff[8] + 0.05, page, "12 and 16 SMs for the exchanges hide no more than 8")
+    claim(eff[4] < eff[8], page, "4 SMs hide less than 8")
+    hid = ", ".join(f"{_pct(eff[k]) if eff[k] > 0 else 'nothing'} on {k}" for k in (16, 12, 8, 4))
+    return (f"Giving the hidden exchanges more SMs does not hide more. In a run at N = 4 that times the "
+            f"four layers with the exchanges on 16, 12, 8 and 4 SMs (the GEMMs leaving as many), they hide "
+            f"{hid} ({run.r.provenance()}, `{run.r.path}`)"
+            + (f"; the table's run hid {_pct(table_eff8)} on 8, so one run's share is good to about "
+               f"{100 * abs(table_eff8 - eff[8]):.0f} points either way, and only the ranking inside a run counts"
+               if table_eff8 is not None and abs(table_eff8 - eff[8]) > 0.05 else "")
+            + ". What stays exposed is not the exchanges' speed but what they "
+            "take from the GEMMs beside them: every row they move is read and written in HBM, which the "
+            "expert GEMMs of a 2048-token micro-batch also need.")
+
+
 def gen_moe(book: Book) -> None:
     s = Snippets("moe")
     page = "moe-layer.md"
@@ -403,6 +423,7 @@ def gen_moe(book: Book) -> None:
                 f"{others}: on fewer SMs each exchange takes longer than the experts beside it, and with none "
                 "left free the exchanges and the GEMMs share the SMs again.")
     s.add("pipeline", text)
+    s.add("sm_sweep", sm_sweep(book, page, pipe[4].get(8, {}).get("eff")))
     s.add("timeline", book.figure(
         MANIFEST["moe_n2"]["timeline"],
         "Timeline of the MoE layer's forward on two micro-batches, overlapped, rank 0",
