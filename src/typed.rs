@@ -59,6 +59,29 @@ macro_rules! element {
 }
 element!(bf16 => Bf16, Fp8E4m3 => Fp8E4m3, f32 => F32, i32 => I32, i64 => I64, bool => Bool);
 
+/// What `DeviceArray::from_host` makes of `len` elements as [rows, cols]: (dims, shape), a
+/// vector [rows] when `cols == 0` (so an [S, 0] matrix is a vector of S, which 0 elements do
+/// not fill: lay an empty matrix out as [0, S], or as a vector of 0), or why they do not fit.
+/// Pure: a program checks the arrays it will allocate on the CPU with it.
+pub fn host_shape(
+    len: usize,
+    rows: usize,
+    cols: usize,
+) -> Result<(usize, [usize; 2]), BufferError> {
+    let (dims, shape) = if cols == 0 {
+        (1, [rows, 1])
+    } else {
+        (2, [rows, cols])
+    };
+    if len != shape[0] * shape[1] {
+        return Err(BufferError::invalid(
+            "DeviceArray::from_host",
+            format!("{len} elements for a [{rows}, {cols}] array"),
+        ));
+    }
+    Ok((dims, shape))
+}
+
 /// A row-major vector [len] or matrix [rows, cols] of `T` on this PE's GPU, owning its memory.
 pub struct DeviceArray<T> {
     data: CudaSlice<T>,
@@ -82,17 +105,7 @@ impl<T: Element> DeviceArray<T> {
         rows: usize,
         cols: usize,
     ) -> Result<Self, BufferError> {
-        let (dims, shape) = if cols == 0 {
-            (1, [rows, 1])
-        } else {
-            (2, [rows, cols])
-        };
-        if host.len() != shape[0] * shape[1] {
-            return Err(BufferError::invalid(
-                "DeviceArray::from_host",
-                format!("{} elements for a [{rows}, {cols}] array", host.len()),
-            ));
-        }
+        let (dims, shape) = host_shape(host.len(), rows, cols)?;
         // An empty array still gets an address (the kernels take zero-row views).
         let data = if host.is_empty() {
             stream.alloc_zeros::<T>(1)

@@ -143,3 +143,42 @@ fn the_kernel_writes_the_handle_only_when_given_it() {
         }
     }
 }
+
+/// internode-dispatch's pair 4 at 2 nodes of 1 (the GPU failure of 2026-11-27): rank 0 sends no
+/// tokens and receives everything, rank 1 sends T and receives none, fp8 rows with column-major
+/// scales. Both ranks' cached (and full) dispatches plan, so neither refuses on the host and
+/// leaves the other in the cached notify: the [0, S] scales with torch's strides of an empty
+/// array's transpose ([1, 1]), and the [0, H] / [0, S] outputs.
+#[test]
+fn a_rank_without_tokens_or_rows_plans_fp8_with_column_major_scales() {
+    let (n, g, s) = (2, 1, HIDDEN / 128);
+    for (me, t, m) in [(0, 0, 300), (1, 300, 0)] {
+        let spec = spec_for(&config(), n, g, me);
+        let mut x = cached_call(n, g);
+        x.inputs.x = matrix(1, t, HIDDEN, ElemType::Fp8E4m3);
+        x.inputs.x_scales = Some(View {
+            strides: [1, t.max(1)],
+            ..matrix(17, t, s, ElemType::F32)
+        });
+        x.handle.is_token_in_rank = matrix(4, t, n, ElemType::Bool);
+        x.handle.recv_src_meta = matrix(14, m, 2, ElemType::I32);
+        x.recv_x = matrix(11, m, HIDDEN, ElemType::Fp8E4m3);
+        x.recv_x_scales = Some(matrix(18, m, s, ElemType::F32));
+        let a = plan_internode_cached_dispatch(&spec, &config(), &x)
+            .unwrap_or_else(|e| panic!("rank {me}: {e}"))
+            .args;
+        assert_eq!((a.num_tokens, a.num_recv_rows), (t as i32, m as i32));
+        assert_eq!(
+            (a.scale_token_stride, a.scale_hidden_stride),
+            (1, t.max(1) as i64)
+        );
+        // The full dispatch that made the handle, with the same rows.
+        let mut full = call(n, g, 12, t, 0);
+        full.inputs = x.inputs;
+        full.outputs.recv_x = x.recv_x;
+        full.outputs.recv_x_scales = x.recv_x_scales;
+        full.outputs.recv_src_meta = x.handle.recv_src_meta;
+        full.outputs.send_nvl_head = matrix(16, m, g, ElemType::I32);
+        plan_of(&spec, &config(), &full).unwrap_or_else(|e| panic!("rank {me}, full: {e}"));
+    }
+}

@@ -54,10 +54,17 @@ static BROKEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::ne
 /// Marks the job broken (see `BROKEN`): every later collective teardown of this process is
 /// skipped. Called where a wait for a peer timed out.
 pub fn mark_broken() {
+    mark_broken_because("a peer did not arrive in time");
+}
+
+/// `mark_broken` for another `reason`: this PE stopped on an error of its own between
+/// collective calls, so the peers it leaves waiting in a call it never makes will not join
+/// its teardown either.
+pub fn mark_broken_because(reason: &str) {
     if !BROKEN.swap(true, std::sync::atomic::Ordering::SeqCst) {
         eprintln!(
-            "nvshmem_tutorial: a peer did not arrive in time: this process will skip NVSHMEM's \
-             collective teardown (free, finalize) and leave its memory to the driver"
+            "nvshmem_tutorial: {reason}: this process will skip NVSHMEM's collective teardown \
+             (free, finalize) and leave its memory to the driver"
         );
     }
 }

@@ -47,6 +47,44 @@ pub(crate) struct Fp8Rows {
     pub(crate) recv_x_scales: DeviceArray<f32>,
 }
 
+/// The f32 scales [T, S] of rank `me`'s T rows as the GPU gets them: the elements in memory
+/// order, the array they are allocated as ([rows, cols] for `DeviceArray::from_host`) and the
+/// strides (in elements) of the [T, S] view over it, row major or column major (DeepEP's
+/// test's layout: the transpose of an [S, T] array). Column major, the storage is a vector of
+/// T x S: as an [S, T] matrix it would be an [S, 0] one on a rank with no tokens, which
+/// `from_host` reads as a vector of S and refuses for its 0 elements (the refusal that stopped
+/// rank 0, the rank without tokens, at pair 4's cached dispatch, the first column-major call).
+pub(crate) struct ScaleStorage {
+    pub(crate) host: Vec<f32>,
+    pub(crate) shape: (usize, usize),
+    pub(crate) strides: [usize; 2],
+}
+
+impl ScaleStorage {
+    pub(crate) fn new(me: usize, t_count: usize, s: usize, column_major: bool) -> Self {
+        if column_major {
+            let host: Vec<f32> = (0..s)
+                .flat_map(|k| (0..t_count).map(move |t| scale(me, t, k)))
+                .collect();
+            Self {
+                shape: (host.len(), 0),
+                host,
+                // torch's strides of an empty [S, 0] array's transpose are [1, 1].
+                strides: [1, t_count.max(1)],
+            }
+        } else {
+            let host: Vec<f32> = (0..t_count)
+                .flat_map(|t| (0..s).map(move |k| scale(me, t, k)))
+                .collect();
+            Self {
+                host,
+                shape: (t_count, s),
+                strides: [s, 1],
+            }
+        }
+    }
+}
+
 impl Rows {
     /// Rank `me`'s rows of `t_count` tokens in format `f`, and outputs of `m` rows poisoned.
     pub(crate) fn new(
@@ -71,23 +109,12 @@ impl Rows {
         let bytes: Vec<Fp8E4m3> = (0..t_count)
             .flat_map(|t| (0..hidden).map(move |j| Fp8E4m3(fp8_payload(me, t, j))))
             .collect();
-        let (scales, x_scales) = if column_major {
-            let host: Vec<f32> = (0..s)
-                .flat_map(|k| (0..t_count).map(move |t| scale(me, t, k)))
-                .collect();
-            let a = DeviceArray::from_host(stream, &host, s, t_count)?;
-            let view = View {
-                strides: [1, t_count.max(1)],
-                ..View::matrix(a.view().ptr, t_count, s, ElemType::F32)
-            };
-            (a, view)
-        } else {
-            let host: Vec<f32> = (0..t_count)
-                .flat_map(|t| (0..s).map(move |k| scale(me, t, k)))
-                .collect();
-            let a = DeviceArray::from_host(stream, &host, t_count, s)?;
-            let view = a.view();
-            (a, view)
+        let storage = ScaleStorage::new(me, t_count, s, column_major);
+        let (rows, cols) = storage.shape;
+        let scales = DeviceArray::from_host(stream, &storage.host, rows, cols)?;
+        let x_scales = View {
+            strides: storage.strides,
+            ..View::matrix(scales.view().ptr, t_count, s, ElemType::F32)
         };
         Ok(Self::Fp8(Box::new(Fp8Rows {
             x: DeviceArray::from_host(stream, &bytes, t_count, hidden)?,
@@ -185,6 +212,57 @@ impl Arrays {
             topk_idx: self.topk_idx.as_ref().map(DeviceArray::view),
             topk_weights: self.topk_weights.as_ref().map(DeviceArray::view),
             num_experts,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use nvshmem_tutorial::typed::host_shape;
+
+    use super::*;
+    use crate::internode_case::Case;
+    use crate::{HIDDEN, cached_of, fp8_of};
+
+    /// Every rank's fp8 scales of every fp8 call of the loop (the full dispatches, pairs 2-3 of
+    /// every 4, and the cached ones, pairs 4 of every 8) at N = 2, 4, 8 in every node size:
+    /// their storage is an array `DeviceArray::from_host` allocates (host_shape is its rule),
+    /// and the [T, S] view over it reads scale(me, t, k) at (t, k). Pair 4 at 2 nodes of 1 is
+    /// the GPU failure of 2026-11-27: rank 0 has no tokens there (whatever the seed), and its
+    /// column-major scales were an [S, 0] matrix, refused before its cached notify, so rank 1
+    /// waited for rank 0's row until its timeout.
+    #[test]
+    fn every_rank_of_every_fp8_call_gets_scales_it_can_allocate() {
+        let case = Case::new(0x5eed, 2, 1, 4);
+        assert!(case.job.routing[0].is_empty() && !case.job.routing[1].is_empty());
+        assert_eq!(cached_of(4), Some(Some(true)));
+        for (n, g) in [(2, 1), (4, 1), (4, 2), (8, 1), (8, 2), (8, 4)] {
+            for i in 0..48 {
+                let cached = cached_of(i).flatten();
+                for column_major in [fp8_of(i), cached].into_iter().flatten() {
+                    for seed in 0..4u64 {
+                        let case = Case::new(seed ^ (i as u64 + 7), n, g, i);
+                        for me in 0..n {
+                            let t_count = case.job.routing[me].len();
+                            let s = HIDDEN[i % HIDDEN.len()] / 128;
+                            let st = ScaleStorage::new(me, t_count, s, column_major);
+                            let (rows, cols) = st.shape;
+                            let shape = host_shape(st.host.len(), rows, cols);
+                            assert!(
+                                shape.is_ok(),
+                                "pair {i}, rank {me} of {n} in nodes of {g}, {t_count} tokens, \
+                                 column major {column_major}: {shape:?}"
+                            );
+                            assert_eq!(st.host.len(), t_count * s);
+                            let [a, b] = st.strides;
+                            for (t, k) in (0..t_count).flat_map(|t| (0..s).map(move |k| (t, k))) {
+                                let got = st.host[t * a + k * b];
+                                assert_eq!(got.to_bits(), scale(me, t, k).to_bits());
+                            }
+                        }
+                    }
+                }
+            }
         }
     }
 }

@@ -92,7 +92,19 @@ fn run_program(
         seed: world.job_seed(),
         calls: args.pairs,
     };
-    checks(&program, &mut tally)?;
+    if let Err(error) = checks(&program, &mut tally) {
+        // Said before the buffer goes: its free is NVSHMEM's collective one, which a peer left
+        // waiting in a call this rank never makes (a host refusal on this rank alone) never
+        // joins, so the line would wait for the launcher's kill and be lost. This rank skips
+        // the collective teardown instead and exits now, the first to fail.
+        eprintln!("{name}: error: pe {}: {error}", program.me);
+        ch01_bootstrap::world::mark_broken_because(&format!(
+            "pe {} stopped on an error between collective calls",
+            program.me
+        ));
+        drop(program);
+        return Err(format!("pe {me} stopped on the error above", me = world.my_pe()).into());
+    }
     drop(program);
     if let Some(count) = args.create_destroy {
         soak::create_destroy(&world, count, options, &mut tally)?;
