@@ -18,7 +18,7 @@ use crate::buffer::NvshmemBuffer;
 use crate::combine::{CombineInputs, CombineOutputs};
 use crate::config::Config;
 use crate::error::BufferError;
-use crate::internode_notify::{InternodeHandle, InternodeNotifyCall};
+use crate::internode_notify::InternodeHandle;
 use crate::view::View;
 
 /// What the combine reads of its dispatch's handle (DeepEP's 10-tuple, section 2.10): T tokens,
@@ -80,23 +80,11 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
     ) -> Result<(), BufferError> {
         self.check()?;
         let plan = plan_internode_combine(&self.spec, config, call)?;
-        self.check_resident("internode_combine", config, plan.num_channels)?;
-        let handle = &call.handle;
-        let barrier = InternodeNotifyCall::Cached {
-            is_token_in_rank: handle.is_token_in_rank,
-        };
-        // SAFETY: the caller vouches for the views and the stream; the cached notify plans the
-        // same buffer, config, handle and routing the combine's plan accepted.
-        unsafe { self.internode_notify_raw(&barrier, &handle.prefixes, config, false, stream) }?;
-        // SAFETY: a checked plan; the caller vouches for the views and stream.
+        let handle = (call.handle.is_token_in_rank, &call.handle.prefixes);
+        let planned = (plan.num_channels, &plan.args);
+        // SAFETY: a checked plan for this handle; the caller vouches for the views and stream.
         unsafe {
-            self.launch_internode(
-                "internode_combine",
-                config,
-                plan.num_channels,
-                &plan.args,
-                stream,
-            )
+            self.launch_after_cached_notify("internode_combine", handle, config, planned, stream)
         }
     }
     // ANCHOR_END: internode_combine

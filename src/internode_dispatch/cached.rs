@@ -16,7 +16,7 @@ use crate::buffer::NvshmemBuffer;
 use crate::config::Config;
 use crate::dispatch::{DispatchInputs, check_inputs};
 use crate::error::BufferError;
-use crate::internode_notify::{InternodeHandle, InternodeNotifyCall, check_call};
+use crate::internode_notify::{InternodeHandle, check_call};
 use crate::spec::BufferSpec;
 use crate::view::{ElemType, View};
 
@@ -123,23 +123,11 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
     ) -> Result<(), BufferError> {
         self.check()?;
         let plan = plan_internode_cached_dispatch(&self.spec, config, call)?;
-        self.check_resident("internode_dispatch", config, plan.num_channels)?;
-        let handle = &call.handle;
-        let barrier = InternodeNotifyCall::Cached {
-            is_token_in_rank: handle.is_token_in_rank,
-        };
-        // SAFETY: the caller vouches for the views and the stream; the cached notify plans the
-        // same buffer, config, handle and routing the dispatch's plan accepted.
-        unsafe { self.internode_notify_raw(&barrier, &handle.prefixes, config, false, stream) }?;
-        // SAFETY: a checked plan; the caller vouches for the views and stream.
+        let handle = (call.handle.is_token_in_rank, &call.handle.prefixes);
+        let planned = (plan.num_channels, &plan.args);
+        // SAFETY: a checked plan for this handle; the caller vouches for the views and stream.
         unsafe {
-            self.launch_internode(
-                "internode_dispatch",
-                config,
-                plan.num_channels,
-                &plan.args,
-                stream,
-            )
+            self.launch_after_cached_notify("internode_dispatch", handle, config, planned, stream)
         }
     }
     // ANCHOR_END: internode_cached_dispatch

@@ -23,7 +23,7 @@ use crate::buffer::NvshmemBuffer;
 use crate::config::Config;
 use crate::dispatch::DispatchInputs;
 use crate::error::BufferError;
-use crate::internode_notify::InternodeHandle;
+use crate::internode_notify::{InternodeHandle, InternodeNotifyCall};
 use crate::view::View;
 
 /// What the internode dispatch fills. M = rows received (`InternodeRecvCounts::num_recv_tokens`),
@@ -113,6 +113,30 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         }
     }
     // ANCHOR_END: internode_dispatch
+
+    /// A call with a handle (a cached dispatch, or a combine): `check_resident` first, so that
+    /// every rank refuses before the barrier alike, then the cached notify over the handle's
+    /// `is_token_in_rank` and positions 1-6 (the entry barrier, as DeepEP's `cached_notify`),
+    /// then `kernel` on its checked `args`.
+    ///
+    /// # Safety
+    /// As `launch_internode`; `args` were planned for this buffer, `config` and this handle.
+    pub(crate) unsafe fn launch_after_cached_notify<A>(
+        &self,
+        kernel: &'static str,
+        (is_token_in_rank, prefixes): (View, &InternodeHandle),
+        config: &Config,
+        (num_channels, args): (usize, &A),
+        stream: sys::CUstream,
+    ) -> Result<(), BufferError> {
+        self.check_resident(kernel, config, num_channels)?;
+        let barrier = InternodeNotifyCall::Cached { is_token_in_rank };
+        // SAFETY: forwarded to the caller; the notify plans the same buffer, config, handle and
+        // routing the kernel's plan accepted.
+        unsafe { self.internode_notify_raw(&barrier, prefixes, config, false, stream) }?;
+        // SAFETY: forwarded to the caller.
+        unsafe { self.launch_internode(kernel, config, num_channels, args, stream) }
+    }
 
     /// Launches the internode dispatch or combine (`kernel`) on `num_channels` channels: 2C
     /// blocks of CHANNEL_THREADS, after `check_resident`.
