@@ -23,6 +23,7 @@ use crate::config::{CHANNEL_THREADS, MAX_CHANNELS};
 use crate::error::{BufferError, LastRingCall, describe};
 use crate::internode_notify::NotifyArea;
 use crate::low_latency::phases::PendingReceive;
+use crate::mode_sharing::RdmaUser;
 use crate::regions::{MAX_EXPERTS, Regions};
 use crate::spec::{
     BufferOptions, BufferSpec, PROGRESS_WORDS, node_members, options_need_notify_area,
@@ -46,7 +47,7 @@ pub(crate) const LL_STATE_WORDS: usize = std::mem::size_of::<LlState>().div_ceil
 /// u64 words of the internode notify's per-rank state (`InternodeNotifyState`).
 const INTERNODE_STATE_WORDS: usize = std::mem::size_of::<InternodeNotifyState>().div_ceil(8);
 /// The internode notify's, dispatch's and combine's modules, loaded by buffers that span nodes
-/// in normal mode.
+/// with an rdma region (normal mode, or low-latency mode serving normal calls too).
 const INTERNODE_MODULES: [&str; 3] = [
     "buffer/internode_notify",
     "buffer/internode_dispatch",
@@ -57,11 +58,12 @@ const INTERNODE_MODULES: [&str; 3] = [
 /// node, at most MAX_PES of them: the most it can take), then the buffer's regions
 /// (src/regions.rs).
 ///
-/// A normal-mode buffer with an rdma region spans nodes (`BufferOptions::check_nodes`), so it
-/// also gets the internode notify's area: as the node size is not an argument here, the
-/// largest any node size of `n_pes` needs (`NotifyArea::most_bytes`, under 2 MB).
+/// A buffer with an rdma region may span nodes and then gets the internode notify's area (in
+/// normal mode, or in low-latency mode, which serves normal calls too up to MAX_NORMAL_RANKS:
+/// `options_need_notify_area`): as the node size is not an argument here, the largest any node
+/// size of `n_pes` needs (`NotifyArea::most_bytes`, under 2 MB), reserved for every such buffer.
 pub fn heap_bytes(n_pes: usize, num_nvl_bytes: usize, num_rdma_bytes: usize) -> usize {
-    let spans_nodes = num_nvl_bytes > 0 && num_rdma_bytes > 0;
+    let spans_nodes = num_rdma_bytes > 0 && n_pes <= crate::config::MAX_NORMAL_RANKS;
     let regions = Regions {
         num_nvl_bytes,
         num_rdma_bytes,
@@ -126,11 +128,14 @@ pub struct NvshmemBuffer<W: Deref<Target = World>> {
     /// Low-latency mode's per-rank state (call count, finish counters, slot counters; see
     /// `LlState` in kernels/contract/defs.rs).
     _ll_state: CudaSlice<u64>,
-    /// The internode notify's per-rank state (`InternodeNotifyState`), when the buffer spans
-    /// nodes in normal mode.
+    /// The internode notify's per-rank state (`InternodeNotifyState`), when the buffer has the
+    /// notify's area (`options_need_notify_area`).
     _internode_state: Option<CudaSlice<u64>>,
     /// A low-latency send phase whose receive (the hook) has not run yet: one call in flight.
     pub(crate) ll_receive_pending: Mutex<Option<PendingReceive>>,
+    /// Which mode used the shared rdma region last (src/mode_sharing/): a low-latency call
+    /// after a normal one across nodes needs `clean_low_latency_buffer` between them.
+    pub(crate) rdma_user: Mutex<RdmaUser>,
     /// Whether the typed calls (typed.rs) poison the outputs they allocate.
     pub(crate) poison_outputs: bool,
     /// The last dispatch or combine launched (names a ring failure's channel).
@@ -232,6 +237,7 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
             _ll_state: ll_state,
             _internode_state: internode_state,
             ll_receive_pending: Default::default(),
+            rdma_user: Default::default(),
             poison_outputs: false,
             last_ring_call: Default::default(),
             ll_barriers: AtomicU64::new(0),

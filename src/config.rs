@@ -142,7 +142,9 @@ impl Config {
     /// slots; the low-latency control words (the two modes share the RDMA region) and, per
     /// channel and node, a staging and a landing ring of `num_max_rdma_chunked_recv_tokens`
     /// slots (`internode_slot_bytes` for up to MAX_TOPK experts and fp8 scales). On one node:
-    /// the intranode hint and 0.
+    /// the intranode hint and 0. A low-latency buffer that serves normal calls too needs the
+    /// larger of this rdma hint and `get_low_latency_rdma_size_hint`
+    /// (`mode_sharing::rdma_size_hint_for_both_modes`: the two share the region).
     pub fn get_buffer_size_hints_for_nodes(
         &self,
         hidden_bytes: usize,

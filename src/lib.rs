@@ -29,6 +29,8 @@
 //!   handle.rs, view.rs, error.rs    what the raw layer takes and returns
 //!   typed.rs                        the safe layer: typed device arrays, &mut self calls
 //!   low_latency/                    chapter 8: fixed slots (regions, phases, plans, launch)
+//!   mode_sharing/                   one low-latency buffer for both modes across nodes: who
+//!                                   keeps what in num_rdma_bytes, what a switch needs
 //!   internode.rs                    normal mode across nodes (issue 32): the notify step's
 //!                                   two-level arithmetic on the host, against DeepEP's definitions
 //!   internode_notify/               its kernel's area and launch (mod.rs), plan (plan.rs), tests
@@ -71,6 +73,7 @@ pub mod internode_notify;
 pub mod internode_pair;
 pub mod layout;
 pub mod low_latency;
+pub mod mode_sharing;
 pub mod notify;
 pub mod regions;
 pub mod spec;

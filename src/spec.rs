@@ -18,11 +18,20 @@ use crate::regions::Regions;
 pub const DEFAULT_TIMEOUT_MS: u64 = 100_000;
 
 /// How a buffer is made (DeepEP's constructor arguments that matter inside one node).
+///
+/// A buffer made with `low_latency_mode` across nodes (up to `MAX_NORMAL_RANKS` ranks) serves
+/// both modes, as DeepEP's: its normal calls across nodes (`internode_notify_raw` and the rest)
+/// and its low-latency calls share `num_rdma_bytes` (src/mode_sharing/): size it with
+/// `mode_sharing::rdma_size_hint_for_both_modes`, the larger of the two modes' hints, and call
+/// `clean_low_latency_buffer` between a normal call and the next low-latency one (refused
+/// without it). Low latency to normal needs nothing: a normal call's notify is a barrier.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BufferOptions {
     /// Bytes of the rings of normal mode (a multiple of 128).
     pub num_nvl_bytes: usize,
-    /// Bytes of the low-latency region (low-latency mode only).
+    /// Bytes of the rdma region: normal mode's staging and landing rings across nodes, the
+    /// low-latency region, or both in the same bytes for a low-latency buffer across nodes
+    /// (src/mode_sharing/).
     pub num_rdma_bytes: usize,
     pub low_latency_mode: bool,
     /// Bound on every wait, device and host, in milliseconds.
@@ -115,10 +124,11 @@ impl BufferOptions {
 }
 
 /// Whether a buffer made with `options` on `n_pes` ranks in nodes of `node_pes` has the
-/// internode notify's area: normal mode across nodes (a low-latency buffer's normal calls
-/// across nodes come with mode sharing, step 9 of the design).
+/// internode notify's area: an rdma region across nodes, up to MAX_NORMAL_RANKS ranks, in
+/// normal mode or in low-latency mode (whose buffer then serves normal calls too, as DeepEP's:
+/// src/mode_sharing/). A low-latency buffer of more ranks has its low-latency calls only.
 pub fn options_need_notify_area(options: &BufferOptions, n_pes: usize, node_pes: usize) -> bool {
-    !options.low_latency_mode && n_pes > node_pes
+    n_pes > node_pes && n_pes <= MAX_NORMAL_RANKS && options.num_rdma_bytes > 0
 }
 
 /// The world ranks of `my_pe`'s node in nodes of `node_pes`: the members of the buffer's
@@ -192,7 +202,7 @@ impl BufferSpec {
     pub fn spans_nodes(&self) -> bool {
         self.n_pes > self.node_pes
     }
-    /// The internode notify's area: normal mode across nodes only (`options_need_notify_area`).
+    /// The internode notify's area: normal calls across nodes only (`options_need_notify_area`).
     pub fn notify_area(&self) -> Option<NotifyArea> {
         options_need_notify_area(&self.options, self.n_pes, self.node_pes)
             .then(|| NotifyArea::new(self.n_pes / self.node_pes, self.node_pes))

@@ -78,10 +78,17 @@ class Buffer:
     NVSHMEM puts across). The node size is chapter 5's: the real node, or virtual nodes of G
     ranks with ``NVSHMEM_TUTORIAL_NODE_PES=G``. ``dispatch`` and ``combine`` go across nodes
     when ``runtime.get_num_rdma_ranks() > 1``, as DeepEP's (``internode_dispatch`` /
-    ``internode_combine``). A buffer made with ``low_latency_mode=True`` refuses normal calls
-    across nodes (the runtime names it: the two modes sharing ``num_rdma_bytes`` is not built
-    yet), so DeepEP's ``test_internode.py --test-ll-compatibility`` cannot run; without that flag
-    it can. ``allow_nvlink_for_low_latency_mode=False`` is nodes of one rank:
+    ``internode_combine``). A buffer made with ``low_latency_mode=True`` across nodes (up to 64
+    ranks) serves both modes, as DeepEP's (its ``test_internode.py --test-ll-compatibility``):
+    the normal calls' rings and the low-latency region share ``num_rdma_bytes`` (Rust's
+    ``mode_sharing`` module), so size it with the larger of the two hints,
+    ``max(Config.get_buffer_size_hints_for_nodes(...)[1], get_low_latency_rdma_size_hint(...))``,
+    and call ``clean_low_latency_buffer`` on every rank between a normal call and the next
+    low-latency one (the runtime refuses the low-latency call without it, as DeepEP requires the
+    clean); a normal call after low-latency ones needs nothing (its notify step is a barrier),
+    but not while a receive hook is pending. What ``get_next_low_latency_combine_buffer`` holds
+    does not survive a normal call. At more than 64 ranks a low-latency buffer has its
+    low-latency calls only. ``allow_nvlink_for_low_latency_mode=False`` is nodes of one rank:
     it needs ``NVSHMEM_TUTORIAL_NODE_PES=1``. ``num_qps_per_rank`` is accepted and unused
     (NVSHMEM maps its own queue pairs).
 

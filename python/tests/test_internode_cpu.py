@@ -423,8 +423,29 @@ def test_buffer_takes_num_rdma_bytes_in_normal_mode(monkeypatch):
         def rank(self):
             raise Reached
 
-    with pytest.raises(Reached):
-        ours.Buffer(Group(), int(2e9), int(1e9), low_latency_mode=False, num_qps_per_rank=24, explicitly_destroy=True)
+    # Both ways test_internode.py makes it (:325-330): without, and with --test-ll-compatibility
+    # (num_qps_per_rank = max(24, 256 // num_ranks)).
+    for low_latency_mode in (False, True):
+        with pytest.raises(Reached):
+            ours.Buffer(Group(), int(2e9), int(1e9), low_latency_mode=low_latency_mode, num_qps_per_rank=24,
+                        explicitly_destroy=True)
+
+
+def test_a_low_latency_buffer_across_nodes_takes_normal_calls_then_the_clean(across_nodes):
+    # test_internode.py --test-ll-compatibility on one buffer: the normal checks (dispatch and
+    # combine across nodes), then clean_low_latency_buffer, then test_low_latency's calls. The
+    # mode switch rules are the runtime's (src/mode_sharing/, CPU-tested in Rust).
+    buffer, calls = across_nodes
+    buffer.low_latency_mode = True
+    handle = buffer.dispatch("x", num_tokens_per_rank="r", num_tokens_per_rdma_rank="n", is_token_in_rank="m",
+                             num_tokens_per_expert="e")[4]
+    assert calls[-1][0] == "internode_dispatch"
+    buffer.combine("y", handle)
+    assert calls[-1][0] == "internode_combine"
+    buffer.clean_low_latency_buffer(16, 5120, 256)
+    assert calls[-1] == ("clean_low_latency_buffer", {
+        "num_max_dispatch_tokens_per_rank": 16, "hidden": 5120, "num_experts": 256,
+    })
 
 
 def test_the_runtime_has_deepeps_node_queries():

@@ -217,6 +217,10 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
     ) -> Result<Option<InternodeRecvCounts>, BufferError> {
         self.check()?;
         let mut plan = plan_internode_notify(&self.spec, config, call, handle)?;
+        // Every normal call across nodes starts here (its entry barrier): on a low-latency
+        // buffer, not while a low-latency receive is pending (src/mode_sharing/).
+        let user =
+            crate::mode_sharing::before_normal("internode_notify", &self.spec, *self.ll_pending())?;
         plan.args.counts = self.counts.device_ptr();
         let wait = wait && !plan.cached();
         if wait {
@@ -233,6 +237,7 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         // SAFETY: a checked plan (block 0 waits for other ranks' blocks: every block resident);
         // the caller vouches for the views and the stream.
         unsafe { self.launch_resident(spec, &plan.args, stream) }?;
+        *self.rdma_user() = user;
         if !wait {
             return Ok(None);
         }

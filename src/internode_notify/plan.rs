@@ -20,8 +20,8 @@ fn invalid(message: String) -> BufferError {
 
 const WHAT: &str = "internode_notify";
 
-/// The buffer's side of the checks of `what` (the notify, or the dispatch): a normal-mode
-/// buffer across nodes, with its area and state.
+/// The buffer's side of the checks of `what` (the notify, or the dispatch): a buffer across
+/// nodes (normal mode, or low-latency mode sharing its rdma region), with its area and state.
 pub(crate) fn check_buffer(
     what: &'static str,
     spec: &BufferSpec,
@@ -34,13 +34,10 @@ pub(crate) fn check_buffer(
             spec.n_pes
         )));
     }
-    if spec.options.low_latency_mode {
-        return Err(invalid(
-            "this buffer was made with low_latency_mode=True: normal calls across nodes on a \
-             low-latency buffer come with mode sharing (design step 9); create it with \
-             low_latency_mode=False and num_rdma_bytes > 0"
-                .into(),
-        ));
+    // A low-latency buffer serves normal calls too, in the same rdma region
+    // (src/mode_sharing/), up to MAX_NORMAL_RANKS ranks.
+    if let Some(message) = crate::mode_sharing::too_many_ranks_for_normal(spec) {
+        return Err(invalid(message));
     }
     let (area, base) = (spec.notify_area(), spec.notify_area_base());
     match (area, base) {
@@ -50,7 +47,7 @@ pub(crate) fn check_buffer(
         _ => Err(invalid(format!(
             "this buffer has no internode notify area or state ({} ranks in nodes of {}, at \
              most MAX_NORMAL_RANKS = {MAX_NORMAL_RANKS}): it was not made by \
-             NvshmemBuffer::new for normal mode across nodes",
+             NvshmemBuffer::new with num_rdma_bytes > 0 across nodes",
             spec.n_pes, spec.node_pes
         ))),
     }

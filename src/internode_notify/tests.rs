@@ -195,10 +195,19 @@ fn a_buffer_without_the_notify_is_refused_naming_it() {
         error.contains("one node") && error.contains("notify_raw"),
         "{error}"
     );
+    // A low-latency buffer across nodes plans normal calls too (src/mode_sharing/), up to
+    // MAX_NORMAL_RANKS ranks.
     let mut ll = good;
     ll.options.low_latency_mode = true;
-    let error = error_of(plan(&ll, inputs, &handle));
-    assert!(error.contains("low_latency_mode=False"), "{error}");
+    assert!(plan(&ll, inputs, &handle).is_ok());
+    let mut ll_wide = spec(128, 8, 5);
+    ll_wide.options.low_latency_mode = true;
+    let (wide_inputs, wide_handle) = views(128, 16, 12, 100, 4 * 128);
+    let error = error_of(plan(&ll_wide, wide_inputs, &wide_handle));
+    assert!(
+        error.contains("MAX_NORMAL_RANKS = 64") && error.contains("low-latency calls only"),
+        "{error}"
+    );
     let mut no_state = good;
     no_state.internode_state = 0;
     let error = error_of(plan(&no_state, inputs, &handle));
@@ -371,12 +380,18 @@ fn normal_mode_across_nodes_is_made_with_an_rdma_region() {
             && error.contains("normal mode runs inside one node"),
         "{error}"
     );
-    // Low-latency mode and one node: unchanged, no area.
+    // Low-latency mode across nodes has the area too (it serves normal calls,
+    // src/mode_sharing/), up to MAX_NORMAL_RANKS; on one node, or beyond, none.
     let ll = BufferOptions::low_latency(NUM_RDMA_BYTES);
     assert!(ll.check_nodes(MAX_LL_RANKS, 8).is_ok());
     let mut spec = BufferSpec::for_tests(8, ll);
     spec.node_pes = 4;
+    assert_eq!(spec.notify_area(), Some(NotifyArea::new(2, 4)));
+    spec.node_pes = 8;
     assert_eq!(spec.notify_area(), None);
+    let mut wide = BufferSpec::for_tests(128, ll);
+    wide.node_pes = 8;
+    assert_eq!(wide.notify_area(), None);
     assert_eq!(
         BufferSpec::for_tests(8, BufferOptions::normal(1 << 20)).notify_area(),
         None

@@ -16,6 +16,7 @@ use crate::buffer::{Blocks, NvshmemBuffer, arg};
 use crate::error::BufferError;
 use crate::low_latency::phases::{PendingReceive, Phases};
 use crate::low_latency::regions::{COUNTS_BYTES, LlShape, check_shape, invalid};
+use crate::mode_sharing::{RdmaUser, before_low_latency};
 use crate::spec::BufferSpec;
 use crate::view::{ElemType, View};
 
@@ -53,26 +54,38 @@ pub(crate) use ll_args;
 
 /// The two kernels, each one symbol launched with a phase argument; their mangled names are
 /// looked up once, not on every call.
-pub(crate) static DISPATCH_KERNEL: Kernel =
-    Kernel::new("buffer/ll_dispatch", "nvshmem_tutorial::dispatch");
-pub(crate) static COMBINE_KERNEL: Kernel =
-    Kernel::new("buffer/ll_combine", "nvshmem_tutorial::combine");
+pub(crate) static DISPATCH_KERNEL: Kernel = Kernel::new(
+    "buffer/ll_dispatch",
+    "nvshmem_tutorial::dispatch",
+    "low_latency_dispatch",
+);
+pub(crate) static COMBINE_KERNEL: Kernel = Kernel::new(
+    "buffer/ll_combine",
+    "nvshmem_tutorial::combine",
+    "low_latency_combine",
+);
 /// The barrier across nodes (`clean_low_latency_buffer` when the ranks span several).
-pub(crate) static BARRIER_KERNEL: Kernel =
-    Kernel::new("buffer/ll_barrier", "nvshmem_tutorial::ll_barrier");
+pub(crate) static BARRIER_KERNEL: Kernel = Kernel::new(
+    "buffer/ll_barrier",
+    "nvshmem_tutorial::ll_barrier",
+    "clean_low_latency_buffer",
+);
 
-/// A C++ kernel by module and `namespace::name`, its symbol found on first use.
+/// A C++ kernel by module and `namespace::name`, its symbol found on first use, and the call
+/// (DeepEP's name) that launches it.
 pub(crate) struct Kernel {
     module: &'static str,
     name: &'static str,
+    call: &'static str,
     symbol: OnceLock<&'static str>,
 }
 
 impl Kernel {
-    const fn new(module: &'static str, name: &'static str) -> Self {
+    const fn new(module: &'static str, name: &'static str, call: &'static str) -> Self {
         Self {
             module,
             name,
+            call,
             symbol: OnceLock::new(),
         }
     }
@@ -129,8 +142,12 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         stream: sys::CUstream,
         plan: impl FnOnce(Option<PendingReceive>) -> Result<LlPlan<A>, BufferError>,
     ) -> Result<(), BufferError> {
+        // A send after a normal call across nodes needs the clean between (src/mode_sharing/);
+        // a receive continues its send.
+        let mut user = RdmaUser::LowLatency;
         if phases != Phases::Receive {
             self.check()?;
+            user = before_low_latency(kernel.call, &self.spec, *self.rdma_user())?;
         }
         let pending = *self.ll_pending();
         let plan = plan(pending)?;
@@ -146,6 +163,7 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         // SAFETY: forwarded to the caller.
         unsafe { self.launch(spec, Blocks::MayWait, stream, args) }?;
         *self.ll_pending() = plan.pending_after;
+        *self.rdma_user() = user;
         Ok(())
     }
 
@@ -154,6 +172,11 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         self.ll_receive_pending
             .lock()
             .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The shared rdma region's last user, under its lock (src/mode_sharing/).
+    pub(crate) fn rdma_user(&self) -> std::sync::MutexGuard<'_, RdmaUser> {
+        self.rdma_user.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// DeepEP's `get_next_low_latency_combine_buffer`: the staging rows a zero-copy combine
@@ -177,10 +200,12 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
     }
 
     /// DeepEP's `clean_low_latency_buffer` (collective): zeroes the count words and the
-    /// call count on every rank, between two barriers. The protocol never needs it (count
-    /// words only grow, nothing is left to clean between calls); it exists for DeepEP's API
-    /// and as a known starting point. It does not revive a buffer whose kernel timed out (that
-    /// failure is the communicator's, and final): destroy such a buffer.
+    /// call count on every rank, between two barriers. Between low-latency calls the protocol
+    /// never needs it (count words only grow, nothing is left to clean between calls). After a
+    /// normal call across nodes on this buffer it is required, as DeepEP's: its first barrier
+    /// proves that no rank still uses the rings that share the region (src/mode_sharing/), and
+    /// the next low-latency call is refused without it. It does not revive a buffer whose
+    /// kernel timed out (that failure is the communicator's, and final): destroy such a buffer.
     ///
     /// # Safety
     /// `stream` must be a live stream of this buffer's context.
@@ -208,6 +233,7 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
         // SAFETY: forwarded to the caller.
         unsafe { self.ll_barrier(stream) }?;
         *self.ll_pending() = None;
+        *self.rdma_user() = RdmaUser::Clean;
         Ok(())
     }
 

@@ -124,7 +124,9 @@ impl LlRegions {
 }
 
 /// DeepEP's `Buffer.get_low_latency_rdma_size_hint`: the num_rdma_bytes a low-latency buffer
-/// needs for this shape (bf16 dispatch, the largest), rounded up to 128 bytes.
+/// needs for this shape (bf16 dispatch, the largest), rounded up to 128 bytes. One that also
+/// serves normal calls across nodes needs the larger of this and normal mode's rdma hint
+/// (`mode_sharing::rdma_size_hint_for_both_modes`).
 pub fn get_low_latency_rdma_size_hint(
     num_max_dispatch_tokens_per_rank: usize,
     hidden: usize,
