@@ -49,7 +49,7 @@ use std::sync::{Arc, Mutex, Weak};
 use cudarc::driver::sys;
 use nvshmem_tutorial::config::{combine_config, dispatch_config};
 use nvshmem_tutorial::{
-    BufferError, BufferOptions, CombineInputs, Config, ElemType, InternodeCachedDispatchCall,
+    BufferError, BufferOptions, Config, ElemType, InternodeCachedDispatchCall,
     InternodeCombineCall, InternodeNotifyCall, LlDispatchOptions, NvshmemBuffer, plan_combine,
     plan_dispatch, plan_internode_cached_dispatch, plan_internode_combine, plan_internode_dispatch,
     plan_internode_notify, plan_layout, plan_ll_combine, plan_ll_dispatch, plan_notify,
@@ -491,14 +491,7 @@ impl BufferCore {
         let (call, config) = self.enter_with(config, num_sms, combine_config)?;
         let dev = self.device;
         let handle_views = handle.views(dev)?;
-        let inputs = CombineInputs {
-            x: x.view("x", dev)?,
-            topk_weights: optional_view(&topk_weights, "topk_weights", dev)?,
-            bias: [
-                optional_view(&bias.0, "bias[0]", dev)?,
-                optional_view(&bias.1, "bias[1]", dev)?,
-            ],
-        };
+        let inputs = normal::combine_inputs(dev, &x, &topk_weights, (&bias.0, &bias.1))?;
         let shape = (handle_views.num_tokens(), inputs.x.cols());
         let num_topk = inputs.topk_weights.map(|w| w.cols());
         let (streams, combined, outputs) = self.plan_and_allocate(
@@ -735,14 +728,7 @@ impl BufferCore {
         let (call, config) = self.enter_with(config, num_sms, combine_config)?;
         let dev = self.device;
         let handle_views = handle.combine_views(dev)?;
-        let inputs = CombineInputs {
-            x: x.view("x", dev)?,
-            topk_weights: optional_view(&topk_weights, "topk_weights", dev)?,
-            bias: [
-                optional_view(&bias.0, "bias[0]", dev)?,
-                optional_view(&bias.1, "bias[1]", dev)?,
-            ],
-        };
+        let inputs = normal::combine_inputs(dev, &x, &topk_weights, (&bias.0, &bias.1))?;
         let shape = (handle_views.is_token_in_rank.rows(), inputs.x.cols());
         let num_topk = inputs.topk_weights.map(|w| w.cols());
         let combine = |outputs| InternodeCombineCall {

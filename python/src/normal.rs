@@ -3,8 +3,8 @@
 //! planned or allocated (torch.rs, `Outputs`), with the shapes and dtypes DeepEP returns.
 
 use nvshmem_tutorial::{
-    CombineOutputs, DispatchInputs, DispatchOutputs, ElemType, Handle, LayoutOutputs, NotifyInputs,
-    NotifyOutputs, View,
+    CombineInputs, CombineOutputs, DispatchInputs, DispatchOutputs, ElemType, Handle,
+    LayoutOutputs, NotifyInputs, NotifyOutputs, View,
 };
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
@@ -205,6 +205,24 @@ pub(crate) fn dispatch_inputs(
         topk_idx: optional_view(topk.0, "topk_idx", device)?,
         topk_weights: optional_view(topk.1, "topk_weights", device)?,
         num_experts,
+    })
+}
+
+/// A combine's inputs, intranode or across nodes: `x` (a row per row the dispatch delivered),
+/// its top-k weights and the two optional biases.
+pub(crate) fn combine_inputs(
+    device: i32,
+    x: &Tensor<'_>,
+    topk_weights: &Option<Tensor<'_>>,
+    bias: (&Option<Tensor<'_>>, &Option<Tensor<'_>>),
+) -> Result<CombineInputs, Error> {
+    Ok(CombineInputs {
+        x: x.view("x", device)?,
+        topk_weights: optional_view(topk_weights, "topk_weights", device)?,
+        bias: [
+            optional_view(bias.0, "bias[0]", device)?,
+            optional_view(bias.1, "bias[1]", device)?,
+        ],
     })
 }
 
