@@ -173,21 +173,21 @@ fn wanted(name: &str) -> bool {
         .is_none_or(|list| list.split(',').any(|c| c == name))
 }
 
-fn run() -> Result<bool, AnyError> {
+/// The output CSV's path (the first argument that is not a flag) and whether this run times
+/// NVSHMEM's team collectives (`--nvshmem`) instead of ours.
+fn args() -> Result<(String, bool), AnyError> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let nvshmem_peer = args.iter().any(|a| a == "--nvshmem");
+    let default = if nvshmem_peer {
+        "coll_nvshmem.csv"
+    } else {
+        "coll_ours.csv"
+    };
     let out_path = args
         .iter()
         .find(|a| !a.starts_with("--"))
         .cloned()
-        .unwrap_or_else(|| {
-            if nvshmem_peer {
-                "coll_nvshmem.csv"
-            } else {
-                "coll_ours.csv"
-            }
-            .into()
-        });
+        .unwrap_or_else(|| default.into());
     if nvshmem_peer {
         // Checked before NVSHMEM starts: the variable is read at initialisation.
         let value = std::env::var("NVSHMEM_DISABLE_NCCL").ok();
@@ -198,152 +198,212 @@ fn run() -> Result<bool, AnyError> {
                 .into());
         }
     }
+    Ok((out_path, nvshmem_peer))
+}
+
+fn run() -> Result<bool, AnyError> {
+    let (out_path, nvshmem_peer) = args()?;
     let world = World::from_env()?;
     let timer = Timer::new(world.stream())?;
     if nvshmem_peer {
         return nvshmem_peer::nvshmem_team_peer(&world, &timer, &out_path);
     }
-    let (me, n) = (world.my_pe(), world.n_pes());
     let comm = Communicator::new(&world, CollectivesConfig::default())?;
-    let stream = world.stream().clone();
     let input = SymmetricBuffer::<_, u8>::new(&world, MAX_BYTES)?;
     let out = SymmetricBuffer::<_, u8>::new(&world, MAX_BYTES)?;
     input.fill_bytes(0x3C)?; // bf16 1.1719 everywhere: finite sums at any PE count
-    let cs = stream.cu_stream();
-    let (input_ptr, out_ptr) = (input.device_ptr(), out.device_ptr());
+    let bench = Bench {
+        world: &world,
+        timer: &timer,
+        comm: &comm,
+        input: input.device_ptr(),
+        out: out.device_ptr(),
+    };
+    let mut rows = Rows::new(&world);
+    bench.barriers(&mut rows)?;
+    bench.collectives(&mut rows)?;
+    bench.all_to_all_v(&mut rows)?;
+    if world.my_pe() == 0 {
+        print_table(&rows.lines);
+        write_csv(&out_path, header(&world)?, &rows.lines)?;
+    }
+    drop(comm);
+    world.barrier_all()?;
+    Ok(true)
+}
 
-    let mut rows = Vec::new();
-    let mut add = |collective: &str,
-                   algorithm: &str,
-                   method: &str,
-                   size: usize,
-                   us: f64,
-                   factor: f64| {
+/// The CSV rows of this run, each printed on PE 0 as it comes.
+struct Rows {
+    n: usize,
+    me: usize,
+    lines: Vec<String>,
+}
+
+impl Rows {
+    fn new(world: &World) -> Self {
+        Rows {
+            n: world.n_pes(),
+            me: world.my_pe(),
+            lines: Vec::new(),
+        }
+    }
+
+    /// One row: `us` per call of `size` bytes; busbw = size / time x `factor` (0: none).
+    fn add(
+        &mut self,
+        (collective, algorithm, method): (&str, &str, &str),
+        size: usize,
+        us: f64,
+        factor: f64,
+    ) {
+        let n = self.n;
         let busbw = if factor > 0.0 {
             size as f64 / (us * 1e-6) / 1e9 * factor
         } else {
             0.0
         };
-        rows.push(format!(
+        self.lines.push(format!(
             "{collective},{algorithm},{method},graph,{n},{size},{us:.3},{busbw:.3}"
         ));
-        if me == 0 {
+        if self.me == 0 {
             println!(
                 "pe 0: {collective:<14} {algorithm:<14} {method:<7} {size:>10} B {us:>10.2} us {busbw:>8.1} GB/s"
             );
         }
-    };
-
-    // The barriers: ours and NVSHMEM's, 100 in a graph.
-    let us = timer.time(&world, 0, || Ok(comm.sync_all_raw(cs)?))?;
-    add("barrier", "signal", "ours", 0, us, 0.0);
-    let us = timer.time(&world, 0, || {
-        // SAFETY: initialised; a stream of this context.
-        unsafe { (world.nvshmem().barrier_all_on_stream)(cs as _) };
-        Ok(())
-    })?;
-    add("barrier", "barrier_all_on_stream", "nvshmem", 0, us, 0.0);
-
-    for size in sizes() {
-        for collective in [
-            Collective::AllReduce,
-            Collective::ReduceScatter,
-            Collective::AllGather,
-            Collective::Broadcast,
-            Collective::AllToAll,
-        ] {
-            if !wanted(collective.name()) {
-                continue;
-            }
-            for &algorithm in collective.algorithms() {
-                if comm
-                    .plan(collective, Some(algorithm), size, Some(DType::Bf16))
-                    .is_err()
-                {
-                    continue; // LL past its scratch
-                }
-                let a = Some(algorithm);
-                let bf16 = DType::Bf16;
-                let us = timer.time(&world, size, || {
-                    match collective {
-                        Collective::AllReduce => {
-                            comm.all_reduce_raw(out_ptr, input_ptr, size / 2, bf16, a, cs)?
-                        }
-                        Collective::ReduceScatter => {
-                            comm.reduce_scatter_raw(out_ptr, input_ptr, size / 2 / n, bf16, a, cs)?
-                        }
-                        Collective::AllGather => {
-                            comm.all_gather_raw(out_ptr, input_ptr, size / n, a, cs)?
-                        }
-                        Collective::Broadcast => {
-                            comm.broadcast_raw(input_ptr, input_ptr, size, 0, a, cs)?
-                        }
-                        _ => comm.all_to_all_raw(out_ptr, input_ptr, size / n, a, cs)?,
-                    }
-                    Ok(())
-                })?;
-                comm.check()?;
-                add(
-                    collective.name(),
-                    algorithm.name(),
-                    "ours",
-                    size,
-                    us,
-                    busbw_factor(collective, n),
-                );
-            }
-        }
     }
-    // The MoE shape of ANCHORS.md: tokens x 7168 bf16 per PE, equal splits, all-to-all-v.
-    let moe_tokens: &[usize] = if wanted("all_to_all_v") {
-        &[128, 4096]
-    } else {
-        &[]
-    };
-    for &tokens in moe_tokens {
-        let row_bytes = 7168 * 2;
-        let splits: Vec<i64> = (0..n)
-            .map(|q| (tokens / n + usize::from(q < tokens % n)) as i64)
-            .collect();
-        let in_splits = stream.clone_htod(&splits)?;
-        let out_splits_offsets = stream.alloc_zeros::<i64>(2 * n)?;
-        let (splits_ptr, _) = cudarc::driver::DevicePtr::device_ptr(&in_splits, &stream);
-        let (outputs_ptr, _) = cudarc::driver::DevicePtr::device_ptr(&out_splits_offsets, &stream);
-        let rows_cap = MAX_BYTES / row_bytes;
-        let us = timer.time(&world, tokens * row_bytes, || {
-            // SAFETY: both count arrays are device memory of n and 2n int64.
-            unsafe {
-                comm.all_to_all_v_raw(
-                    out_ptr,
-                    rows_cap,
-                    input_ptr,
-                    tokens,
-                    row_bytes,
-                    splits_ptr,
-                    outputs_ptr,
-                    cs,
-                )?
-            };
+}
+
+/// What every timing of ours needs: the job, the timer, the communicator and the two
+/// symmetric buffers of MAX_BYTES (input, out).
+struct Bench<'a> {
+    world: &'a World,
+    timer: &'a Timer,
+    comm: &'a Communicator<&'a World>,
+    input: u64,
+    out: u64,
+}
+
+impl Bench<'_> {
+    /// The barriers: ours and NVSHMEM's, 100 in a graph.
+    fn barriers(&self, rows: &mut Rows) -> Result<(), AnyError> {
+        let (world, cs) = (self.world, self.world.stream().cu_stream());
+        let us = self
+            .timer
+            .time(world, 0, || Ok(self.comm.sync_all_raw(cs)?))?;
+        rows.add(("barrier", "signal", "ours"), 0, us, 0.0);
+        let us = self.timer.time(world, 0, || {
+            // SAFETY: initialised; a stream of this context.
+            unsafe { (world.nvshmem().barrier_all_on_stream)(cs as _) };
             Ok(())
         })?;
-        comm.check()?;
-        add(
-            "all_to_all_v",
-            &format!("direct_{tokens}tok"),
-            "ours",
-            tokens * row_bytes,
-            us,
-            busbw_factor(Collective::AllToAllV, n),
-        );
+        rows.add(("barrier", "barrier_all_on_stream", "nvshmem"), 0, us, 0.0);
+        Ok(())
     }
 
-    if me == 0 {
-        print_table(&rows);
-        write_csv(&out_path, header(&world)?, &rows)?;
+    /// Every collective `wanted`, at every size, by each of its algorithms (those that plan:
+    /// LL stops at its scratch).
+    fn collectives(&self, rows: &mut Rows) -> Result<(), AnyError> {
+        let (comm, n) = (self.comm, self.world.n_pes());
+        let cs = self.world.stream().cu_stream();
+        let (input_ptr, out_ptr, bf16) = (self.input, self.out, DType::Bf16);
+        for size in sizes() {
+            for collective in [
+                Collective::AllReduce,
+                Collective::ReduceScatter,
+                Collective::AllGather,
+                Collective::Broadcast,
+                Collective::AllToAll,
+            ] {
+                if !wanted(collective.name()) {
+                    continue;
+                }
+                for &algorithm in collective.algorithms() {
+                    if comm
+                        .plan(collective, Some(algorithm), size, Some(bf16))
+                        .is_err()
+                    {
+                        continue; // LL past its scratch
+                    }
+                    let a = Some(algorithm);
+                    let us = self.timer.time(self.world, size, || {
+                        match collective {
+                            Collective::AllReduce => {
+                                comm.all_reduce_raw(out_ptr, input_ptr, size / 2, bf16, a, cs)?
+                            }
+                            Collective::ReduceScatter => comm.reduce_scatter_raw(
+                                out_ptr,
+                                input_ptr,
+                                size / 2 / n,
+                                bf16,
+                                a,
+                                cs,
+                            )?,
+                            Collective::AllGather => {
+                                comm.all_gather_raw(out_ptr, input_ptr, size / n, a, cs)?
+                            }
+                            Collective::Broadcast => {
+                                comm.broadcast_raw(input_ptr, input_ptr, size, 0, a, cs)?
+                            }
+                            _ => comm.all_to_all_raw(out_ptr, input_ptr, size / n, a, cs)?,
+                        }
+                        Ok(())
+                    })?;
+                    comm.check()?;
+                    let what = (collective.name(), algorithm.name(), "ours");
+                    rows.add(what, size, us, busbw_factor(collective, n));
+                }
+            }
+        }
+        Ok(())
     }
-    drop(comm);
-    world.barrier_all()?;
-    Ok(true)
+
+    /// The MoE shape of ANCHORS.md: tokens x 7168 bf16 per PE, equal splits, all-to-all-v.
+    fn all_to_all_v(&self, rows: &mut Rows) -> Result<(), AnyError> {
+        if !wanted("all_to_all_v") {
+            return Ok(());
+        }
+        let (comm, n) = (self.comm, self.world.n_pes());
+        let stream = self.world.stream();
+        let cs = stream.cu_stream();
+        for tokens in [128, 4096] {
+            let row_bytes = 7168 * 2;
+            let splits: Vec<i64> = (0..n)
+                .map(|q| (tokens / n + usize::from(q < tokens % n)) as i64)
+                .collect();
+            let in_splits = stream.clone_htod(&splits)?;
+            let out_splits_offsets = stream.alloc_zeros::<i64>(2 * n)?;
+            let (splits_ptr, _) = cudarc::driver::DevicePtr::device_ptr(&in_splits, stream);
+            let (outputs_ptr, _) =
+                cudarc::driver::DevicePtr::device_ptr(&out_splits_offsets, stream);
+            let rows_cap = MAX_BYTES / row_bytes;
+            let us = self.timer.time(self.world, tokens * row_bytes, || {
+                // SAFETY: both count arrays are device memory of n and 2n int64.
+                unsafe {
+                    comm.all_to_all_v_raw(
+                        self.out,
+                        rows_cap,
+                        self.input,
+                        tokens,
+                        row_bytes,
+                        splits_ptr,
+                        outputs_ptr,
+                        cs,
+                    )?
+                };
+                Ok(())
+            })?;
+            comm.check()?;
+            let algorithm = format!("direct_{tokens}tok");
+            let factor = busbw_factor(Collective::AllToAllV, n);
+            rows.add(
+                ("all_to_all_v", &algorithm, "ours"),
+                tokens * row_bytes,
+                us,
+                factor,
+            );
+        }
+        Ok(())
+    }
 }
 
 fn write_csv(path: &str, header: String, rows: &[String]) -> Result<(), AnyError> {
