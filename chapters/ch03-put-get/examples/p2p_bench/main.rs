@@ -187,41 +187,83 @@ fn run() -> Result<bool, AnyError> {
     // ---- bandwidth: kernels and the copy engine (PE 0 works, PE 1 waits) ------------------
     if me == 0 {
         println!("pe 0: {gpu_name}; sizes {sizes:?}");
-        for &num_bytes in &sizes {
-            let put = Put::new(&dst, 0, &src, num_bytes, 1)?;
-            for kernel in Kernel::ALL {
-                for shape in kernel.shapes() {
-                    let enqueue = || Ok(kernel.enqueue(&ops, shape, &put)?);
-                    let us = bench.time_ops(num_bytes, enqueue)?;
-                    sweep.push(kernel.point(shape, num_bytes, us));
-                }
-            }
-            for method in KERNEL_METHODS {
-                let fastest = bench::best(&sweep, method, num_bytes).ok_or("empty sweep")?;
-                rows.push(Row::new(method, num_bytes, fastest.us));
-            }
-            // ANCHOR: copy_engine
-            // The copy engine: a DMA unit, no SM involved, fed one descriptor per copy.
-            let peer_dst = dst.peer_ptr(1)?.ok_or("PE 1 is not load/store reachable")?;
-            let us = bench.time_ops(num_bytes, || {
-                // SAFETY: `peer_dst` is PE 1's copy of `dst` (max_bytes), `src_ptr` local.
-                let (dst, src, s) = (peer_dst, src_ptr, stream.cu_stream());
-                unsafe { cudarc::driver::result::memcpy_dtod_async(dst, src, num_bytes, s) }?;
-                Ok(())
-            })?;
-            // ANCHOR_END: copy_engine
-            rows.push(Row::new("copy_engine", num_bytes, us));
-            println!("pe 0: {}", bench::size_line(&rows, num_bytes));
-        }
-        let best_shapes = KERNEL_METHODS.map(|m| bench::best_shapes_comment(&sweep, m, &sizes));
+        let best_shapes = bandwidth(&bench, &ops, (&dst, &src), &sizes, (&mut rows, &mut sweep))?;
         comments.extend(best_shapes);
-        few_sms(&bench, &ops, &dst, &src, &mut sweep, &mut rows)?;
     }
     world.barrier_all()?;
 
     // ---- latency: put-with-signal ping-pong in one kernel per PE ---------------------------
-    let ping_buffer = SymmetricBuffer::<_, u8>::new(&world, *LATENCY_BYTES.iter().max().unwrap())?;
-    let ping_signal = SymmetricBuffer::<_, u64>::new(&world, 1)?;
+    comments.push(put_latency(&world, &bench, &ops, &src, &mut rows)?);
+    if me == 0 {
+        write_results(&out_dir, &tag, &comments, &rows, &sweep)?;
+    }
+
+    // ---- NCCL: bandwidth and latency, both PEs work -----------------------------------------
+    comments.extend(nccl_rows(&world, &bench, &src, &sizes, &mut rows)?);
+    if me == 0 {
+        bench::sort_rows(&mut rows);
+        write_results(&out_dir, &tag, &comments, &rows, &sweep)?;
+    }
+    drop(ops);
+    world.barrier_all()?;
+    Ok(true)
+}
+
+/// Bandwidth, PE 0 alone: every kernel's launch shapes at every size (the sweep), the fastest
+/// shape per method as its row, the copy engine, then the few-SM rows. Returns the comments
+/// naming each method's best shapes.
+fn bandwidth(
+    bench: &Bench,
+    ops: &DeviceOps,
+    (dst, src): (&SymmetricBuffer<&World, u8>, &CudaSlice<u8>),
+    sizes: &[usize],
+    (rows, sweep): (&mut Vec<Row>, &mut Vec<SweepPoint>),
+) -> Result<Vec<String>, AnyError> {
+    let stream = ops.world().stream();
+    let src_ptr = src.device_address(stream);
+    for &num_bytes in sizes {
+        let put = Put::new(dst, 0, src, num_bytes, 1)?;
+        for kernel in Kernel::ALL {
+            for shape in kernel.shapes() {
+                let enqueue = || Ok(kernel.enqueue(ops, shape, &put)?);
+                let us = bench.time_ops(num_bytes, enqueue)?;
+                sweep.push(kernel.point(shape, num_bytes, us));
+            }
+        }
+        for method in KERNEL_METHODS {
+            let fastest = bench::best(sweep, method, num_bytes).ok_or("empty sweep")?;
+            rows.push(Row::new(method, num_bytes, fastest.us));
+        }
+        // ANCHOR: copy_engine
+        // The copy engine: a DMA unit, no SM involved, fed one descriptor per copy.
+        let peer_dst = dst.peer_ptr(1)?.ok_or("PE 1 is not load/store reachable")?;
+        let us = bench.time_ops(num_bytes, || {
+            // SAFETY: `peer_dst` is PE 1's copy of `dst` (max_bytes), `src_ptr` local.
+            let (dst, src, s) = (peer_dst, src_ptr, stream.cu_stream());
+            unsafe { cudarc::driver::result::memcpy_dtod_async(dst, src, num_bytes, s) }?;
+            Ok(())
+        })?;
+        // ANCHOR_END: copy_engine
+        rows.push(Row::new("copy_engine", num_bytes, us));
+        println!("pe 0: {}", bench::size_line(rows, num_bytes));
+    }
+    let best_shapes = KERNEL_METHODS.map(|m| bench::best_shapes_comment(sweep, m, sizes));
+    few_sms(bench, ops, dst, src, sweep, rows)?;
+    Ok(best_shapes.into())
+}
+
+/// One-way latency of put-with-signal ping-pongs, a kernel per PE, both PEs working (PE 0
+/// times). Returns the method's comment.
+fn put_latency(
+    world: &World,
+    bench: &Bench,
+    ops: &DeviceOps,
+    src: &CudaSlice<u8>,
+    rows: &mut Vec<Row>,
+) -> Result<String, AnyError> {
+    let me = world.my_pe();
+    let ping_buffer = SymmetricBuffer::<_, u8>::new(world, *LATENCY_BYTES.iter().max().unwrap())?;
+    let ping_signal = SymmetricBuffer::<_, u64>::new(world, 1)?;
     // Zeroed once (the timing loop's barrier before the first sample makes the zero land
     // first); after that every launch, of every size, continues from the value the last one
     // left, which both PEs track in `signal_value`.
@@ -229,7 +271,7 @@ fn run() -> Result<bool, AnyError> {
     let word = SignalWord::new(&ping_signal, 0)?;
     let mut signal_value = 0u64;
     for num_bytes in LATENCY_BYTES {
-        let put = Put::new(&ping_buffer, 0, &src, num_bytes, 1 - me)?;
+        let put = Put::new(&ping_buffer, 0, src, num_bytes, 1 - me)?;
         let samples = bench.samples_ms(true, |_| {
             let (first_value, iters) = (signal_value, PUT_PINGPONG_ITERS);
             signal_value += iters;
@@ -241,30 +283,37 @@ fn run() -> Result<bool, AnyError> {
             rows.push(Row::new("put_signal_pingpong", num_bytes, us));
         }
     }
-    comments.push(format!(
+    Ok(format!(
         "put_signal_pingpong: {PUT_PINGPONG_ITERS} round trips in one kernel per PE (1 block of \
          {PINGPONG_THREADS} threads; thread-scope putmem_signal_nbi up to 256 B, block-scope above), \
          CUDA events around the kernel on PE 0; one-way = time / (2 x round trips)"
-    ));
-    if me == 0 {
-        write_results(&out_dir, &tag, &comments, &rows, &sweep)?;
-    }
+    ))
+}
 
-    // ---- NCCL: bandwidth and latency, both PEs work -----------------------------------------
+/// NCCL beside the kernels: send/recv bandwidth at every size (the slower PE's time, sample by
+/// sample) and the ping-pong latency, both PEs working. Returns the methods' comments.
+fn nccl_rows(
+    world: &World,
+    bench: &Bench,
+    src: &CudaSlice<u8>,
+    sizes: &[usize],
+    rows: &mut Vec<Row>,
+) -> Result<Vec<String>, AnyError> {
+    let (me, stream) = (world.my_pe(), world.stream());
     nccl::probe_nccl()?;
     let nccl_version =
         cudarc::nccl::result::get_nccl_version().map_err(|e| format!("ncclGetVersion: {e:?}"))?;
-    comments.push(format!("nccl: {}", nccl::nccl_version_string(nccl_version)));
+    let mut comments = vec![format!("nccl: {}", nccl::nccl_version_string(nccl_version))];
     // Both PEs receive into / send from their own 1 GiB `src` buffer.
-    let comm = NcclPair::new(&world, &src)?;
+    let comm = NcclPair::new(world, src)?;
     let mut own_samples = Vec::new();
-    for &num_bytes in &sizes {
+    for &num_bytes in sizes {
         let samples =
             bench.time_ops_samples(true, num_bytes, || Ok(comm.p2p(me == 0, num_bytes)?))?;
         own_samples.extend(samples);
     }
     // A send/recv is done when both sides are: take the slower PE's time, sample by sample.
-    let peer_samples = exchange(&world, &own_samples)?;
+    let peer_samples = exchange(world, &own_samples)?;
     if me == 0 {
         for (i, &num_bytes) in sizes.iter().enumerate() {
             let range = i * NUM_SAMPLES..(i + 1) * NUM_SAMPLES;
@@ -274,7 +323,7 @@ fn run() -> Result<bool, AnyError> {
                 .map(|(a, b)| a.max(*b))
                 .collect();
             rows.push(Row::new("nccl", num_bytes, bench::median(&mut slower)));
-            println!("pe 0: {}", bench::size_line(&rows, num_bytes));
+            println!("pe 0: {}", bench::size_line(rows, num_bytes));
         }
     }
     // ANCHOR: nccl_pingpong
@@ -305,13 +354,7 @@ fn run() -> Result<bool, AnyError> {
             .into(),
     );
     drop(comm);
-    if me == 0 {
-        bench::sort_rows(&mut rows);
-        write_results(&out_dir, &tag, &comments, &rows, &sweep)?;
-    }
-    drop(ops);
-    world.barrier_all()?;
-    Ok(true)
+    Ok(comments)
 }
 
 /// The CSV's `#` lines: hardware, software and method.
