@@ -108,19 +108,7 @@ fn build() -> Result<(), String> {
         &contract::c_header(),
     )?;
 
-    let archs: Vec<String> = env("KERNEL_ARCHS")
-        .unwrap_or_else(|| DEFAULT_ARCHS.into())
-        .split(',')
-        .map(|a| a.trim().to_string())
-        .filter(|a| !a.is_empty())
-        .collect();
-    for arch in &archs {
-        if !arch.starts_with("sm_") || arch[3..].is_empty() {
-            return Err(format!(
-                "KERNEL_ARCHS entry `{arch}` is not of the form sm_90"
-            ));
-        }
-    }
+    let archs = archs()?;
 
     let python_paths = build_python_paths();
     let nvcc = find_nvcc(&python_paths, &project_venv)?;
@@ -137,7 +125,6 @@ fn build() -> Result<(), String> {
         .map(|f| f.split_whitespace().map(String::from).collect())
         .unwrap_or_default();
 
-    // Compile (module, arch) pairs in parallel: nvcc is single-threaded per file.
     let jobs: Vec<(&ModuleSource, &str)> = sources
         .modules
         .iter()
@@ -152,9 +139,48 @@ fn build() -> Result<(), String> {
         out_dir: &out_dir,
         extra_flags: &extra_flags,
     };
-    let toolchain = &toolchain;
-    // At most cargo's job count at once (NUM_JOBS, else the cores): each nvcc holds about
-    // 0.6 GB, and every pair at once (72 for two archs) outgrows a small machine's memory.
+    let results = compile_all(&jobs, &toolchain);
+    let table = cubin_table(&jobs, results)?;
+    let version = nvshmem.version;
+    let generated = format!(
+        "/// Every embedded cubin: one per (module, arch).\n\
+         pub static CUBINS: &[Cubin] = &[\n{table}];\n\
+         /// NVSHMEM release of the device library linked into the cubins.\n\
+         pub const NVSHMEM_DEVICE_VERSION: nvshmem_sys::Version = nvshmem_sys::Version {{ major: {}, minor: {}, patch: {} }};\n\
+         /// Architectures the cubins were built for (`KERNEL_ARCHS`).\n\
+         pub const BUILT_ARCHS: &[&str] = &{:?};\n",
+        version.major, version.minor, version.patch, archs
+    );
+    std::fs::write(out_dir.join("cubins.rs"), generated).map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// `KERNEL_ARCHS` (comma-separated, default DEFAULT_ARCHS), each of the form sm_90.
+fn archs() -> Result<Vec<String>, String> {
+    let archs: Vec<String> = env("KERNEL_ARCHS")
+        .unwrap_or_else(|| DEFAULT_ARCHS.into())
+        .split(',')
+        .map(|a| a.trim().to_string())
+        .filter(|a| !a.is_empty())
+        .collect();
+    for arch in &archs {
+        if !arch.starts_with("sm_") || arch[3..].is_empty() {
+            return Err(format!(
+                "KERNEL_ARCHS entry `{arch}` is not of the form sm_90"
+            ));
+        }
+    }
+    Ok(archs)
+}
+
+/// Compiles every (module, arch) job in parallel (nvcc is single-threaded per file), at most
+/// cargo's job count at once (NUM_JOBS, else the cores): each nvcc holds about 0.6 GB, and
+/// every pair at once (72 for two archs) outgrows a small machine's memory. Results in `jobs`'
+/// order.
+fn compile_all(
+    jobs: &[(&ModuleSource, &str)],
+    toolchain: &Toolchain,
+) -> Vec<Result<PathBuf, String>> {
     let width = std::env::var("NUM_JOBS")
         .ok()
         .and_then(|n| n.parse::<usize>().ok())
@@ -184,8 +210,15 @@ fn build() -> Result<(), String> {
             .collect()
     });
     done.sort_by_key(|(i, _)| *i);
-    let results: Vec<Result<PathBuf, String>> = done.into_iter().map(|(_, r)| r).collect();
+    done.into_iter().map(|(_, r)| r).collect()
+}
 
+/// The generated `CUBINS` entries, one per compiled job: its module, arch, kernel names (read
+/// from the cubin; a module without a `__global__` kernel is an error) and bytes.
+fn cubin_table(
+    jobs: &[(&ModuleSource, &str)],
+    results: Vec<Result<PathBuf, String>>,
+) -> Result<String, String> {
     let mut table = String::new();
     for ((source, arch), result) in jobs.iter().zip(results) {
         let cubin = result?;
@@ -206,18 +239,7 @@ fn build() -> Result<(), String> {
             cubin.display().to_string()
         ));
     }
-    let version = nvshmem.version;
-    let generated = format!(
-        "/// Every embedded cubin: one per (module, arch).\n\
-         pub static CUBINS: &[Cubin] = &[\n{table}];\n\
-         /// NVSHMEM release of the device library linked into the cubins.\n\
-         pub const NVSHMEM_DEVICE_VERSION: nvshmem_sys::Version = nvshmem_sys::Version {{ major: {}, minor: {}, patch: {} }};\n\
-         /// Architectures the cubins were built for (`KERNEL_ARCHS`).\n\
-         pub const BUILT_ARCHS: &[&str] = &{:?};\n",
-        version.major, version.minor, version.patch, archs
-    );
-    std::fs::write(out_dir.join("cubins.rs"), generated).map_err(|e| e.to_string())?;
-    Ok(())
+    Ok(table)
 }
 
 /// Writes `text` to `path` unless it holds it already (an unchanged header keeps its time).
