@@ -150,16 +150,28 @@ async fn probe(
         Ok(Err(source)) => return Err(RendezvousError::Io { peer, source }),
         Err(_elapsed) => return Err(no_reply(config, &peer)),
     }
+    receive_id(config, (&mut stream, &peer), &transcript, deadline).await
+}
+
+/// After the handshake with our rank 0: at most one "accepted", then the id, each carrying
+/// rank 0's tag over `transcript`; anything else, or nothing by `deadline`, is an error.
+async fn receive_id(
+    config: &RendezvousConfig,
+    (stream, peer): (&mut TcpStream, &str),
+    transcript: &Transcript,
+    deadline: Instant,
+) -> Result<Probe, RendezvousError> {
     let mut accepted = false;
     loop {
-        let reply = match timeout_at(deadline, read_reply(&mut stream, &peer)).await {
+        let reply = match timeout_at(deadline, read_reply(stream, peer)).await {
             Ok(Ok(reply)) => reply,
             Ok(Err(error)) => return Err(error),
-            Err(_elapsed) => return Err(no_reply(config, &peer)),
+            Err(_elapsed) => return Err(no_reply(config, peer)),
         };
+        let job = &config.job;
         if !transcript.verify(job, Role::Root, reply.status, &reply.body, &reply.tag) {
             return Err(malformed(
-                &peer,
+                peer,
                 "a reply without rank 0's tag after the handshake",
             ));
         }
@@ -167,7 +179,7 @@ async fn probe(
             STATUS_ACCEPTED if !accepted => accepted = true,
             STATUS_OK => return Ok(Probe::Found(reply.body)),
             STATUS_ERROR => return Err(RendezvousError::Rejected(reply.text())),
-            _ => return Err(malformed(&peer, "another status instead of the id")),
+            _ => return Err(malformed(peer, "another status instead of the id")),
         }
     }
 }
