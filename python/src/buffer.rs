@@ -29,7 +29,9 @@
 //! `Buffer.low_latency_dispatch` -> `BufferCore::low_latency_dispatch` ->
 //! `low_latency_dispatch_raw` -> `ll_launch` -> `launch` -> `Kernels::launch` (6), and a
 //! receive hook starts at `ReceiveHook::__call__` (5). Everything else a call does (reading
-//! tensors, the plans, the stream order, the allocations) returns before the launch.
+//! tensors, the plans, the stream order, the allocations) returns before the launch. The calls
+//! across nodes (`internode_*`) keep their bodies in `buffer/internode_calls.rs`, one frame
+//! more, so that this file holds one node's calls.
 //!
 //! # Memory and lifetime
 //! The buffer's symmetric allocation follows the package's freeing rule (state.rs): the
@@ -49,10 +51,8 @@ use std::sync::{Arc, Mutex, Weak};
 use cudarc::driver::sys;
 use nvshmem_tutorial::config::{combine_config, dispatch_config};
 use nvshmem_tutorial::{
-    BufferError, BufferOptions, Config, ElemType, InternodeCachedDispatchCall,
-    InternodeCombineCall, InternodeNotifyCall, LlDispatchOptions, NvshmemBuffer, plan_combine,
-    plan_dispatch, plan_internode_cached_dispatch, plan_internode_combine, plan_internode_dispatch,
-    plan_internode_notify, plan_layout, plan_ll_combine, plan_ll_dispatch, plan_notify,
+    BufferError, BufferOptions, Config, ElemType, LlDispatchOptions, NvshmemBuffer, plan_combine,
+    plan_dispatch, plan_layout, plan_ll_combine, plan_ll_dispatch, plan_notify,
 };
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
@@ -61,12 +61,14 @@ use crate::config::{self, PyConfig, buffer_timeout_ms};
 use crate::dlpack;
 use crate::errors::Error;
 use crate::events::{StreamArgs, Streams};
-use crate::internode::{self, InternodeLayout, PyInternodeHandle};
+use crate::internode::{InternodeLayout, PyInternodeHandle};
 use crate::low_latency::{self, PyLlHandle, Receive};
 use crate::normal::{self, Layout, PyHandle};
 use crate::shared::{Call, Shared};
 use crate::state::{self, Token};
 use crate::torch::{Alloc, Outputs, Tensor, Torch, optional_view};
+
+mod internode_calls;
 
 /// A 3-D shape, as DeepEP gives the low-latency tensors.
 type Shape3 = (usize, usize, usize);
@@ -583,89 +585,18 @@ impl BufferCore {
         num_sms: u32,
         streams: StreamArgs<'py>,
     ) -> Result<Bound<'py, PyTuple>, Error> {
-        let (call, config) = self.enter_with(config, num_sms, dispatch_config)?;
-        let dev = self.device;
-        let notify_inputs = layout.views(dev, expert_alignment)?;
-        let num_experts = notify_inputs.num_tokens_per_expert.rows();
-        let inputs =
-            normal::dispatch_inputs(dev, (&x, &x_scales), (&topk.0, &topk.1), num_experts)?;
-        let routing = notify_inputs.is_token_in_rank;
-        let spec = *call.buffer.spec();
-        let (n, g) = (spec.n_pes, spec.node_pes);
-        let shape = (n, n / g, config.num_channels());
-        let heads = (routing.rows(), n / g, g);
-        let worst = (num_worst_tokens, num_worst_tokens);
-        // The whole call is checked before the notify step, which the peers wait for.
-        let planned = Outputs::Planned;
-        let (_, handle_planned) = internode::notify_outputs(py, &planned, shape)?;
-        let (_, outputs_planned) =
-            internode::dispatch_outputs(py, &planned, &inputs, worst, heads)?;
-        // The grid must stay resident (checked again at the launch): refused here, before the
-        // notify step, every rank refuses alike and none waits for the others.
-        self.check_resident(&call, &config)?;
-        let notify = InternodeNotifyCall::Full(notify_inputs);
-        plan_internode_notify(&spec, &config, &notify, &handle_planned)?;
-        plan_internode_dispatch(
-            &spec,
-            &config,
-            &inputs,
-            routing,
-            &handle_planned,
-            &outputs_planned,
-        )?;
-
-        let (streams, alloc) = self.streams(py, &call, streams)?;
-        let (prefix, handle_views) = internode::notify_outputs(py, &alloc, shape)?;
-        let (buffer, launch, wait) = (&call.buffer, streams.launch, num_worst_tokens == 0);
-        // SAFETY (both launches): views of live tensors on this PE's GPU (checked by the
-        // plans and torch.rs), a stream of its context. The GIL is released while the host
-        // waits for the counts.
-        let counts = py.detach(|| unsafe {
-            buffer.internode_notify_raw(&notify, &handle_views, &config, wait, cu(launch))
-        })?;
-        let rows = counts
-            .as_ref()
-            .map_or(worst, |c| (c.num_recv_tokens, c.num_rdma_recv_tokens));
-        let (received, outputs) = internode::dispatch_outputs(py, &alloc, &inputs, rows, heads)?;
-        unsafe {
-            buffer.internode_dispatch_raw(
-                &inputs,
-                routing,
-                &handle_views,
-                &outputs,
-                &config,
-                cu(streams.launch),
-            )
-        }?;
-
-        let [
-            recv_x,
-            recv_scales,
-            recv_idx,
-            recv_weights,
-            meta,
-            rdma_head,
-            nvl_head,
-        ] = &received;
-        let [p1, p2, p3, p4, p5, p6] = &prefix;
-        let in_rank = &layout.0[2].obj;
-        let handle = [in_rank, p1, p2, p3, p4, p5, p6, meta, rdma_head, nvl_head];
-        let handle = PyTuple::new(py, handle)?;
-        let layout_objects = layout.0.iter().map(|t| &t.obj);
-        let made = layout_objects.chain(&prefix).chain(&received);
-        let used = tensors_used(&[&x], &[&x_scales, &topk.0, &topk.1], made);
-        let event = streams.finish(&call, &used)?;
-        let per_expert = counts.map(|c| c.per_local_expert).unwrap_or_default();
-        let values = (
-            recv_x,
-            recv_scales,
-            recv_idx,
-            recv_weights,
-            per_expert,
-            handle,
-            event,
-        );
-        Ok(values.into_pyobject(py)?)
+        self.dispatch_across_nodes(
+            py,
+            x,
+            x_scales,
+            layout,
+            topk,
+            expert_alignment,
+            num_worst_tokens,
+            config,
+            num_sms,
+            streams,
+        )
     }
 
     /// DeepEP's internode dispatch with a cached `handle` (the 10-tuple of a full one, position
@@ -682,33 +613,7 @@ impl BufferCore {
         num_sms: u32,
         streams: StreamArgs<'py>,
     ) -> Result<Bound<'py, PyTuple>, Error> {
-        let (call, config) = self.enter_with(config, num_sms, dispatch_config)?;
-        let dev = self.device;
-        let cached = handle.cached_views(dev)?;
-        let inputs = normal::dispatch_inputs(dev, (&x, &x_scales), (&topk.0, &topk.1), 0)?;
-        let rows = cached.recv_src_meta.rows();
-        let make = |outputs: &Outputs<'_>| {
-            let (tensors, (recv_x, recv_x_scales)) =
-                internode::recv_x_outputs(py, outputs, &inputs, rows)?;
-            let dispatch = InternodeCachedDispatchCall {
-                inputs,
-                handle: cached,
-                recv_x,
-                recv_x_scales,
-            };
-            Ok((tensors, dispatch))
-        };
-        let (streams, [recv_x, recv_scales], dispatch) =
-            self.plan_and_allocate(py, &call, streams, make, |planned| {
-                plan_internode_cached_dispatch(call.buffer.spec(), &config, planned)
-            })?;
-        let (buffer, launch) = (&call.buffer, cu(streams.launch));
-        // SAFETY: as in `dispatch`.
-        unsafe { buffer.internode_cached_dispatch_raw(&dispatch, &config, launch) }?;
-        let made = [&recv_x, &recv_scales].into_iter().chain(handle.objects());
-        let used = tensors_used(&[&x], &[&x_scales], made);
-        let event = streams.finish(&call, &used)?;
-        Ok((recv_x, recv_scales, event).into_pyobject(py)?)
+        self.cached_dispatch_across_nodes(py, x, x_scales, handle, topk, config, num_sms, streams)
     }
 
     /// DeepEP's internode combine with the 10-tuple handle of the dispatch that delivered `x`'s
@@ -725,32 +630,7 @@ impl BufferCore {
         num_sms: u32,
         streams: StreamArgs<'py>,
     ) -> Result<Bound<'py, PyTuple>, Error> {
-        let (call, config) = self.enter_with(config, num_sms, combine_config)?;
-        let dev = self.device;
-        let handle_views = handle.combine_views(dev)?;
-        let inputs = normal::combine_inputs(dev, &x, &topk_weights, (&bias.0, &bias.1))?;
-        let shape = (handle_views.is_token_in_rank.rows(), inputs.x.cols());
-        let num_topk = inputs.topk_weights.map(|w| w.cols());
-        let combine = |outputs| InternodeCombineCall {
-            inputs,
-            handle: handle_views,
-            outputs,
-        };
-        let (streams, combined, outputs) = self.plan_and_allocate(
-            py,
-            &call,
-            streams,
-            |make| normal::combine_outputs(py, make, shape, num_topk),
-            |planned| plan_internode_combine(call.buffer.spec(), &config, &combine(*planned)),
-        )?;
-        let (buffer, launch) = (&call.buffer, cu(streams.launch));
-        // SAFETY: as in `dispatch`.
-        unsafe { buffer.internode_combine_raw(&combine(outputs), &config, launch) }?;
-        let made = combined.iter().chain(handle.objects());
-        let used = tensors_used(&[&x], &[&topk_weights, &bias.0, &bias.1], made);
-        let event = streams.finish(&call, &used)?;
-        let [combined_x, combined_weights] = combined;
-        Ok((combined_x, combined_weights, event).into_pyobject(py)?)
+        self.combine_across_nodes(py, x, handle, topk_weights, bias, config, num_sms, streams)
     }
 
     /// DeepEP's `clean_low_latency_buffer` (collective), on torch's current stream.
