@@ -40,7 +40,7 @@ import sys
 from dataclasses import dataclass
 from math import comb
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Sequence, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cluster_model import PUBLISHED  # noqa: E402  (one source for the InfiniBand figure)
@@ -278,14 +278,17 @@ def label(n: int, g: int) -> Tuple[str, str]:
     return f"EP{n}", f"{n // g} x {g}"
 
 
+def per_topology(row: Callable[[int, int], List[str]]) -> List[List[str]]:
+    """One table row per topology (node sizes, then EP sizes): its label, then `row(n, g)`."""
+    return [[*label(n, g), *row(n, g)] for g in NODE_SIZES for n in EP_SIZES]
+
+
 def routing_rows(m: Model) -> List[List[str]]:
-    rows = []
-    for g in NODE_SIZES:
-        for n in EP_SIZES:
-            r = m.routings[(n, g)]
-            rows.append([*label(n, g), f"{min(r.nodes, MAX_GROUPS)} of {r.nodes}", f"{r.nodes_hit:.2f}",
-                         f"{r.remote_nodes:.2f}", f"{r.ranks_hit:.2f}", f"{r.remote_ranks:.2f}"])
-    return rows
+    def row(n: int, g: int) -> List[str]:
+        r = m.routings[(n, g)]
+        return [f"{min(r.nodes, MAX_GROUPS)} of {r.nodes}", f"{r.nodes_hit:.2f}", f"{r.remote_nodes:.2f}",
+                f"{r.ranks_hit:.2f}", f"{r.remote_ranks:.2f}"]
+    return per_topology(row)
 
 
 ROUTING_HEADER = ["EP", "nodes x G", "groups chosen", "nodes per token", "other nodes", "ranks per token",
@@ -293,14 +296,12 @@ ROUTING_HEADER = ["EP", "nodes x G", "groups chosen", "nodes per token", "other 
 
 
 def bytes_rows(m: Model) -> List[List[str]]:
-    rows = []
-    for g in NODE_SIZES:
-        for n in EP_SIZES:
-            d, c = m.ops(n, g)
-            rows.append([*label(n, g), f"{d.nic_bytes / 1e6:.1f}", f"{c.nic_bytes / 1e6:.1f}",
-                         f"{d.flat_nic_bytes / 1e6:.1f}", f"{100 * (1 - d.nic_bytes / d.flat_nic_bytes):.0f}%",
-                         f"{d.nvl_bytes / 1e6:.1f}", f"{c.nvl_bytes / 1e6:.1f}"])
-    return rows
+    def row(n: int, g: int) -> List[str]:
+        d, c = m.ops(n, g)
+        return [f"{d.nic_bytes / 1e6:.1f}", f"{c.nic_bytes / 1e6:.1f}", f"{d.flat_nic_bytes / 1e6:.1f}",
+                f"{100 * (1 - d.nic_bytes / d.flat_nic_bytes):.0f}%", f"{d.nvl_bytes / 1e6:.1f}",
+                f"{c.nvl_bytes / 1e6:.1f}"]
+    return per_topology(row)
 
 
 BYTES_HEADER = ["EP", "nodes x G", "network, dispatch MB", "network, combine MB", "one-level route, dispatch MB",
@@ -308,13 +309,10 @@ BYTES_HEADER = ["EP", "nodes x G", "network, dispatch MB", "network, combine MB"
 
 
 def floor_rows(m: Model) -> List[List[str]]:
-    rows = []
-    for g in NODE_SIZES:
-        for n in EP_SIZES:
-            d, c = m.ops(n, g)
-            rows.append([*label(n, g), f"{d.nic_us:.0f} / {c.nic_us:.0f}", f"{d.nvl_us:.0f} / {c.nvl_us:.0f}",
-                         f"{d.binds} / {c.binds}"])
-    return rows
+    def row(n: int, g: int) -> List[str]:
+        d, c = m.ops(n, g)
+        return [f"{d.nic_us:.0f} / {c.nic_us:.0f}", f"{d.nvl_us:.0f} / {c.nvl_us:.0f}", f"{d.binds} / {c.binds}"]
+    return per_topology(row)
 
 
 FLOOR_HEADER = ["EP", "nodes x G", "NIC floor us, d / c", "NVLink floor us, d / c", "binds"]
@@ -337,19 +335,16 @@ PUBLISHED_HEADER = ["EP", "nodes x G", "DeepEP GB/s, d / c (its count)", "DeepEP
 
 
 def prediction_rows(m: Model) -> List[List[str]]:
-    rows = []
-    for g in NODE_SIZES:
-        for n in EP_SIZES:
-            d, c = m.ops(n, g)
-            td, tc = m.target_us(n, g)
-            (dlo, dhi), (clo, chi) = m.ours_us(n, g)
-            pub = published(m.routings[(n, g)]) if g == 8 else None
-            rows.append([*label(n, g), f"{d.floor_us:.0f} / {c.floor_us:.0f}",
-                         f"{pub.us[0]:.0f} / {pub.us[1]:.0f}" if pub else "-",
-                         f"{td:.0f} / {tc:.0f}", f"{dlo:.0f}-{dhi:.0f} / {clo:.0f}-{chi:.0f}",
-                         f"{m.counted_gbs(n, g, dhi, 0):.0f}-{m.counted_gbs(n, g, dlo, 0):.0f} / "
-                         f"{m.counted_gbs(n, g, chi, 1):.0f}-{m.counted_gbs(n, g, clo, 1):.0f}"])
-    return rows
+    def row(n: int, g: int) -> List[str]:
+        d, c = m.ops(n, g)
+        td, tc = m.target_us(n, g)
+        (dlo, dhi), (clo, chi) = m.ours_us(n, g)
+        pub = published(m.routings[(n, g)]) if g == 8 else None
+        return [f"{d.floor_us:.0f} / {c.floor_us:.0f}", f"{pub.us[0]:.0f} / {pub.us[1]:.0f}" if pub else "-",
+                f"{td:.0f} / {tc:.0f}", f"{dlo:.0f}-{dhi:.0f} / {clo:.0f}-{chi:.0f}",
+                f"{m.counted_gbs(n, g, dhi, 0):.0f}-{m.counted_gbs(n, g, dlo, 0):.0f} / "
+                f"{m.counted_gbs(n, g, chi, 1):.0f}-{m.counted_gbs(n, g, clo, 1):.0f}"]
+    return per_topology(row)
 
 
 PREDICTION_HEADER = ["EP", "nodes x G", "floor us, d / c", "DeepEP published us", "target us (DeepEP's efficiency)",
