@@ -162,20 +162,6 @@ impl BufferCore {
         Ok((streams, tensors, views))
     }
 
-    /// `Err` unless this PE keeps the internode grid of `config` (2C blocks) resident: checked
-    /// before a notify step, so that every rank refuses alike and none waits for the others.
-    fn check_resident(&self, call: &Call, config: &Config) -> Result<(), Error> {
-        let most = call.buffer.internode_max_num_sms()?;
-        if 2 * config.num_channels() as u32 > most {
-            return Err(Error::Invalid(format!(
-                "internode_dispatch: Config.num_sms = {}: this PE keeps at most {most} blocks of \
-                 the internode dispatch resident (runtime.internode_max_num_sms())",
-                config.num_sms
-            )));
-        }
-        Ok(())
-    }
-
     /// The communication stream (a torch Stream).
     fn comm<'py>(&self, py: Python<'py>) -> Bound<'py, PyAny> {
         self.comm_stream.bind(py).clone()

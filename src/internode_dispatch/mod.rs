@@ -163,8 +163,10 @@ impl<W: Deref<Target = World>> NvshmemBuffer<W> {
     }
 
     /// `Err` for `kernel` unless this PE keeps all 2C blocks of `num_channels` channels resident
-    /// (senders, forwarders and receivers wait for each other).
-    pub(crate) fn check_resident(
+    /// (senders, forwarders and receivers wait for each other). Public for callers that run the
+    /// full notify and the dispatch as two calls: checked before the notify, every rank refuses
+    /// alike and none waits for the others (the Python binding does).
+    pub fn check_resident(
         &self,
         kernel: &'static str,
         config: &Config,

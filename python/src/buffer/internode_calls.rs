@@ -1,7 +1,7 @@
 //! The bodies of `BufferCore`'s calls across nodes (issue 32: DeepEP's `internode_dispatch`,
 //! its cached form and `internode_combine`): the #[pymethods] in buffer.rs take DeepEP's
 //! arguments and hand them here. A child module of buffer.rs, so it uses that module's helpers
-//! (`enter_with`, `plan_and_allocate`, `streams`, `check_resident`, `cu`, `tensors_used`).
+//! (`enter_with`, `plan_and_allocate`, `streams`, `cu`, `tensors_used`).
 
 use nvshmem_tutorial::config::{combine_config, dispatch_config};
 use nvshmem_tutorial::{
@@ -55,7 +55,8 @@ impl BufferCore {
             internode::dispatch_outputs(py, &planned, &inputs, worst, heads)?;
         // The grid must stay resident (checked again at the launch): refused here, before the
         // notify step, every rank refuses alike and none waits for the others.
-        self.check_resident(&call, &config)?;
+        call.buffer
+            .check_resident("internode_dispatch", &config, config.num_channels())?;
         let notify = InternodeNotifyCall::Full(notify_inputs);
         plan_internode_notify(&spec, &config, &notify, &handle_planned)?;
         plan_internode_dispatch(
