@@ -267,6 +267,7 @@ def round_trip(buffer: Buffer, tally: Tally, config: Config, num_tokens: int, hi
         per_node, by_node(ref.in_rank[me], topo.nodes, topo.g).any(2).sum(0).int())
     checks["layout: num_tokens_per_expert"] = torch.equal(per_expert, torch.bincount(idx[idx >= 0], minlength=topo.num_experts).int())
     sent = fp8_of(x) if fp8 else x
+    # ANCHOR: dispatch_call
     stream_args: dict = {}
     if streams != "sync":
         stream_args = {"previous_event": buffer.capture(), "async_finish": True, "allocate_on_comm_stream": streams == "comm"}
@@ -278,6 +279,7 @@ def round_trip(buffer: Buffer, tally: Tally, config: Config, num_tokens: int, hi
     if out is None:
         return True
     recv, recv_idx, recv_w, per_expert_list, handle, event = out
+    # ANCHOR_END: dispatch_call
     if streams != "sync":
         event.current_stream_wait()
     if fp8:
@@ -324,6 +326,7 @@ def round_trip(buffer: Buffer, tally: Tally, config: Config, num_tokens: int, hi
         (torch.randint(-16, 16, (num_tokens, hidden), generator=g, device="cuda") / 4).to(torch.bfloat16) if bias >> i & 1 else None
         for i in range(2)
     )
+    # ANCHOR: combine_call
     combine_args = {"handle": handle, "config": config, **stream_args}
     if streams != "sync":
         combine_args["previous_event"] = buffer.capture()
@@ -331,6 +334,7 @@ def round_trip(buffer: Buffer, tally: Tally, config: Config, num_tokens: int, hi
         combine_args["topk_weights"] = recv_w
     given = biases if biases[1] is not None else biases[0]  # DeepEP takes one tensor or a pair
     combined, combined_w, event = buffer.combine(y, bias=given, **combine_args)
+    # ANCHOR_END: combine_call
     if streams != "sync":
         event.current_stream_wait()
     want, exact, magnitude, want_w = ref.combined(biases, scale)

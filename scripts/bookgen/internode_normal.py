@@ -14,6 +14,9 @@ PAGE = "ch09-normal-mode.md"
 # The GPU test of record: internode-dispatch (1,000 dispatches, then 1,000 dispatch and combine
 # pairs per topology) on virtual nodes of one host, with its per-run summary lines.
 CHECKS_LOG = "benchmarks/results/internode_dispatch_4xh100_2026-11-27.log"
+# scripts/ch09_internode_buffer.py (DeepEP's Python API across nodes): its first line names the
+# run, the last lines are the script's own.
+PYTHON_LOG = "benchmarks/results/ch09_internode_buffer_4xh100_2026-11-27.log"
 
 
 def gen_ch09_normal(book: Book) -> None:
@@ -100,14 +103,31 @@ def gen_ch09_normal(book: Book) -> None:
 
     # What ran: the GPU checks of record, per topology.
     s.add("checks_table", checks_table(read_text(CHECKS_LOG)))
+    s.add("python_run", python_run(read_text(PYTHON_LOG)))
     book.write(s)
+
+
+def python_run(text: str) -> str:
+    """The Python script's printout of record (its checks per rank and the total), with where it ran."""
+    lines = text.splitlines()
+    run = re.search(r"at N = (\d+) as (\d+) nodes of (\d+) .*?, (\d+x NVIDIA [^,(]+?)(?: \([^)]*\))?, (\d{4}-\d\d-\d\d \d\d:\d\d UTC)",
+                    lines[0])
+    if not run:
+        raise GenError(f"{PYTHON_LOG}: its first line names no 'at N = n as k nodes of g ..., <GPUs>, <date>'")
+    printed = [l for l in lines[1:] if re.match(r"^(pe \d+: )?\d+ (checks )?passed", l)]
+    total = re.match(r"^(\d+) passed, (\d+) failed$", printed[-1] if printed else "")
+    if not total or int(total.group(2)) != 0:
+        raise GenError(f"{PYTHON_LOG}: no final 'N passed, 0 failed': the page says the script passed")
+    n, nodes, g, gpus, date = run.groups()
+    return ("```text\n" + "\n".join(printed) + "\n```\n\n"
+            f"*N = {n} as {nodes} nodes of {g}, {gpus}, {date}: `{PYTHON_LOG}`.*")
 
 
 def checks_table(text: str) -> str:
     """Per topology, the checks every rank passed in the log's per-run summaries: the dispatch's
     run, and the dispatch and combine pairs' run."""
     header = text.splitlines()[1] if len(text.splitlines()) > 1 else ""
-    found = re.search(r"(\d+x NVIDIA [^,]+), (\d{4}-\d\d-\d\d)", header)
+    found = re.search(r"(\d+x NVIDIA [^,(]+?)(?: \([^)]*\))?, (\d{4}-\d\d-\d\d)", header)
     if not found:
         raise GenError(f"{CHECKS_LOG}: its second line names no '<N>x NVIDIA <GPU>, <date>'")
     device, date = found.groups()
