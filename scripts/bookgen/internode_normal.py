@@ -11,12 +11,13 @@ from .common import Book, claim, GenError, load_module, read_text, Snippets, tab
 
 MODEL = "benchmarks/internode_normal_model.py"
 PAGE = "ch09-normal-mode.md"
-# The GPU test of record: internode-dispatch (1,000 dispatches, then 1,000 dispatch and combine
-# pairs per topology) on virtual nodes of one host, with its per-run summary lines.
-CHECKS_LOG = "benchmarks/results/internode_dispatch_4xh100_2026-11-27.log"
+# The GPU test of record: internode-dispatch (steps 4-8: dispatches, 1,000 dispatch and combine
+# pairs, fp8, the cached dispatch, num_worst_tokens, a captured pair) on virtual nodes of one host,
+# with its per-run summary lines.
+CHECKS_LOG = "benchmarks/results/internode_dispatch_steps4-8_4xh100_2026-11-27.log"
 # scripts/ch09_internode_buffer.py (DeepEP's Python API across nodes): its first line names the
 # run, the last lines are the script's own.
-PYTHON_LOG = "benchmarks/results/ch09_internode_buffer_4xh100_2026-11-27.log"
+PYTHON_LOG = "benchmarks/results/ch09_internode_buffer_n4_g2_4xh100_2026-11-27.log"
 
 
 def gen_ch09_normal(book: Book) -> None:
@@ -124,44 +125,43 @@ def python_run(text: str) -> str:
 
 
 def checks_table(text: str) -> str:
-    """Per topology, the checks every rank passed in the log's per-run summaries: the dispatch's
-    run, and the dispatch and combine pairs' run."""
+    """Per topology, what every rank of the whole program passed (all steps, and of them the
+    dispatch and combine pairs'), summed over the ranks, and the run's time, from the log's
+    per-run lines and gpu_test's summary."""
     header = text.splitlines()[1] if len(text.splitlines()) > 1 else ""
     found = re.search(r"(\d+x NVIDIA [^,(]+?)(?: \([^)]*\))?, (\d{4}-\d\d-\d\d)", header)
     if not found:
         raise GenError(f"{CHECKS_LOG}: its second line names no '<N>x NVIDIA <GPU>, <date>'")
     device, date = found.groups()
-    parts = re.split(r"^# ", text, flags=re.MULTILINE)
-    runs: List[Dict[Tuple[int, int], Tuple[int, int]]] = []
-    for part in parts:
-        results: Dict[Tuple[int, int], Tuple[int, int]] = {}
-        for n, g, passed, failed in re.findall(r"^internode-dispatch-n(\d+)-g(\d+)\.log: (\d+) passed, (\d+) failed$",
-                                                part, flags=re.MULTILINE):
-            results[(int(n), int(g))] = (int(passed), int(failed))
-        if results:
-            runs.append(results)
-    if len(runs) < 2:
-        raise GenError(f"{CHECKS_LOG}: expected the dispatch's per-run summary, then the pairs' ones; found {len(runs)}")
-    dispatch = runs[0]
-    pairs = {key: result for run in runs[1:] for key, result in run.items()}  # a later run of a topology wins
-    count = re.search(r"(\d+) dispatch and combine pairs", text)
-    if not count:
-        raise GenError(f"{CHECKS_LOG}: no line says how many dispatch and combine pairs ran")
+    run = r"^internode-dispatch-n(\d+)-g(\d+)\.log: "
+    totals = {(int(n), int(g)): (int(p), int(f))
+              for n, g, p, f in re.findall(run + r"(\d+) passed, (\d+) failed$", text, flags=re.MULTILINE)}
+    per_rank = {(int(n), int(g)): int(p)
+                for n, g, p in re.findall(run + r"pe 0: (\d+) passed, 0 failed$", text, flags=re.MULTILINE)}
+    pairs = {(int(n), int(g)): (int(k), int(p))
+             for n, g, k, p in re.findall(run + r"pe 0: (\d+) dispatch and combine pairs: (\d+) checks passed, 0 failed$",
+                                          text, flags=re.MULTILINE)}
+    took = {(int(n), int(g)): (t, folded) for n, g, t, folded in
+            re.findall(r"^PASS  internode-dispatch n=(\d+) \(nodes of (\d+)\) \((\d+) s(?:; folded onto (\d+) GPU)?",
+                       text, flags=re.MULTILINE)}
+    if not totals:
+        raise GenError(f"{CHECKS_LOG}: no per-run 'internode-dispatch-n<N>-g<G>.log: <n> passed, <f> failed' line")
+    counts = {k for k, _ in pairs.values()}
+    if len(counts) != 1:
+        raise GenError(f"{CHECKS_LOG}: expected one count of dispatch and combine pairs, found {sorted(counts)}")
     rows = []
-    for key in sorted(set(dispatch) | set(pairs), key=lambda k: (k[0], -k[1])):
+    for key in sorted(totals, key=lambda k: (k[0], -k[1])):
         n, g = key
-        cells = [f"{n // g} x {g}", f"{n}"]
-        for run in (dispatch, pairs):
-            if key in run:
-                passed, failed = run[key]
-                if failed:
-                    raise GenError(f"{CHECKS_LOG}: {n // g} x {g} failed {failed} checks: the page says every check passed")
-                cells.append(f"{passed:,}")
-            else:
-                cells.append("-")
-        rows.append(cells)
-    return (table(["nodes x G", "ranks", "dispatches alone: checks passed",
-                   f"{int(count.group(1)):,} dispatch and combine pairs: checks passed"], ["l", "r", "r", "r"], rows) +
+        passed, failed = totals[key]
+        if failed or key not in per_rank or key not in pairs or key not in took:
+            raise GenError(f"{CHECKS_LOG}: {n // g} x {g}: a failed check, or no pe 0 lines, or no PASS line: "
+                           "the page says every check passed")
+        seconds, folded = took[key]
+        on = f"{folded} GPUs, {n // int(folded)} ranks each" if folded else f"{n} GPUs"
+        rows.append([f"{n // g} x {g}", f"{n}", on, f"{per_rank[key]:,}", f"{pairs[key][1]:,}", f"{passed:,}",
+                     f"{seconds} s"])
+    return (table(["nodes x G", "ranks", "on", "checks per rank", f"of them, {counts.pop():,} dispatch and combine pairs",
+                   "checks, all ranks", "run"], ["l", "r", "l", "r", "r", "r", "r"], rows) +
             f"\n\n*Measured: correctness, not speed. {device}, {date}, one host: the \"network\" is NVSHMEM's "
-            f"peer-to-peer transport over NVLink under the same RMA calls. Checks summed over the ranks, none failed; "
-            f"8 ranks ran folded onto 4 GPUs under MPS; -: no completed run. `{CHECKS_LOG}`.*")
+            f"peer-to-peer transport over NVLink under the same RMA calls. No check failed; folded ranks "
+            f"ran under MPS. `{CHECKS_LOG}`.*")
