@@ -135,6 +135,7 @@ fn run() -> Result<bool, AnyError> {
     let num_pairs = args.pairs.unwrap_or(200);
     println!("pe {me}: running {num_pairs} dispatch/combine pairs in a row");
     let mut ok = true;
+    let progress = soak::Progress::new(me, "pairs", num_pairs);
     for pair in 0..num_pairs as u64 {
         let all: Vec<Tokens> = (0..n)
             .map(|r| {
@@ -150,6 +151,7 @@ fn run() -> Result<bool, AnyError> {
         let mut quiet = Tally::default();
         check_round_trip(&mut buffer, &mut quiet, &all, &config, "pair")?;
         ok &= quiet.failed == 0;
+        progress.done(pair as usize + 1);
     }
     tally.check(me, ok, || {
         format!("{num_pairs} dispatch/combine pairs in a row: a result was wrong")

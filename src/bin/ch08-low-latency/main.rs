@@ -111,10 +111,12 @@ fn run() -> Result<bool, AnyError> {
     // nothing cleaned in between: the device call numbers and the two halves carry it all.
     let mut pairs = Tally::default();
     let num_pairs = args.pairs.unwrap_or(NUM_PAIRS);
+    let progress = soak::Progress::new(me, "round trips", num_pairs);
     for pair in 0..num_pairs {
         let checks = next(&mut buffer, &pair_case(pair), case_seed(1000 + pair as u64))?;
         pairs.passed += checks.tally.passed;
         pairs.failed += checks.tally.failed;
+        progress.done(pair + 1);
     }
     println!(
         "pe {me}: {num_pairs} round trips in a row, no cleaning: {} checks passed, {} failed",

@@ -6,6 +6,7 @@
 //! (scripts/dead_rank.py kills a rank mid-loop and times how soon the others exit).
 
 use std::ops::Deref;
+use std::time::Instant;
 
 use ch01_bootstrap::World;
 use ch01_bootstrap::checks::Tally;
@@ -56,6 +57,43 @@ pub(crate) fn soak_args() -> Result<SoakArgs, String> {
         );
     }
     Ok(args)
+}
+
+/// How far a loop of many calls has got, printed by PE 0 at every tenth of it (at most one line
+/// per 100 iterations) and at its end: a run that a wall-clock bound cuts still says where it
+/// was and how long one iteration takes, which is what sizing the next bound needs.
+pub(crate) struct Progress {
+    me: usize,
+    what: &'static str,
+    total: usize,
+    step: usize,
+    start: Instant,
+}
+
+impl Progress {
+    pub(crate) fn new(me: usize, what: &'static str, total: usize) -> Self {
+        Self {
+            me,
+            what,
+            total,
+            step: (total / 10).max(100),
+            start: Instant::now(),
+        }
+    }
+
+    /// Call after iteration `done` (counting from 1) finished.
+    pub(crate) fn done(&self, done: usize) {
+        if self.me != 0 || !(done == self.total || done.is_multiple_of(self.step)) {
+            return;
+        }
+        let seconds = self.start.elapsed().as_secs_f64();
+        println!(
+            "pe 0: {done} of {} {} in {seconds:.1} s ({:.2} ms each)",
+            self.total,
+            self.what,
+            1e3 * seconds / done as f64
+        );
+    }
 }
 
 /// Makes and drops `count` buffers of `options` (collective), then checks that this GPU's
