@@ -163,9 +163,10 @@ pub fn process_reduce_scratch_bytes() -> Result<usize, CollError> {
     )
 }
 
-/// The scratch the programs that call NVSHMEM's team reduce-scatter ask for (chapter 5's
-/// checks reach 8.4 MB; each team slot costs this much symmetric memory, about 0.5 GiB per PE
-/// over NVSHMEM's 32 team slots).
+/// The scratch the benchmarks that call NVSHMEM's team reduce-scatter ask for (their largest
+/// calls stage 8 MiB; each team slot costs this much symmetric memory, about 0.5 GiB per PE
+/// over NVSHMEM's 32 team slots). Chapter 5's test asks for what its size needs
+/// ([`default_reduce_scratch_for`]).
 pub const PROGRAM_REDUCE_SCRATCH: &str = "16M";
 
 /// Gives NVSHMEM `PROGRAM_REDUCE_SCRATCH` of reduction scratch unless the user chose a size.
@@ -174,9 +175,35 @@ pub const PROGRAM_REDUCE_SCRATCH: &str = "16M";
 /// Call it first in `main`, before NVSHMEM starts and before any other thread exists: it writes
 /// the environment.
 pub unsafe fn default_reduce_scratch() {
+    // SAFETY: the caller's.
+    unsafe { default_reduce_scratch_of(PROGRAM_REDUCE_SCRATCH) }
+}
+
+/// Gives NVSHMEM enough reduction scratch for a reduce-scatter of `in_bytes` per PE (twice
+/// that, `check_reduce_scratch`'s rule, in whole MiB) unless the user chose a size. NVSHMEM
+/// keeps one scratch per team slot (32), so asking for no more than the largest call needs
+/// saves symmetric memory, and time where the pool is filled slowly (under compute-sanitizer
+/// memcheck, 16 MiB a slot takes two minutes at start).
+///
+/// # Safety
+/// As [`default_reduce_scratch`].
+pub unsafe fn default_reduce_scratch_for(in_bytes: usize) {
+    // SAFETY: the caller's.
+    unsafe { default_reduce_scratch_of(&reduce_scratch_for(in_bytes)) }
+}
+
+/// The `NVSHMEM_REDUCE_SCRATCH_SIZE` value whose scratch takes a reduce-scatter of `in_bytes`
+/// per PE: twice that, in whole MiB (at least 1).
+pub fn reduce_scratch_for(in_bytes: usize) -> String {
+    format!("{}M", (2 * in_bytes).div_ceil(1 << 20).max(1))
+}
+
+/// # Safety
+/// As [`default_reduce_scratch`].
+unsafe fn default_reduce_scratch_of(size: &str) {
     if std::env::var_os(REDUCE_SCRATCH_VAR).is_none() {
         // SAFETY: the caller's: no other thread reads or writes the environment.
-        unsafe { std::env::set_var(REDUCE_SCRATCH_VAR, PROGRAM_REDUCE_SCRATCH) };
+        unsafe { std::env::set_var(REDUCE_SCRATCH_VAR, size) };
     }
 }
 
@@ -351,6 +378,23 @@ mod tests {
         assert_eq!(reduce_scratch_bytes(Some("16M")).unwrap(), 16 << 20);
         assert_eq!(reduce_scratch_bytes(Some("64k")).unwrap(), 64 << 10);
         assert_eq!(reduce_scratch_bytes(Some(" 1048576 ")).unwrap(), 1 << 20);
+        // Chapter 5's largest f32 reduce-scatter at N = 2 (2 x 262,147 x 4 bytes a PE) needs
+        // 4 MiB + 48 bytes of scratch: 4M would refuse it, 5M takes it.
+        let in_bytes = 2 * 262_147 * 4;
+        let rs_call = |in_bytes| TeamCall {
+            collective: Collective::ReduceScatter,
+            function: "nvshmem_float_sum_reduce_scatter",
+            count: in_bytes / 8,
+            in_bytes,
+            out_bytes: in_bytes / 2,
+        };
+        assert_eq!(reduce_scratch_for(in_bytes), "5M");
+        let scratch = reduce_scratch_bytes(Some(&reduce_scratch_for(in_bytes))).unwrap();
+        assert!(check_reduce_scratch(&rs_call(in_bytes), scratch).is_ok());
+        assert!(check_reduce_scratch(&rs_call(in_bytes), 4 << 20).is_err());
+        assert_eq!(reduce_scratch_for(0), "1M");
+        assert_eq!(reduce_scratch_for(1 << 19), "1M");
+        assert_eq!(reduce_scratch_for((1 << 19) + 1), "2M");
         for bad in ["", "M", "16x", "-1", "1.5M"] {
             let err = reduce_scratch_bytes(Some(bad)).unwrap_err().to_string();
             assert!(err.contains(REDUCE_SCRATCH_VAR), "{bad:?}: {err}");

@@ -33,8 +33,12 @@ const COUNTS: [usize; 6] = [0, 1, 13, 1000, 65_537, 262_147];
 const BYTES_PER_PE: usize = 4 * 262_147;
 
 fn main() -> ExitCode {
+    // NVSHMEM's team reduce-scatter stages a PE's whole input (the largest case's n x
+    // BYTES_PER_PE) in its scratch: ask for that much at this job's size, read from torchrun's
+    // environment before NVSHMEM starts (World::from_env reports a missing one).
+    let n = LaunchEnv::from_env().map_or(1, |env| env.world_size);
     // SAFETY: first in main, one thread, before NVSHMEM starts.
-    unsafe { ch04_collectives::team::default_reduce_scratch() };
+    unsafe { ch04_collectives::team::default_reduce_scratch_for(n * BYTES_PER_PE) };
     ch01_bootstrap::checks::exit_code("ch05-inter-node", run())
 }
 
