@@ -4,6 +4,7 @@
 # Never builds: on the GPU machine the binaries are prebuilt and carried in.
 #
 # Usage: scripts/gpu_test.sh [BIN...]     (default: every binary in CHAPTER_BINS below)
+#        scripts/gpu_test.sh --list       (prints CHAPTER_BINS, one a line, and exits)
 # Environment:
 #   BIN_DIR          where the binaries are (default: target/release)
 #   LOG_DIR          where the per-run logs go (default: a fresh temporary directory)
@@ -74,6 +75,12 @@ CHAPTER_BINS=(
   internode-dispatch
   moe-layer
 )
+
+# `gpu_test.sh --list`: the chapter binaries, one a line (scripts/sanitize_all.sh deals them out).
+if [[ "${1:-}" == --list ]]; then
+  printf '%s\n' "${CHAPTER_BINS[@]}"
+  exit 0
+fi
 
 # The node sizes (NVSHMEM_TUTORIAL_NODE_PES) chapter 5 and the buffer's low-latency mode run at
 # N PEs: "-" is the default (torchrun's node: one node of N). Other binaries run once, with the

@@ -97,7 +97,7 @@ python3 benchmarks/plot_timeline_test.py
 # GPU). After cargo test: cargo's last lines are the doc-tests of the last crate, often
 # "0 passed", so pytest's summary closes a CPU run.
 step "pytest python/tests (CPU)"
-.venv/bin/python -m pytest -p no:cacheprovider -q python/tests/test_cpu.py python/tests/test_buffer_cpu.py python/tests/test_inter_node_cpu.py python/tests/test_internode_cpu.py
+.venv/bin/python -m pytest -p no:cacheprovider -q python/tests/test_cpu.py python/tests/test_buffer_cpu.py python/tests/test_inter_node_cpu.py python/tests/test_internode_cpu.py python/tests/test_sanitize_all_cpu.py
 # ------------------------------------------------------------------------------------------
 
 num_gpus=$(gpu_count)
