@@ -18,14 +18,31 @@ tests/test_internode.py (layout :88-93, counts :152-154, order by ``handle[-4]``
 routing; bad input refused by name. Every output is checked: the rows and their order, the
 received top-k, all ten handle positions against their definitions (DeepEP's for 0-6; ours,
 buffer.py's docstring, for 7-9), combined_x bit for bit against the kernels' summation order
-and within a tolerance of the exact sum, and the combined weights exactly. Each comparison is a
-check of its own, by name. Rank 0 prints every rank's lines (`pe <i>: ...`) and
-`N passed, M failed` last: 456 checks per rank (430 where the ranks keep fewer than 20 SMs
-resident, which skips DeepEP's default config), whatever NVSHMEM_TUTORIAL_PAIRS says (the pairs
-count as one check); a buffer without the cached dispatch (17 checks) or num_worst_tokens (45)
-says so in a "skipped, not built yet" line. Tried on CPU against a loop-by-loop model of the
-buffer (gloo, 2 x 1, 2 x 2, 4 x 1), where wrong handle positions 3, 5, 7, 8, 9, a wrong row
-order and a combine rounded once each fail it.
+and within a tolerance of the exact sum, and the combined weights exactly.
+
+Then mode sharing, DeepEP's ``--test-ll-compatibility``, on a second buffer (made once the first
+is destroyed) with ``low_latency_mode=True`` and num_rdma_bytes the larger of the two modes'
+hints: a normal dispatch and combine across nodes (1000 tokens x 7168 bf16, checked as above);
+a low-latency dispatch before ``clean_low_latency_buffer``, plain and with the receive hook,
+each refused with an InvalidArgumentError naming it; the clean, then a bf16 and an fp8
+low-latency pair (128 tokens x 2048) checked as scripts/ch08_low_latency.py checks them (its
+``pair``: each local expert's rows, count, src_info and layout_range, the fp8 scales, the
+receive stats, and the combine within 1e-5 bf16 / 1e-3 fp8 of torch's); a normal dispatch while
+a low-latency receive hook is pending, refused naming the hook, then the hook's dispatch and its
+combine checked; normal calls again, which need nothing before them (bf16 and fp8, checked as
+above); the low-latency send refused again before the next clean; destroy.
+
+Each comparison is a check of its own, by name. Rank 0 prints every rank's lines (`pe <i>: ...`)
+and `N passed, M failed` last: 550 checks per rank at any N (456 before mode sharing, which adds
+94: three round trips of 26, 26 and 27, four refusals before the clean, two low-latency pairs of
+4, the refused normal call and the hook's dispatch and combine; 524 where the ranks keep fewer
+than 20 SMs resident, which skips DeepEP's default config), whatever NVSHMEM_TUTORIAL_PAIRS says
+(the pairs count as one check); a buffer without the cached dispatch (20 checks) or
+num_worst_tokens (54) says so in a "skipped, not built yet" line. Tried on CPU against a
+loop-by-loop model of the buffer (gloo, 2 x 1, 2 x 2, 4 x 1), where wrong handle positions 3, 5,
+7, 8, 9, a wrong row order and a combine rounded once each fail it, and so do a low-latency send
+let through before the clean, a normal call let through while a hook is pending, and a
+low-latency src_info off by one.
 """
 
 from __future__ import annotations
@@ -38,12 +55,16 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from ch00_common import Tally, gather_rows, main, nv, pairs_in_a_row, print_by_pe, start  # noqa: E402
+import ch08_low_latency as ll  # noqa: E402 - its low-latency pair and torch reference
 from nvshmem_tutorial.buffer import Buffer, Config  # noqa: E402
 
 EXPERTS_PER_RANK = 8
 NUM_TOPK = 8
 MAX_HIDDEN = 7168
 FP8_GROUP = 128
+# The low-latency calls' hidden. The larger hint is then normal mode's at 2 x 1 and 4 x 1 and
+# low latency's at 2 x 2: each mode also runs in a region sized by the other.
+LL_HIDDEN = 2048
 
 
 class Topology:
@@ -445,6 +466,76 @@ def bad_input(buffer: Buffer, tally: Tally, config: Config) -> None:
     tally.check(torch.equal(combined, (x * counts).to(torch.bfloat16)), "after the refusals: a combine of ones is not the rank count")
 
 
+def mode_sharing(tally: Tally, config: Config, nvl_bytes: int, normal_rdma_bytes: int) -> None:
+    """DeepEP's test_internode.py --test-ll-compatibility (test_loop): one buffer made with
+    low_latency_mode=True, num_rdma_bytes the larger of the two modes' hints, serves normal calls
+    across nodes; then clean_low_latency_buffer and low-latency calls, checked as
+    scripts/ch08_low_latency.py checks them; then normal calls again. The switch rules are
+    src/mode_sharing/'s: normal -> low latency needs the clean (a send without it is refused,
+    naming it), low latency -> normal needs nothing but no pending receive hook."""
+    n = dist.get_world_size()
+    ll_experts = ll.EXPERTS_PER_RANK * n
+    ll_bytes = Buffer.get_low_latency_rdma_size_hint(ll.MAX_TOKENS, LL_HIDDEN, n, ll_experts)
+    buffer = Buffer(dist.group.WORLD, nvl_bytes, max(normal_rdma_bytes, ll_bytes), low_latency_mode=True,
+                    explicitly_destroy=True)
+    round_trip(buffer, tally, config, 1000, MAX_HIDDEN, 20, what="mode sharing, normal calls first")
+    refused_before_clean(buffer, tally, ll_experts, "after the first normal calls")
+    buffer.clean_low_latency_buffer(ll.MAX_TOKENS, LL_HIDDEN, ll_experts)
+    ll.pair(buffer, tally, ll.MAX_TOKENS, LL_HIDDEN, 21, what="mode sharing, after clean_low_latency_buffer")
+    ll.pair(buffer, tally, ll.MAX_TOKENS, LL_HIDDEN, 22, use_fp8=True, what="mode sharing, after clean_low_latency_buffer")
+    hook_before_normal(buffer, tally, config, ll_experts)
+    round_trip(buffer, tally, config, 1000, MAX_HIDDEN, 23, what="mode sharing, normal calls after low-latency ones")
+    round_trip(buffer, tally, config, 1000, MAX_HIDDEN, 24, fp8=True, what="mode sharing, normal calls after low-latency ones")
+    refused_before_clean(buffer, tally, ll_experts, "after the normal calls that followed")
+    buffer.destroy()
+
+
+def refused(tally: Tally, call, text: str, what: str) -> bool:
+    """A check that `call` raises InvalidArgumentError naming `text` (refused before any launch,
+    every rank alike, so the buffer stays usable)."""
+    try:
+        call()
+    except nv.InvalidArgumentError as error:
+        return tally.check(text in str(error), f"{what}: refused without naming {text!r}: {error}")
+    except Exception as other:  # noqa: BLE001 - reported as a failed check
+        return tally.check(False, f"{what}: expected InvalidArgumentError naming {text!r}, got {type(other).__name__}: {other}")
+    return tally.check(False, f"{what}: not refused (expected InvalidArgumentError naming {text!r})")
+
+
+def refused_before_clean(buffer: Buffer, tally: Tally, num_experts: int, when: str) -> None:
+    """A low-latency send after a normal call, without the clean between: its puts could land
+    in a peer's landing ring that the peer still forwards from, so it is refused, the send of a
+    hook call too. The calls that follow show the buffer still usable."""
+    x, idx, _ = ll.inputs(ll.MAX_TOKENS, LL_HIDDEN, 30)
+    for hook in (False, True):
+        refused(tally, lambda h=hook: buffer.low_latency_dispatch(x, idx, ll.MAX_TOKENS, num_experts, return_recv_hook=h),
+                "clean_low_latency_buffer", f"mode sharing, {when}: low_latency_dispatch (return_recv_hook={hook})")
+
+
+def hook_before_normal(buffer: Buffer, tally: Tally, config: Config, num_experts: int) -> None:
+    """Low latency -> normal needs no call (a normal call's notify is a barrier each rank
+    enters after its low-latency calls), but not while a receive is pending (the peers' puts
+    may still land in the shared bytes): that normal call is refused, naming the hook; after
+    the hook the low-latency pair completes, checked as ch08's."""
+    topo = Topology(buffer)
+    per_rank, per_node, per_expert, in_rank, _ = buffer.get_dispatch_layout(routing(64, topo, 40), topo.num_experts)
+    normal_x = torch.ones((64, 2048), dtype=torch.bfloat16, device="cuda")
+    layout = {"num_tokens_per_rank": per_rank, "num_tokens_per_rdma_rank": per_node, "is_token_in_rank": in_rank,
+              "num_tokens_per_expert": per_expert, "config": config}
+    x, idx, w = ll.inputs(ll.MAX_TOKENS, LL_HIDDEN, 41)
+    recv, count, handle, _, hook = buffer.low_latency_dispatch(x, idx, ll.MAX_TOKENS, num_experts, use_fp8=False,
+                                                               return_recv_hook=True)
+    refused(tally, lambda: buffer.dispatch(normal_x, **layout), "receive hook",
+            "mode sharing: a normal dispatch while a low-latency receive hook is pending")
+    hook()
+    problem = ll.check_dispatch(recv, count, handle, x, idx, LL_HIDDEN, use_fp8=False)
+    tally.check(not problem, f"mode sharing, the hook's dispatch after the refused normal call: {problem}")
+    combined, _, _ = buffer.low_latency_combine(ll.expert_outputs(recv, False), idx, w, handle)
+    diff = ll.combine_error(combined, ll.expected_combine(x, idx, w))
+    tally.check(diff <= 1e-5 and not bool(combined.isnan().any()),
+                f"mode sharing, the hook's combine: combined_x differs from torch (diff {diff:.2e})")
+
+
 def run() -> bool:
     start()
     me, n = dist.get_rank(), dist.get_world_size()
@@ -494,6 +585,8 @@ def run() -> bool:
     bad_input(buffer, tally, config)
     round_trip(buffer, tally, config, 300, 2048, 13, what="after bad input")
     buffer.destroy()
+    # A buffer of its own, made once this one is gone: NVSHMEM's heap need not hold both.
+    mode_sharing(tally, config, nvl_bytes, rdma_bytes)
     return tally.finish()
 
 
