@@ -3,7 +3,8 @@
 #   GPU 0: issue 28's last soak, ch08-low-latency folded at 2 on one GPU (10,000 round trips, 100
 #          buffers made and dropped), 575 s bound; its progress lines say how far it got if cut;
 #   GPUs 2,3: issue 32's mode sharing, scripts/ch09_internode_buffer.py at N = 2 as 2 x 1 (the
-#          section with one low_latency_mode buffer serving both modes); then issue 35's chapter 5
+#          section with one low_latency_mode buffer serving both modes; expected 550 checks per rank,
+#          1,100 passed); then issue 35's chapter 5
 #          under memcheck and initcheck (both topologies at N = 2) with its 5 MiB scratch
 #          (21ce154): the silence after NVSHMEM's pool allocation was 127 s with 16 MiB.
 set -u
