@@ -297,3 +297,114 @@ pub(crate) fn expert_results(
 }
 
 // ---- mistakes -----------------------------------------------------------------------------
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A bf16 dispatch's outputs as a correct kernel leaves them, built from the routing alone:
+    /// each local expert's rows in ring order from `me`, each source's first T choices in token
+    /// order, poison past them.
+    fn correct_outputs(me: usize, all: &[Tokens], shape: &LlShape) -> Received {
+        let (n, l, hidden) = (shape.num_ranks, shape.num_local_experts(), shape.hidden);
+        let rows_per_expert = n * shape.max_tokens;
+        let mut got = Received {
+            x: vec![POISON_BYTE; l * rows_per_expert * hidden * 2],
+            scales: Vec::new(),
+            src_info: vec![-1; l * rows_per_expert],
+            layout_range: vec![0; l * n],
+            count: vec![0; l],
+        };
+        for e in 0..l {
+            let mut begin = 0;
+            for s in (0..n).map(|p| (me + p) % n) {
+                let tokens = all[s].tokens_for(me * l + e);
+                let kept_tokens = &tokens[..kept(&tokens)];
+                got.layout_range[e * n + s] = ((begin as i64) << 32) | kept_tokens.len() as i64;
+                for (i, &t) in kept_tokens.iter().enumerate() {
+                    let row = e * rows_per_expert + begin + i;
+                    got.src_info[row] = t as i32;
+                    let bytes = all[s].row(t).iter().flat_map(|v| v.to_le_bytes());
+                    let at = row * hidden * 2;
+                    got.x[at..at + hidden * 2]
+                        .iter_mut()
+                        .zip(bytes)
+                        .for_each(|(b, v)| *b = v);
+                }
+                begin += kept_tokens.len();
+            }
+            got.count[e] = begin as i32;
+        }
+        got
+    }
+
+    /// One way a kernel's output could be wrong, applied to a correct one.
+    type Spoil = Box<dyn Fn(&mut Received)>;
+
+    fn checked(me: usize, all: &[Tokens], shape: LlShape, got: &Received) -> Tally {
+        let mut checks = Checks {
+            me,
+            case: pair_case(0),
+            layout: shape,
+            tally: Tally::default(),
+            num_tokens_sent: 0,
+            num_rows_received: 0,
+        };
+        checks.dispatch(all, got);
+        checks.tally
+    }
+
+    /// The host reference passes a correct dispatch and fails each way a kernel could be wrong:
+    /// a row's data, a row's source token, a range, a count, a store past the valid rows.
+    #[test]
+    fn the_dispatch_check_passes_a_correct_output_and_catches_each_mistake() {
+        for n in [1, 2, 8] {
+            let shape = LlShape {
+                max_tokens: MAX_TOKENS,
+                hidden: SMALL_HIDDEN,
+                num_ranks: n,
+                num_experts: EXPERTS_PER_RANK * n,
+            };
+            let case = pair_case(0);
+            let all: Vec<Tokens> = (0..n).map(|r| Tokens::new(&case, 7, r, &shape)).collect();
+            let me = n - 1;
+            let good = correct_outputs(me, &all, &shape);
+            assert_eq!(
+                checked(me, &all, shape, &good).failed,
+                0,
+                "n = {n}: a correct output failed"
+            );
+            let rows = n * MAX_TOKENS;
+            let first = (0..rows)
+                .find(|&i| good.src_info[i] >= 0)
+                .expect("expert 0 received a row");
+            let mistakes: [(&str, Spoil); 5] = [
+                (
+                    "a row's data",
+                    Box::new(move |g| g.x[first * SMALL_HIDDEN * 2 + 1] ^= 0x40),
+                ),
+                (
+                    "a row's source token",
+                    Box::new(move |g| g.src_info[first] += 1),
+                ),
+                ("a range", Box::new(|g| g.layout_range[0] += 1)),
+                ("a count", Box::new(|g| g.count[0] += 1)),
+                (
+                    "a store past the rows",
+                    Box::new(move |g| {
+                        let past = g.count[0] as usize; // expert 0's first row past its valid ones
+                        g.x[past * SMALL_HIDDEN * 2] = 0;
+                    }),
+                ),
+            ];
+            for (what, spoil) in mistakes {
+                let mut bad = correct_outputs(me, &all, &shape);
+                spoil(&mut bad);
+                assert!(
+                    checked(me, &all, shape, &bad).failed > 0,
+                    "n = {n}: {what} was not caught"
+                );
+            }
+        }
+    }
+}
