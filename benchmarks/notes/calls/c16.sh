@@ -12,8 +12,7 @@ set -u
 unpack_bins fresh
 install main:.carry/wheels/$W
 export PYTHONPATH=/tmp/site_main
-(while sleep 20; do pack; done) &
-packer=$!
+background_pack
 (export CUDA_VISIBLE_DEVICES=0 MASTER_PORT=18361
   timeout 575 torchrun --standalone --nproc_per_node=2 --no-python env FOLD_GPUS=1 scripts/fold_pes.sh \
     .carry/bin/ch08-low-latency --pairs 10000 --create-destroy 100 >$Z/soak_ch08_n2.log 2>&1
@@ -32,5 +31,4 @@ soak=$!
   done) &
 wait $soak
 wait
-kill $packer
-el done; pack
+finish

@@ -11,8 +11,7 @@ set -u
 unpack_bins fresh
 install main:.carry/wheels/$W
 export PYTHONPATH=/tmp/site_main MASTER_PORT=38361
-(while sleep 20; do pack; done) &
-packer=$!
+background_pack
 for g in 2 1; do
   NVSHMEM_TUTORIAL_NODE_PES=$g timeout 120 torchrun --standalone --nproc_per_node=4 scripts/ch09_internode_buffer.py \
     >$Z/py_internode_n4_g$g.log 2>&1
@@ -21,5 +20,4 @@ done
 GPU_TEST_PES_PER_GPU=2 GPU_TEST_NPROCS=8 GPU_TEST_PYTHON=0 GPU_TEST_NODE_SIZES="4 2 1" GPU_TEST_TIMEOUT_S=170 \
   BIN_DIR=.carry/bin LOG_DIR=$Z/ll8 timeout $((580 - SECONDS + t0)) bash scripts/gpu_test.sh ch08-low-latency >$Z/ll8.log 2>&1
 el "ch08 folded 8 exit $?: $(tail -n 1 $Z/ll8.log)"
-kill $packer
-el done; pack
+finish

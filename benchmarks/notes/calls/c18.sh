@@ -9,8 +9,7 @@ unpack_bins fresh
 install main:.carry/wheels/$W
 export PYTHONPATH=/tmp/site_main
 build_deepep
-(while sleep 20; do pack; done) &
-packer=$!
+background_pack
 BIN_DIR=.carry/bin COLL_OUT=$Z/coll COLL_TIMEOUT_S=90 timeout 300 bash benchmarks/run_coll.sh 4 >$Z/coll.log 2>&1
 el "run_coll 4 exit $?"
 wait_deepep; el "$(tail -n 1 $Z/deepep_build.log)"
@@ -20,5 +19,4 @@ for n in 4 2; do
     test_intranode.py test_low_latency.py >$Z/compat_ep$n.log 2>&1
   el "deepep_compat EP$n exit $?"
 done
-kill $packer
-el done; pack
+finish

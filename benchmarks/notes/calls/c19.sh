@@ -9,8 +9,7 @@ set -u
 MAIN=.carry/wheels/$W SS=.carry/ab/dispatch_sender_stream/$W
 install main:$MAIN ss:$SS
 build_deepep
-(while sleep 20; do pack; done) &
-packer=$!
+background_pack
 export CUDA_VISIBLE_DEVICES=0,1 MASTER_PORT=38361
 PYTHONPATH=/tmp/site_ss timeout 90 torchrun --standalone --nproc_per_node=2 scripts/ch07_buffer.py >$Z/ss_ch07_n2.log 2>&1
 el "ss ch07_buffer.py n=2 exit $?: $(grep -a 'passed,' $Z/ss_ch07_n2.log | tail -n 1)"
@@ -21,5 +20,4 @@ left 470 && { (cd /tmp && PYTHONPATH=/tmp/deepep_v1 timeout 80 python3 $OLDPWD/b
   --method deepep --num-processes 2 --num-sms 24) >$Z/deepep_ep2.log 2>&1; el "deepep bench EP2 exit $?"; }
 left 500 && { PYTHONPATH=/tmp/site_ss COMPAT_TIMEOUT_S=60 timeout $((575 - SECONDS + t0)) bash benchmarks/deepep_compat.sh \
   /tmp/deepep_v1 2 test_intranode.py >$Z/t2.ss.log 2>&1; el "test_intranode n=2 ss exit $?"; }
-kill $packer
-el done; pack
+finish

@@ -9,6 +9,10 @@ CALL=${1:-}
 pack() { tar czf "$OUT/z.tgz" -C /tmp z 2>/dev/null; }
 el() { echo "[$((SECONDS - t0)) s] $*" | tee -a "$Z/steps$CALL.log"; }
 left() { ((SECONDS - t0 < $1)); }
+# Packs every 20 s in the background (a call cut by its bound still brings back its logs) until
+# `finish`, which stops it, stamps the end and packs once more.
+background_pack() { (while sleep 20; do pack; done) & packer=$!; }
+finish() { kill "$packer" 2>/dev/null; el done; pack; }
 { date -u; nvidia-smi -L; git log -1 --format='commit %H %s'; } >"$Z/machine$CALL.txt" 2>&1
 # The carried binaries, unpacked into .carry/bin (kept if a call on this machine already did).
 unpack_bins() {
