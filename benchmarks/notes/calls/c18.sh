@@ -10,7 +10,7 @@ install main:.carry/wheels/$W
 export PYTHONPATH=/tmp/site_main
 build_deepep
 background_pack
-BIN_DIR=.carry/bin COLL_OUT=$Z/coll COLL_TIMEOUT_S=90 timeout 300 bash benchmarks/run_coll.sh 4 >$Z/coll.log 2>&1
+BIN_DIR=.carry/bin COLL_OUT=$Z/coll COLL_TIMEOUT_S=150 timeout 330 bash benchmarks/run_coll.sh 4 >$Z/coll.log 2>&1
 el "run_coll 4 exit $?"
 wait_deepep; el "$(tail -n 1 $Z/deepep_build.log)"
 for n in 4 2; do
