@@ -29,6 +29,6 @@ soak=$!
       while IFS= read -r line; do printf '[%s s] %s\n' "$((SECONDS - t0))" "$line"; done >$Z/san_$tool.log
     el "ch05 $tool: $(tail -n 1 $Z/san_$tool.log)"
   done) &
-wait $soak
-wait
+tools=$!
+wait $soak $tools # not a bare wait: the background packing never ends
 finish
