@@ -50,6 +50,7 @@ from bookgen.pages_buffer import gen_ch07, gen_ch08
 from bookgen.pages_coll import gen_ch04
 from bookgen.pages_p2p import gen_ch03, gen_python
 from bookgen.pages_setup import gen_captures, gen_ch01, gen_ch02
+from bookgen.reliability import gen_reliability
 
 # ---- main ----------------------------------------------------------------------------------------
 
@@ -97,7 +98,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
-GENERATORS += [gen_captures, gen_ch01, gen_ch02, gen_ch03, gen_ch04, gen_ch05, gen_ch06, gen_ch07, gen_bad_inputs,
+GENERATORS += [gen_captures, gen_ch01, gen_ch02, gen_ch03, gen_ch04, gen_ch05, gen_ch06, gen_ch07, gen_bad_inputs, gen_reliability,
                gen_ch08, gen_ch09_normal, gen_moe, gen_python, gen_cluster]
 
 
