@@ -4,7 +4,8 @@
 # Never builds: on the GPU machine the binaries are prebuilt and carried in.
 #
 # Usage: scripts/gpu_test.sh [BIN...]     (default: every binary in CHAPTER_BINS below)
-#        scripts/gpu_test.sh --list       (prints CHAPTER_BINS, one a line, and exits)
+#        scripts/gpu_test.sh --list       (prints CHAPTER_BINS, one a line, and exits;
+#                                          --list-python: the Python runs' names)
 # Environment:
 #   BIN_DIR          where the binaries are (default: target/release)
 #   LOG_DIR          where the per-run logs go (default: a fresh temporary directory)
@@ -76,9 +77,33 @@ CHAPTER_BINS=(
   moe-layer
 )
 
-# `gpu_test.sh --list`: the chapter binaries, one a line (scripts/sanitize_all.sh deals them out).
+# The Python runs (name:command), by name in GPU_TEST_PY; "name@gG" runs the script again on
+# virtual nodes of G PEs (at N = 4 only).
+PYTHON_RUNS=(
+  "pytest:python3 -m pytest -p no:cacheprovider -q python/tests/gpu"
+  "ch01_bootstrap.py:python3 scripts/ch01_bootstrap.py"
+  "ch02_symmetric_memory.py:python3 scripts/ch02_symmetric_memory.py"
+  "ch03_put_get.py:python3 scripts/ch03_put_get.py"
+  "ch04_collectives.py:python3 scripts/ch04_collectives.py"
+  "ch05_inter_node.py:python3 scripts/ch05_inter_node.py"
+  "ch06_overlap.py:python3 scripts/ch06_overlap.py"
+  "ch07_buffer.py:python3 scripts/ch07_buffer.py"
+  "ch07_quickstart.py:python3 scripts/ch07_quickstart.py"
+  "ch08_low_latency.py:python3 scripts/ch08_low_latency.py"
+  "ch08_low_latency.py@g2:python3 scripts/ch08_low_latency.py"
+  "ch09_internode_buffer.py:python3 scripts/ch09_internode_buffer.py"
+  "ch09_internode_buffer.py@g2:python3 scripts/ch09_internode_buffer.py"
+  "moe_layer.py:python3 scripts/moe_layer.py"
+)
+
+# `gpu_test.sh --list`: the chapter binaries, one a line; `--list-python`: the Python runs' names
+# (scripts/sanitize_all.sh deals both out over GPU pairs).
 if [[ "${1:-}" == --list ]]; then
   printf '%s\n' "${CHAPTER_BINS[@]}"
+  exit 0
+fi
+if [[ "${1:-}" == --list-python ]]; then
+  printf '%s\n' "${PYTHON_RUNS[@]%%:*}"
   exit 0
 fi
 
@@ -409,20 +434,6 @@ if [[ "${GPU_TEST_PYTHON:-1}" == 1 ]]; then
     echo "skipped: python (nvshmem_tutorial or torch not importable by python3)"
     results+=("SKIP  python")
   else
-    py_runs=("pytest:python3 -m pytest -p no:cacheprovider -q python/tests/gpu"
-      "ch01_bootstrap.py:python3 scripts/ch01_bootstrap.py"
-      "ch02_symmetric_memory.py:python3 scripts/ch02_symmetric_memory.py"
-      "ch03_put_get.py:python3 scripts/ch03_put_get.py"
-      "ch04_collectives.py:python3 scripts/ch04_collectives.py"
-      "ch05_inter_node.py:python3 scripts/ch05_inter_node.py"
-      "ch06_overlap.py:python3 scripts/ch06_overlap.py"
-      "ch07_buffer.py:python3 scripts/ch07_buffer.py"
-      "ch07_quickstart.py:python3 scripts/ch07_quickstart.py"
-      "ch08_low_latency.py:python3 scripts/ch08_low_latency.py"
-      "ch08_low_latency.py@g2:python3 scripts/ch08_low_latency.py"
-      "ch09_internode_buffer.py:python3 scripts/ch09_internode_buffer.py"
-      "ch09_internode_buffer.py@g2:python3 scripts/ch09_internode_buffer.py"
-      "moe_layer.py:python3 scripts/moe_layer.py")
     # The suite and most scripts exchange data between PEs: they start at 2. Chapter 5's
     # script also runs alone (one node of one PE: every method's path through one PE), and so
     # do chapter 6's and the MoE layer's (their own rows only; the peers skipped, and said so).
@@ -437,7 +448,7 @@ if [[ "${GPU_TEST_PYTHON:-1}" == 1 ]]; then
         ((n <= 4)) || continue
         py_fold=(env "FOLD_GPUS=$num_gpus" scripts/fold_pes.sh)
       fi
-      for entry in "${py_runs[@]}"; do
+      for entry in "${PYTHON_RUNS[@]}"; do
         name=${entry%%:*}
         ((n >= 2)) || [[ "$runs_alone" == *" $name "* ]] || continue
         [[ -z "${GPU_TEST_PY:-}" || " $GPU_TEST_PY " == *" $name "* ]] || continue

@@ -10,8 +10,8 @@
 # Environment:
 #   LOG_DIR          where the logs go (default: a fresh temporary directory): pair K's gpu_test
 #                    output in LOG_DIR/pairK.log, its per-run logs and TSV under LOG_DIR/pairK/
-#   GPU_TEST_PYTHON  default 0 here: the Python runs under a tool are a command of their own
-#                    (GPU_TEST_PYTHON=1 scripts/gpu_test.sh with GPU_TEST_SANITIZER)
+#   GPU_TEST_PYTHON  default 0 here; 1 also runs the Python scripts (`gpu_test.sh --list-python`),
+#                    dealt out over the pairs like the binaries (GPU_TEST_PY per pair)
 #   MASTER_PORT      the first pair's (default 29500); pair K's is MASTER_PORT + 1000 K
 #   GPU_TEST_SCRIPT  the suite to run per pair (default scripts/gpu_test.sh; the CPU test fakes it)
 #   every other GPU_TEST_* knob and BIN_DIR pass through to each pair's gpu_test.sh.
@@ -53,11 +53,23 @@ if ((num_pairs == 0)); then
   num_pairs=1
   fold=1
 fi
+# No pair without binaries (gpu_test.sh with none runs them all): at most one pair per binary.
+((num_pairs <= ${#bins[@]})) || num_pairs=${#bins[@]}
 groups=()
 for i in "${!bins[@]}"; do
   k=$((i % num_pairs))
   groups[k]="${groups[k]:-} ${bins[i]}"
 done
+# With GPU_TEST_PYTHON=1 the Python runs are dealt out the same way (GPU_TEST_PY per pair).
+python=${GPU_TEST_PYTHON:-0}
+py_groups=()
+if [[ "$python" == 1 ]]; then
+  mapfile -t py_runs < <(bash "$suite" --list-python)
+  for i in "${!py_runs[@]}"; do
+    k=$((i % num_pairs))
+    py_groups[k]="${py_groups[k]:-} ${py_runs[i]}"
+  done
+fi
 
 pids=()
 for ((k = 0; k < num_pairs; k++)); do
@@ -67,10 +79,12 @@ for ((k = 0; k < num_pairs; k++)); do
     devices=${gpus[2 * k]},${gpus[2 * k + 1]} per_gpu=1 num=2
   fi
   read -r -a group <<<"${groups[k]}"
-  echo "sanitize_all: $tool, pair $k on GPU(s) $devices: ${group[*]} -> $LOG_DIR/pair$k.log"
+  py=${py_groups[k]:-}
+  py=${py# }
+  echo "sanitize_all: $tool, pair $k on GPU(s) $devices: ${group[*]}${py:+; python: $py} -> $LOG_DIR/pair$k.log"
   CUDA_VISIBLE_DEVICES=$devices GPU_TEST_GPUS=$num GPU_TEST_PES_PER_GPU=$per_gpu GPU_TEST_NPROCS=2 \
-    GPU_TEST_SANITIZER=$tool GPU_TEST_PYTHON=${GPU_TEST_PYTHON:-0} MASTER_PORT=$((port + 1000 * k)) \
-    LOG_DIR=$LOG_DIR/pair$k bash "$suite" "${group[@]}" >"$LOG_DIR/pair$k.log" 2>&1 &
+    GPU_TEST_SANITIZER=$tool GPU_TEST_PYTHON=$((python == 1 && ${#py} > 0)) GPU_TEST_PY=$py \
+    MASTER_PORT=$((port + 1000 * k)) LOG_DIR=$LOG_DIR/pair$k bash "$suite" "${group[@]}" >"$LOG_DIR/pair$k.log" 2>&1 &
   pids+=($!)
 done
 

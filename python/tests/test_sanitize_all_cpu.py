@@ -10,12 +10,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "sanitize_all.sh"
+PYS = ["pytest", "ch01_bootstrap.py", "ch07_buffer.py"]
 BINS = ["ch01-bootstrap", "ch02-symmetric-memory", "ch03-put-get", "ch04-collectives", "ch05-inter-node"]
 
 FAKE_SUITE = """#!/usr/bin/env bash
 if [[ "${1:-}" == --list ]]; then printf '%s\\n' BINS; exit 0; fi
+if [[ "${1:-}" == --list-python ]]; then printf '%s\\n' PYS; exit 0; fi
 mkdir -p "$LOG_DIR"
-echo "$CUDA_VISIBLE_DEVICES|$GPU_TEST_GPUS|$GPU_TEST_PES_PER_GPU|$GPU_TEST_NPROCS|$GPU_TEST_SANITIZER|$GPU_TEST_PYTHON|$MASTER_PORT|$*" \\
+echo "$CUDA_VISIBLE_DEVICES|$GPU_TEST_GPUS|$GPU_TEST_PES_PER_GPU|$GPU_TEST_NPROCS|$GPU_TEST_SANITIZER|$GPU_TEST_PYTHON|$MASTER_PORT|$*|$GPU_TEST_PY" \\
   >"$LOG_DIR/asked"
 [[ -z "${FAKE_SILENT:-}" ]] || exit 3
 p=0 f=0
@@ -26,7 +28,7 @@ done
 echo "$p passed, $f failed"
 [[ -z "${FAKE_RC:-}" ]] || exit "$FAKE_RC"
 ((f == 0))
-""".replace("BINS", " ".join(BINS))
+""".replace("BINS", " ".join(BINS)).replace("PYS", " ".join(PYS))
 
 
 def run(tmp_path: Path, *args: str, **env: str) -> tuple[subprocess.CompletedProcess, Path]:
@@ -52,6 +54,23 @@ def test_four_gpus_make_two_pairs_with_the_chapters_dealt_round_robin(tmp_path):
     assert a[7].split() == BINS[0::2] and b[7].split() == BINS[1::2]
     assert out.stdout.strip().splitlines()[-1] == "5 passed, 0 failed"
     assert sum(line.startswith("PASS  ") for line in out.stdout.splitlines()) == 5
+
+
+def test_with_python_the_scripts_are_dealt_out_too(tmp_path):
+    out, logs = run(tmp_path, "memcheck", CUDA_VISIBLE_DEVICES="0,1,2,3", GPU_TEST_PYTHON="1")
+    assert out.returncode == 0, out.stdout + out.stderr
+    a, b = asked(logs, 0), asked(logs, 1)
+    assert (a[5], a[8]) == ("1", "pytest ch07_buffer.py") and (b[5], b[8]) == ("1", "ch01_bootstrap.py")
+
+
+def test_no_pair_is_left_without_binaries(tmp_path):
+    # gpu_test.sh with no binaries would run every chapter: one binary uses one pair only, and
+    # the Python runs go to the pairs that have binaries.
+    out, logs = run(tmp_path, "memcheck", "ch05-inter-node", CUDA_VISIBLE_DEVICES="0,1,2,3", GPU_TEST_PYTHON="1")
+    assert out.returncode == 0, out.stdout + out.stderr
+    a = asked(logs, 0)
+    assert a[7] == "ch05-inter-node" and a[8].split() == PYS
+    assert not (logs / "pair1").exists()
 
 
 def test_one_gpu_folds_both_pes_onto_it(tmp_path):
