@@ -9,29 +9,32 @@
 //! signatures and tuples. A fresh dispatch (the notify step, the wait for the counts, the
 //! outputs, the dispatch) is one crossing too.
 //!
-//! From `Buffer.dispatch` to `cuLaunchKernel`, six frames are our code (the wrapper PyO3
+//! From `Buffer.dispatch` to `cuLaunchKernel`, seven frames are our code (the wrapper PyO3
 //! generates and cudarc's launch function are not counted):
 //!
 //! ```text
 //! 1  Buffer.dispatch                  python/nvshmem_tutorial/buffer.py
-//! 2  BufferCore::dispatch             python/src/buffer.rs
-//! 3  NvshmemBuffer::dispatch_raw      src/dispatch.rs
-//! 4  NvshmemBuffer::launch_channels   src/buffer.rs
-//! 5  NvshmemBuffer::launch            src/buffer.rs
-//! 6  Kernels::launch                  chapters/ch04-collectives/src/launch.rs
+//! 2  BufferCore::dispatch             python/src/buffer.rs (DeepEP's signature; hands over)
+//! 3  BufferCore::dispatch_in_node     python/src/buffer/intranode_calls.rs
+//! 4  NvshmemBuffer::dispatch_raw      src/dispatch.rs
+//! 5  NvshmemBuffer::launch_channels   src/buffer.rs
+//! 6  NvshmemBuffer::launch            src/buffer.rs
+//! 7  Kernels::launch                  chapters/ch04-collectives/src/launch.rs
 //!    -> cuLaunchCooperativeKernel (cuLaunchKernel while a CUDA graph is captured)
 //! ```
 //!
-//! The same holds for the other calls: the notify step of a fresh dispatch goes 2 -> the
+//! The same holds for the other calls: the notify step of a fresh dispatch goes 3 -> the
 //! closure that releases the GIL while the host waits for the counts -> `notify_raw` ->
-//! `launch` -> `Kernels::launch` (6); combine is 1-6 with `combine_raw`; the layout step
-//! has 5 (`get_dispatch_layout_raw` launches directly); a low-latency call goes
-//! `Buffer.low_latency_dispatch` -> `BufferCore::low_latency_dispatch` ->
-//! `low_latency_dispatch_raw` -> `ll_launch` -> `launch` -> `Kernels::launch` (6), and a
-//! receive hook starts at `ReceiveHook::__call__` (5). Everything else a call does (reading
-//! tensors, the plans, the stream order, the allocations) returns before the launch. The calls
-//! across nodes (`internode_*`) keep their bodies in `buffer/internode_calls.rs`, one frame
-//! more, so that this file holds one node's calls.
+//! `launch` -> `Kernels::launch` (7); combine is 1-7 with `combine_in_node` and `combine_raw`;
+//! the layout step has 5 (its body is here; `get_dispatch_layout_raw` launches directly); a
+//! low-latency call goes `Buffer.low_latency_dispatch` -> `BufferCore::low_latency_dispatch`
+//! -> `ll_dispatch` -> `low_latency_dispatch_raw` -> `ll_launch` -> `launch` ->
+//! `Kernels::launch` (7), and a receive hook starts at `ReceiveHook::__call__` (5). Everything
+//! else a call does (reading tensors, the plans, the stream order, the allocations) returns
+//! before the launch. The calls' bodies live by mode in child modules
+//! (`buffer/intranode_calls.rs`, `buffer/internode_calls.rs`, `buffer/low_latency_calls.rs`):
+//! this file holds the class, its helpers, DeepEP's signatures with their docs, and the calls
+//! of no one mode.
 //!
 //! # Memory and lifetime
 //! The buffer's symmetric allocation follows the package's freeing rule (state.rs): the
@@ -49,11 +52,7 @@
 use std::sync::{Arc, Mutex, Weak};
 
 use cudarc::driver::sys;
-use nvshmem_tutorial::config::{combine_config, dispatch_config};
-use nvshmem_tutorial::{
-    BufferError, BufferOptions, Config, ElemType, LlDispatchOptions, NvshmemBuffer, plan_combine,
-    plan_dispatch, plan_layout, plan_ll_combine, plan_ll_dispatch, plan_notify,
-};
+use nvshmem_tutorial::{BufferError, BufferOptions, Config, NvshmemBuffer, plan_layout};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
@@ -62,13 +61,15 @@ use crate::dlpack;
 use crate::errors::Error;
 use crate::events::{StreamArgs, Streams};
 use crate::internode::{InternodeLayout, PyInternodeHandle};
-use crate::low_latency::{self, PyLlHandle, Receive};
+use crate::low_latency::PyLlHandle;
 use crate::normal::{self, Layout, PyHandle};
 use crate::shared::{Call, Shared};
 use crate::state::{self, Token};
-use crate::torch::{Alloc, Outputs, Tensor, Torch, optional_view};
+use crate::torch::{Alloc, Outputs, Tensor};
 
 mod internode_calls;
+mod intranode_calls;
+mod low_latency_calls;
 
 /// A 3-D shape, as DeepEP gives the low-latency tensors.
 type Shape3 = (usize, usize, usize);
@@ -146,7 +147,7 @@ impl BufferCore {
     /// views, no memory), so nothing is ordered or allocated for a call it refuses; then the
     /// streams are ordered and `make` allocates the outputs. Returns the streams, the output
     /// tensors and their views; the caller launches on `streams.launch` (not from here, so the
-    /// path to the kernel keeps its six frames: see the module docs).
+    /// path to the kernel keeps its seven frames: see the module docs).
     fn plan_and_allocate<'py, T, V, P>(
         &self,
         py: Python<'py>,
@@ -285,15 +286,7 @@ impl BufferCore {
         py: Python<'_>,
         handle: PyLlHandle<'_>,
     ) -> Result<(Py<PyAny>, Shape3), Error> {
-        let shared = self.shared()?;
-        let (t, hidden) = (handle.max_tokens, handle.hidden);
-        let rows =
-            shared
-                .buffer
-                .next_low_latency_combine_buffer_raw(t, hidden, handle.num_experts)?;
-        let n = shared.buffer.world().n_pes();
-        let capsule = self.region(py, rows.ptr, rows.rows() * rows.cols() * 2)?;
-        Ok((capsule, (handle.num_experts / n, n * t, hidden)))
+        self.ll_combine_buffer(py, handle)
     }
 
     /// DeepEP's `get_dispatch_layout`: (num_tokens_per_rank, num_tokens_per_rdma_rank (None
@@ -352,76 +345,18 @@ impl BufferCore {
         num_sms: u32,
         streams: StreamArgs<'py>,
     ) -> Result<Bound<'py, PyTuple>, Error> {
-        let (call, config) = self.enter_with(config, num_sms, dispatch_config)?;
-        let (n, dev) = (call.buffer.world().n_pes(), self.device);
-        if num_worst_tokens > 0 && topk.0.is_none() {
-            return Err(Error::Invalid(
-                "num_worst_tokens > 0 needs topk_idx (as in DeepEP)".into(),
-            ));
-        }
-        let notify_inputs = layout.views(dev, expert_alignment)?;
-        let num_experts = notify_inputs.num_tokens_per_expert.rows();
-        let inputs =
-            normal::dispatch_inputs(dev, (&x, &x_scales), (&topk.0, &topk.1), num_experts)?;
-        let routing = notify_inputs.is_token_in_rank;
-        let (c, tokens) = (config.num_channels(), routing.rows());
-        // The whole call is checked before the notify step, which the peers wait for.
-        let planned = Outputs::Planned;
-        let (_, notify_planned) = normal::notify_outputs(py, &planned, n, c)?;
-        let (_, rest) = normal::handle_rest(py, &planned, num_worst_tokens, (tokens, n))?;
-        let (_, outputs) = normal::dispatch_outputs(py, &planned, &inputs, num_worst_tokens)?;
-        let handle = normal::fresh_handle(&notify_planned, routing, rest);
-        let spec = call.buffer.spec();
-        plan_notify(spec, &config, &notify_inputs, &notify_planned)?;
-        plan_dispatch(spec, &config, &inputs, &handle, &outputs)?;
-
-        let (streams, alloc) = self.streams(py, &call, streams)?;
-        let (prefix, notify_outputs) = normal::notify_outputs(py, &alloc, n, c)?;
-        let (buffer, launch, wait) = (&call.buffer, streams.launch, num_worst_tokens == 0);
-        // SAFETY (both launches): views of live tensors on this PE's GPU (checked by the
-        // plans and torch.rs), a stream of its context. The GIL is released while the host
-        // waits for the counts.
-        let counts = py.detach(|| unsafe {
-            buffer.notify_raw(&notify_inputs, &notify_outputs, &config, wait, cu(launch))
-        })?;
-        let rows = counts
-            .as_ref()
-            .map_or(num_worst_tokens, |c| c.num_recv_tokens);
-        let (rest, rest_views) = normal::handle_rest(py, &alloc, rows, (tokens, n))?;
-        let (received, outputs) = normal::dispatch_outputs(py, &alloc, &inputs, rows)?;
-        let handle = normal::fresh_handle(&notify_outputs, routing, rest_views);
-        unsafe {
-            call.buffer
-                .dispatch_raw(&inputs, &handle, &outputs, &config, cu(streams.launch))
-        }?;
-
-        let [rank_prefix, channel_prefix, recv_channel_prefix] = &prefix;
-        let [src_idx, send_head] = &rest;
-        let handle = [
-            rank_prefix,
-            channel_prefix,
-            recv_channel_prefix,
-            src_idx,
-            &layout.0[1].obj,
-            send_head,
-        ];
-        let handle = PyTuple::new(py, handle)?;
-        let layout_objects = layout.0.iter().map(|t| &t.obj);
-        let made = layout_objects.chain(&prefix).chain(&rest).chain(&received);
-        let used = tensors_used(&[&x], &[&x_scales, &topk.0, &topk.1], made);
-        let event = streams.finish(&call, &used)?;
-        let per_expert = counts.map(|c| c.per_local_expert).unwrap_or_default();
-        let [recv_x, recv_scales, recv_idx, recv_weights] = received;
-        let values = (
-            recv_x,
-            recv_scales,
-            recv_idx,
-            recv_weights,
-            per_expert,
-            handle,
-            event,
-        );
-        Ok(values.into_pyobject(py)?)
+        self.dispatch_in_node(
+            py,
+            x,
+            x_scales,
+            layout,
+            topk,
+            expert_alignment,
+            num_worst_tokens,
+            config,
+            num_sms,
+            streams,
+        )
     }
 
     /// DeepEP's intranode dispatch with a cached `handle` (no notify step, no top-k).
@@ -437,30 +372,7 @@ impl BufferCore {
         num_sms: u32,
         streams: StreamArgs<'py>,
     ) -> Result<Bound<'py, PyTuple>, Error> {
-        let (call, config) = self.enter_with(config, num_sms, dispatch_config)?;
-        let dev = self.device;
-        if topk.0.is_some() || topk.1.is_some() {
-            return Err(Error::Invalid(
-                "a cached dispatch (handle given) takes no topk_idx/topk_weights".into(),
-            ));
-        }
-        let handle_views = handle.views(dev)?;
-        let inputs = normal::dispatch_inputs(dev, (&x, &x_scales), (&None, &None), 0)?;
-        let rows = handle_views.num_recv_tokens();
-        let (streams, [recv_x, recv_scales, _, _], outputs) = self.plan_and_allocate(
-            py,
-            &call,
-            streams,
-            |make| normal::dispatch_outputs(py, make, &inputs, rows),
-            |planned| plan_dispatch(call.buffer.spec(), &config, &inputs, &handle_views, planned),
-        )?;
-        let (buffer, launch) = (&call.buffer, cu(streams.launch));
-        // SAFETY: as in `dispatch`.
-        unsafe { buffer.dispatch_raw(&inputs, &handle_views, &outputs, &config, launch) }?;
-        let made = [&recv_x, &recv_scales].into_iter().chain(handle.tensors());
-        let used = tensors_used(&[&x], &[&x_scales], made);
-        let event = streams.finish(&call, &used)?;
-        Ok((recv_x, recv_scales, event).into_pyobject(py)?)
+        self.cached_dispatch_in_node(py, x, x_scales, handle, topk, config, num_sms, streams)
     }
 
     /// DeepEP's intranode combine with the handle of the dispatch that delivered `x`'s rows:
@@ -476,27 +388,7 @@ impl BufferCore {
         num_sms: u32,
         streams: StreamArgs<'py>,
     ) -> Result<Bound<'py, PyTuple>, Error> {
-        let (call, config) = self.enter_with(config, num_sms, combine_config)?;
-        let dev = self.device;
-        let handle_views = handle.views(dev)?;
-        let inputs = normal::combine_inputs(dev, &x, &topk_weights, (&bias.0, &bias.1))?;
-        let shape = (handle_views.num_tokens(), inputs.x.cols());
-        let num_topk = inputs.topk_weights.map(|w| w.cols());
-        let (streams, combined, outputs) = self.plan_and_allocate(
-            py,
-            &call,
-            streams,
-            |make| normal::combine_outputs(py, make, shape, num_topk),
-            |planned| plan_combine(call.buffer.spec(), &config, &inputs, &handle_views, planned),
-        )?;
-        let (buffer, launch) = (&call.buffer, cu(streams.launch));
-        // SAFETY: as in `dispatch`.
-        unsafe { buffer.combine_raw(&inputs, &handle_views, &outputs, &config, launch) }?;
-        let made = combined.iter().chain(handle.tensors());
-        let used = tensors_used(&[&x], &[&topk_weights, &bias.0, &bias.1], made);
-        let event = streams.finish(&call, &used)?;
-        let [combined_x, combined_weights] = combined;
-        Ok((combined_x, combined_weights, event).into_pyobject(py)?)
+        self.combine_in_node(py, x, handle, topk_weights, bias, config, num_sms, streams)
     }
 
     /// DeepEP's `runtime.get_num_rdma_ranks()`: the nodes the buffer spans (N = ranks / G,
@@ -627,15 +519,7 @@ impl BufferCore {
         hidden: usize,
         num_experts: usize,
     ) -> Result<(), Error> {
-        let call = Call::enter(&self.shared)?;
-        let stream = Torch::get(py)?.current_stream(py, self.device)?;
-        let t = num_max_dispatch_tokens_per_rank;
-        // SAFETY: torch's current stream of this PE's GPU.
-        unsafe {
-            call.buffer
-                .clean_low_latency_buffer_raw(t, hidden, num_experts, cu(stream))
-        }?;
-        Ok(())
+        self.ll_clean(py, num_max_dispatch_tokens_per_rank, hidden, num_experts)
     }
 
     /// DeepEP's low-latency dispatch: (recv_x, the fp8 scales' storage or None, recv_count,
@@ -655,47 +539,17 @@ impl BufferCore {
         async_finish: bool,
         return_recv_hook: bool,
     ) -> Result<Bound<'py, PyTuple>, Error> {
-        let call = Call::enter(&self.shared)?;
-        let (n, dev) = (call.buffer.world().n_pes(), self.device);
-        let inputs = low_latency::dispatch_inputs(dev, (&x, &topk_idx), (&stats.0, &stats.1))?;
-        let options = LlDispatchOptions {
+        self.ll_dispatch(
+            py,
+            x,
+            topk_idx,
             num_max_dispatch_tokens_per_rank,
             num_experts,
-            use_fp8: fp8.0,
-            round_scale: fp8.1,
-            use_ue8m0: fp8.2,
-        };
-        let phases = low_latency::phases(return_recv_hook);
-        let shape = (n, inputs.x.cols());
-        let (_, planned) = low_latency::dispatch_outputs(py, &Outputs::Planned, &options, shape)?;
-        plan_ll_dispatch(
-            call.buffer.spec(),
-            &inputs,
-            &planned,
-            &options,
-            phases,
-            None,
-        )?;
-        let streams = Streams::low_latency(&call, self.comm(py), async_finish, return_recv_hook)?;
-        let alloc = Outputs::Allocated(&self.alloc);
-        let (received, outputs) = low_latency::dispatch_outputs(py, &alloc, &options, shape)?;
-        let launch = cu(streams.launch);
-        // SAFETY: as in `dispatch`.
-        unsafe {
-            call.buffer
-                .low_latency_dispatch_raw(&inputs, &outputs, &options, phases, launch)
-        }?;
-        let used = tensors_used(&[&x, &topk_idx], &[&stats.0, &stats.1], &received);
-        let receive = (
-            Receive::Dispatch(inputs, outputs, options),
+            stats,
+            fp8,
+            async_finish,
             return_recv_hook,
-        );
-        let (hook, event) = low_latency::finish(py, &call, streams, receive, &used)?;
-        let [recv_x, scales, count, src_info, layout_range] = received;
-        let hidden = inputs.x.cols();
-        let t = num_max_dispatch_tokens_per_rank;
-        let handle = (src_info, layout_range, t, hidden, num_experts).into_pyobject(py)?;
-        Ok((recv_x, scales, count, handle, event, hook).into_pyobject(py)?)
+        )
     }
 
     /// DeepEP's low-latency combine (`x` is not read with `zero_copy`, which combines the
@@ -713,43 +567,17 @@ impl BufferCore {
         out: Option<Tensor<'py>>,
         combine_wait_recv_cost_stats: Option<Tensor<'py>>,
     ) -> Result<Bound<'py, PyTuple>, Error> {
-        let call = Call::enter(&self.shared)?;
-        let dev = self.device;
-        let (ll_handle, handle_tensors) = handle.read(dev)?;
-        let wait_cost = &combine_wait_recv_cost_stats;
-        let topk = (&topk_idx, &topk_weights);
-        let (x, inputs) = low_latency::combine_inputs(dev, (x, zero_copy), topk, wait_cost)?;
-        let phases = low_latency::phases(return_recv_hook);
-        let out_shape = [inputs.topk_idx.rows(), ll_handle.hidden];
-        let given = optional_view(&out, "out", dev)?;
-        let make = |outputs: &Outputs<'_>| match (&out, given) {
-            (Some(out), Some(view)) => Ok((out.obj.clone(), view)),
-            _ => outputs.make(py, &out_shape, ElemType::Bf16),
-        };
-        let (_, planned) = make(&Outputs::Planned)?;
-        plan_ll_combine(
-            call.buffer.spec(),
-            &inputs,
-            &ll_handle,
-            &planned,
-            phases,
-            None,
-        )?;
-        let streams = Streams::low_latency(&call, self.comm(py), async_finish, return_recv_hook)?;
-        let (combined, out_view) = make(&Outputs::Allocated(&self.alloc))?;
-        let launch = cu(streams.launch);
-        // SAFETY: as in `dispatch`.
-        unsafe {
-            call.buffer
-                .low_latency_combine_raw(&inputs, &ll_handle, &out_view, phases, launch)
-        }?;
-        let made = handle_tensors.iter().chain([&combined]);
-        let used = tensors_used(&[&topk_idx, &topk_weights], &[&x, wait_cost], made);
-        let receive = (
-            Receive::Combine(inputs, ll_handle, out_view),
+        self.ll_combine(
+            py,
+            x,
+            topk_idx,
+            topk_weights,
+            handle,
+            zero_copy,
+            async_finish,
             return_recv_hook,
-        );
-        let (hook, event) = low_latency::finish(py, &call, streams, receive, &used)?;
-        Ok((combined, event, hook).into_pyobject(py)?)
+            out,
+            combine_wait_recv_cost_stats,
+        )
     }
 }

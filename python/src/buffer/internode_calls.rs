@@ -1,7 +1,8 @@
 //! The bodies of `BufferCore`'s calls across nodes (issue 32: DeepEP's `internode_dispatch`,
 //! its cached form and `internode_combine`): the #[pymethods] in buffer.rs take DeepEP's
 //! arguments and hand them here. A child module of buffer.rs, so it uses that module's helpers
-//! (`enter_with`, `plan_and_allocate`, `streams`, `cu`, `tensors_used`).
+//! (`enter_with`, `plan_and_allocate`, `streams`, `cu`, `tensors_used`), as `intranode_calls.rs`
+//! and `low_latency_calls.rs` do for the other calls.
 
 use nvshmem_tutorial::config::{combine_config, dispatch_config};
 use nvshmem_tutorial::{
@@ -155,7 +156,7 @@ impl BufferCore {
                 plan_internode_cached_dispatch(call.buffer.spec(), &config, planned)
             })?;
         let (buffer, launch) = (&call.buffer, cu(streams.launch));
-        // SAFETY: as in `dispatch`.
+        // SAFETY: as in `dispatch_in_node` (intranode_calls.rs).
         unsafe { buffer.internode_cached_dispatch_raw(&dispatch, &config, launch) }?;
         let made = [&recv_x, &recv_scales].into_iter().chain(handle.objects());
         let used = tensors_used(&[&x], &[&x_scales], made);
@@ -194,7 +195,7 @@ impl BufferCore {
             |planned| plan_internode_combine(call.buffer.spec(), &config, &combine(*planned)),
         )?;
         let (buffer, launch) = (&call.buffer, cu(streams.launch));
-        // SAFETY: as in `dispatch`.
+        // SAFETY: as in `dispatch_in_node` (intranode_calls.rs).
         unsafe { buffer.internode_combine_raw(&combine(outputs), &config, launch) }?;
         let made = combined.iter().chain(handle.objects());
         let used = tensors_used(&[&x], &[&topk_weights, &bias.0, &bias.1], made);
