@@ -22,9 +22,9 @@ SOAK_RUNS = [
 ]
 
 
-def dead_rank(text: str, path: str) -> Tuple[int, int, float, str, str]:
-    """(survivors checked, runs, the slowest exit after the kill in s, the modes, machine and date)
-    of one log, which must have passed every check."""
+def dead_rank(text: str, path: str) -> Tuple[str, float]:
+    """One log's runs in words (how many, at which N, both modes, survivors, machine and date) and
+    its slowest exit after the kill in s; the log must have passed every check."""
     machine = re.match(r"# (nvidia-[\w-]+).*?, (\d{4}-\d\d-\d\d)", text)
     if not machine:
         raise GenError(f"{path}: its first line names no machine and date")
@@ -36,7 +36,9 @@ def dead_rank(text: str, path: str) -> Tuple[int, int, float, str, str]:
     runs = {(mode, n, victim, run) for mode, n, victim, run, _ in rows}
     modes = {"ll": "low-latency", "normal": "normal"}
     both = " and ".join(modes[m] for m in sorted({mode for mode, *_ in rows}, reverse=True))
-    return len(rows), len(runs), max(float(t) for *_, t in rows), f"{both} mode", f"{machine[1]}, {machine[2]}"
+    ns = " and ".join(sorted({n for _, n, *_ in rows}, key=int))
+    words = f"{len(runs)} runs at N = {ns} ({both} mode; {len(rows)} survivors, {machine[1]}, {machine[2]})"
+    return words, max(float(t) for *_, t in rows)
 
 
 def soak_row(text: str, path: str, start: str, program: str, n: int, how: str) -> List[str]:
@@ -65,9 +67,8 @@ def gen_reliability(book: Book) -> None:
     s = Snippets("reliability", ", ".join(DEAD_RANK_LOGS + sorted({path for path, *_ in SOAK_RUNS})))
     parts, slowest = [], 0.0
     for path in DEAD_RANK_LOGS:
-        checked, runs, worst, modes, where = dead_rank(read_text(path), path)
-        n = re.search(r"--nprocs (\d+)", read_text(path).splitlines()[0])
-        parts.append(f"{runs} runs at N = {n[1] if n else '?'} ({modes}; {checked} survivors, {where})")
+        words, worst = dead_rank(read_text(path), path)
+        parts.append(words)
         slowest = max(slowest, worst)
     s.add("dead_rank", f"In {' and '.join(parts)}, every survivor exited with an error at most {slowest:.1f} s after "
           f"the kill, with a 5 s timeout (`scripts/dead_rank.py`; `{'`, `'.join(DEAD_RANK_LOGS)}`).")
