@@ -27,6 +27,10 @@ nccl-kernel-probe (memcheck)
     asks cudaFuncGetAttributes about each of its kernels and skips those built for no
     architecture this GPU runs, ignoring the error by design: "invalid device function" (98) or
     "no kernel image is available" (209). About 24 per run (NCCL's count of such kernels).
+    The same error "on CUDA API call to cudaGetLastError." counts as the probe too when that
+    innermost frame is ncclInitKernelsForDevice itself: the NCCL that torch loads (2.28,
+    enqueue.cc:52-54) clears the probe's error with cudaGetLastError at once, and the tool
+    reports the cleared error a second time (one per probe record in torch's Python runs).
 initcheck-ipc-heap (initcheck)
     "Uninitialized __global__ memory read of size N bytes" at an address inside this PE's
     NVSHMEM symmetric heap reservation (its own heap or a peer's heap mapped into it), as
@@ -211,13 +215,15 @@ def nccl_kernel_probe(record: Record, ctx: Context) -> bool:
     if ctx.tool != "memcheck" or not m:
         return False
     _, code, _, api = m.groups()
-    if api != "cudaFuncGetAttributes" or code not in ("98", "209"):
+    if api not in ("cudaFuncGetAttributes", "cudaGetLastError") or code not in ("98", "209"):
         return False
-    modules = [mod for mod in map(frame_module, record.lines) if mod is not None]
-    callers = [mod for mod in modules if not mod.startswith(CUDA_MODULES)]
-    if not callers or not callers[0].startswith("libnccl.so"):
+    frames = [(mod, line) for line in record.lines if (mod := frame_module(line)) is not None]
+    callers = [(mod, line) for mod, line in frames if not mod.startswith(CUDA_MODULES)]
+    if not callers or not callers[0][0].startswith("libnccl.so"):
         return False
-    return any(mod.startswith(("libnvshmem_host.so", "libtorch_cuda.so")) for mod in callers)
+    if api == "cudaGetLastError" and "ncclInitKernelsForDevice(" not in callers[0][1]:
+        return False  # the read-back of the probe's error, nowhere else in NCCL
+    return any(mod.startswith(("libnvshmem_host.so", "libtorch_cuda.so")) for mod, _ in callers)
 
 
 def initcheck_ipc_heap(record: Record, ctx: Context) -> bool:
@@ -413,6 +419,10 @@ def self_test() -> int:
         ("NCCL's probe from NVSHMEM's team setup is filtered", errors(probe(), memcheck), 0),
         ("the probe's error 98 spelling is filtered", errors(probe(*err98), memcheck), 0),
         ("the same error from another API counts", errors(probe("cudaFuncGetAttributes", "cudaLaunchKernel"), memcheck), 1),
+        ("the probe's error read back by cudaGetLastError is filtered",
+         errors(probe("cudaFuncGetAttributes", "cudaGetLastError"), memcheck), 0),
+        ("cudaGetLastError's error elsewhere in NCCL counts",
+         errors(probe("cudaFuncGetAttributes.", "cudaGetLastError.").replace("ncclInitKernelsForDevice", "ncclLaunchKernel"), memcheck), 1),
         ("another error code from the probe counts", errors(probe("(error 209)", "(error 2)"), memcheck), 1),
         ("the probe called from our binary, not NCCL, counts", errors(probe("in libnccl.so.2", "in ch04"), memcheck), 1),
         ("NCCL's probe outside NVSHMEM and torch counts", errors(probe("libnvshmem_host.so.3", "libfoo.so"), memcheck), 1),

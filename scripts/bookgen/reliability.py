@@ -19,6 +19,8 @@ SOAK_RUNS = [
     ("benchmarks/results/soak_folded_1xh100_2026-11-27.log", "# Part 2", "ch07-buffer", 1, "one GPU"),
     ("benchmarks/results/soak_4xh100_2026-11-27.log", "## soak_ch08_n1.log", "ch08-low-latency", 1, "one GPU"),
     ("benchmarks/results/soak_4xh100_2026-11-27.log", "## soak_ch07_n2.log", "ch07-buffer", 2, "folded onto one GPU"),
+    ("benchmarks/results/soak_ch08_folded2_4xh100_2026-11-27.log", "## soak_ch08_n2.log", "ch08-low-latency", 2,
+     "folded onto one GPU"),
 ]
 
 
