@@ -115,7 +115,9 @@ def python_run(text: str) -> str:
                     lines[0])
     if not run:
         raise GenError(f"{PYTHON_LOG}: its first line names no 'at N = n as k nodes of g ..., <GPUs>, <date>'")
-    printed = [l for l in lines[1:] if re.match(r"^(pe \d+: )?\d+ (checks )?passed", l)]
+    # Each rank's final tally and the job's total (not the script's progress line before its
+    # bad-input and mode-sharing sections, which counts a subset of the same checks).
+    printed = [l for l in lines[1:] if re.match(r"^(pe \d+: )?\d+ passed, \d+ failed$", l)]
     total = re.match(r"^(\d+) passed, (\d+) failed$", printed[-1] if printed else "")
     if not total or int(total.group(2)) != 0:
         raise GenError(f"{PYTHON_LOG}: no final 'N passed, 0 failed': the page says the script passed")
