@@ -4,9 +4,10 @@ low-latency mode) on this tutorial's kernels.
 Names, arguments, defaults, return tuples and handle contents follow DeepEP v1 (commit
 567632d), so code written against DeepEP switches with an import (``benchmarks/deepep_shim``
 runs DeepEP's own tests this way). This module only shapes DeepEP's signatures and tuples:
-each call is one call into ``nvshmem_tutorial._native.BufferCore`` (python/src/buffer.rs),
-which reads the tensors, checks everything (the root crate's plans), orders the streams,
-allocates the outputs with torch's caching allocator and launches the kernels.
+each call is one call into ``nvshmem_tutorial._native.BufferCore`` (python/src/buffer.rs, the
+calls of each mode in python/src/buffer/), which reads the tensors, checks everything (the
+root crate's plans), orders the streams, allocates the outputs with torch's caching allocator
+and launches the kernels.
 
 Streams, as DeepEP: a call runs on the buffer's communication stream, which first waits for
 ``previous_event`` if given, else for the current stream. With ``async_finish=False`` the

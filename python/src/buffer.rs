@@ -9,32 +9,31 @@
 //! signatures and tuples. A fresh dispatch (the notify step, the wait for the counts, the
 //! outputs, the dispatch) is one crossing too.
 //!
-//! From `Buffer.dispatch` to `cuLaunchKernel`, seven frames are our code (the wrapper PyO3
+//! From `Buffer.dispatch` to `cuLaunchKernel`, six frames are our code (the wrapper PyO3
 //! generates and cudarc's launch function are not counted):
 //!
 //! ```text
 //! 1  Buffer.dispatch                  python/nvshmem_tutorial/buffer.py
-//! 2  BufferCore::dispatch             python/src/buffer.rs (DeepEP's signature; hands over)
-//! 3  BufferCore::dispatch_in_node     python/src/buffer/intranode_calls.rs
-//! 4  NvshmemBuffer::dispatch_raw      src/dispatch.rs
-//! 5  NvshmemBuffer::launch_channels   src/buffer.rs
-//! 6  NvshmemBuffer::launch            src/buffer.rs
-//! 7  Kernels::launch                  chapters/ch04-collectives/src/launch.rs
+//! 2  BufferCore::dispatch             python/src/buffer/intranode_calls.rs
+//! 3  NvshmemBuffer::dispatch_raw      src/dispatch.rs
+//! 4  NvshmemBuffer::launch_channels   src/buffer.rs
+//! 5  NvshmemBuffer::launch            src/buffer.rs
+//! 6  Kernels::launch                  chapters/ch04-collectives/src/launch.rs
 //!    -> cuLaunchCooperativeKernel (cuLaunchKernel while a CUDA graph is captured)
 //! ```
 //!
-//! The same holds for the other calls: the notify step of a fresh dispatch goes 3 -> the
+//! The same holds for the other calls: the notify step of a fresh dispatch goes 2 -> the
 //! closure that releases the GIL while the host waits for the counts -> `notify_raw` ->
-//! `launch` -> `Kernels::launch` (7); combine is 1-7 with `combine_in_node` and `combine_raw`;
-//! the layout step has 5 (its body is here; `get_dispatch_layout_raw` launches directly); a
+//! `launch` -> `Kernels::launch` (6); combine is 1-6 with `combine` and `combine_raw`; the
+//! layout step has 4 (its body is here; `get_dispatch_layout_raw` launches directly); a
 //! low-latency call goes `Buffer.low_latency_dispatch` -> `BufferCore::low_latency_dispatch`
-//! -> `ll_dispatch` -> `low_latency_dispatch_raw` -> `ll_launch` -> `launch` ->
-//! `Kernels::launch` (7), and a receive hook starts at `ReceiveHook::__call__` (5). Everything
-//! else a call does (reading tensors, the plans, the stream order, the allocations) returns
-//! before the launch. The calls' bodies live by mode in child modules
-//! (`buffer/intranode_calls.rs`, `buffer/internode_calls.rs`, `buffer/low_latency_calls.rs`):
-//! this file holds the class, its helpers, DeepEP's signatures with their docs, and the calls
-//! of no one mode.
+//! -> `low_latency_dispatch_raw` -> `ll_launch` -> `launch` -> `Kernels::launch` (6), and a
+//! receive hook starts at `ReceiveHook::__call__` (5). Everything else a call does (reading
+//! tensors, the plans, the stream order, the allocations) returns before the launch. The
+//! calls of one mode are a #[pymethods] block in a child module each (PyO3's
+//! `multiple-pymethods`: `buffer/intranode_calls.rs`, `buffer/internode_calls.rs`,
+//! `buffer/low_latency_calls.rs`); this file holds the class, its helpers and the calls of no
+//! one mode.
 //!
 //! # Memory and lifetime
 //! The buffer's symmetric allocation follows the package's freeing rule (state.rs): the
@@ -60,9 +59,7 @@ use crate::config::{self, PyConfig, buffer_timeout_ms};
 use crate::dlpack;
 use crate::errors::Error;
 use crate::events::{StreamArgs, Streams};
-use crate::internode::{InternodeLayout, PyInternodeHandle};
-use crate::low_latency::PyLlHandle;
-use crate::normal::{self, Layout, PyHandle};
+use crate::normal;
 use crate::shared::{Call, Shared};
 use crate::state::{self, Token};
 use crate::torch::{Alloc, Outputs, Tensor};
@@ -147,7 +144,7 @@ impl BufferCore {
     /// views, no memory), so nothing is ordered or allocated for a call it refuses; then the
     /// streams are ordered and `make` allocates the outputs. Returns the streams, the output
     /// tensors and their views; the caller launches on `streams.launch` (not from here, so the
-    /// path to the kernel keeps its seven frames: see the module docs).
+    /// path to the kernel keeps its six frames: see the module docs).
     fn plan_and_allocate<'py, T, V, P>(
         &self,
         py: Python<'py>,
@@ -180,10 +177,8 @@ impl BufferCore {
     }
 }
 
-/// Every call takes DeepEP's arguments in DeepEP's order (a few grouped in tuples: `streams`,
-/// `topk`, ...), which is more than clippy's limit.
+/// The calls of no one mode; those of each mode are in the child modules' #[pymethods].
 #[pymethods]
-#[allow(clippy::too_many_arguments)]
 impl BufferCore {
     /// Collective: every rank makes its buffer with the same sizes, after NVSHMEM is up.
     /// `comm_stream` is the torch Stream the buffer's kernels run on; `timeout_ms` bounds
@@ -278,17 +273,6 @@ impl BufferCore {
         self.region(py, ptr, num_bytes)
     }
 
-    /// The zero-copy combine's staging rows for `handle` (a low-latency dispatch's): a DLPack
-    /// capsule (uint8, bf16 rows) that keeps the buffer's memory alive, and the shape DeepEP
-    /// gives them, (num_local_experts, num_ranks x T, hidden).
-    fn next_low_latency_combine_buffer(
-        &self,
-        py: Python<'_>,
-        handle: PyLlHandle<'_>,
-    ) -> Result<(Py<PyAny>, Shape3), Error> {
-        self.ll_combine_buffer(py, handle)
-    }
-
     /// DeepEP's `get_dispatch_layout`: (num_tokens_per_rank, num_tokens_per_rdma_rank (None
     /// on one node), num_tokens_per_expert, is_token_in_rank, event). `streams`: (previous_event, async_finish,
     /// allocate_on_comm_stream), as every normal-mode call takes them.
@@ -325,70 +309,6 @@ impl BufferCore {
         used.extend(per_node.as_ref());
         let event = streams.finish(&call, &used)?;
         Ok((per_rank, per_node, per_expert, in_rank, event).into_pyobject(py)?)
-    }
-
-    /// DeepEP's intranode dispatch without a handle: the notify step, the host's wait for
-    /// the counts (none with `num_worst_tokens`), then the dispatch. Returns (recv_x,
-    /// recv_x_scales, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert_list,
-    /// handle, event). `layout`: (num_tokens_per_rank, is_token_in_rank,
-    /// num_tokens_per_expert) from get_dispatch_layout.
-    fn dispatch<'py>(
-        &self,
-        py: Python<'py>,
-        x: Tensor<'py>,
-        x_scales: Option<Tensor<'py>>,
-        layout: Layout<'py>,
-        topk: (Option<Tensor<'py>>, Option<Tensor<'py>>),
-        expert_alignment: usize,
-        num_worst_tokens: usize,
-        config: Option<PyRef<'py, PyConfig>>,
-        num_sms: u32,
-        streams: StreamArgs<'py>,
-    ) -> Result<Bound<'py, PyTuple>, Error> {
-        self.dispatch_in_node(
-            py,
-            x,
-            x_scales,
-            layout,
-            topk,
-            expert_alignment,
-            num_worst_tokens,
-            config,
-            num_sms,
-            streams,
-        )
-    }
-
-    /// DeepEP's intranode dispatch with a cached `handle` (no notify step, no top-k).
-    /// Returns (recv_x, recv_x_scales, event).
-    fn dispatch_cached<'py>(
-        &self,
-        py: Python<'py>,
-        x: Tensor<'py>,
-        x_scales: Option<Tensor<'py>>,
-        handle: PyHandle<'py>,
-        topk: (Option<Bound<'py, PyAny>>, Option<Bound<'py, PyAny>>),
-        config: Option<PyRef<'py, PyConfig>>,
-        num_sms: u32,
-        streams: StreamArgs<'py>,
-    ) -> Result<Bound<'py, PyTuple>, Error> {
-        self.cached_dispatch_in_node(py, x, x_scales, handle, topk, config, num_sms, streams)
-    }
-
-    /// DeepEP's intranode combine with the handle of the dispatch that delivered `x`'s rows:
-    /// (combined_x, combined_topk_weights, event). `bias`: (bias_0, bias_1).
-    fn combine<'py>(
-        &self,
-        py: Python<'py>,
-        x: Tensor<'py>,
-        handle: PyHandle<'py>,
-        topk_weights: Option<Tensor<'py>>,
-        bias: (Option<Tensor<'py>>, Option<Tensor<'py>>),
-        config: Option<PyRef<'py, PyConfig>>,
-        num_sms: u32,
-        streams: StreamArgs<'py>,
-    ) -> Result<Bound<'py, PyTuple>, Error> {
-        self.combine_in_node(py, x, handle, topk_weights, bias, config, num_sms, streams)
     }
 
     /// DeepEP's `runtime.get_num_rdma_ranks()`: the nodes the buffer spans (N = ranks / G,
@@ -439,145 +359,5 @@ impl BufferCore {
     fn internode_max_num_sms(&self) -> Result<u32, Error> {
         let call = Call::enter(&self.shared)?;
         Ok(call.buffer.internode_max_num_sms()?)
-    }
-
-    /// DeepEP's internode dispatch without a handle (issue 32): the notify step across nodes,
-    /// the host's wait for the counts (none with `num_worst_tokens`: outputs of that many rows,
-    /// received and forwarded, and no host sync, as DeepEP's), then the two-level dispatch.
-    /// Returns (recv_x, recv_x_scales, recv_topk_idx, recv_topk_weights,
-    /// num_recv_tokens_per_expert_list (empty with num_worst_tokens), handle, event), the handle
-    /// DeepEP's 10-tuple (internode.rs: position 7 as [M, 2] int32). `layout`:
-    /// (num_tokens_per_rank, num_tokens_per_rdma_rank, is_token_in_rank, num_tokens_per_expert)
-    /// from get_dispatch_layout. bf16 rows, or fp8 bytes with their scales (recv_x_scales row
-    /// major, as DeepEP's).
-    fn internode_dispatch<'py>(
-        &self,
-        py: Python<'py>,
-        x: Tensor<'py>,
-        x_scales: Option<Tensor<'py>>,
-        layout: InternodeLayout<'py>,
-        topk: (Option<Tensor<'py>>, Option<Tensor<'py>>),
-        expert_alignment: usize,
-        num_worst_tokens: usize,
-        config: Option<PyRef<'py, PyConfig>>,
-        num_sms: u32,
-        streams: StreamArgs<'py>,
-    ) -> Result<Bound<'py, PyTuple>, Error> {
-        self.dispatch_across_nodes(
-            py,
-            x,
-            x_scales,
-            layout,
-            topk,
-            expert_alignment,
-            num_worst_tokens,
-            config,
-            num_sms,
-            streams,
-        )
-    }
-
-    /// DeepEP's internode dispatch with a cached `handle` (the 10-tuple of a full one, position
-    /// 7 as [M, 2] int32): the cached notify (the entry barrier), then the dispatch with the
-    /// handle's positions; no top-k, no host wait. Returns (recv_x, recv_x_scales, event).
-    fn internode_dispatch_cached<'py>(
-        &self,
-        py: Python<'py>,
-        x: Tensor<'py>,
-        x_scales: Option<Tensor<'py>>,
-        handle: PyInternodeHandle<'py>,
-        topk: (Option<Tensor<'py>>, Option<Tensor<'py>>),
-        config: Option<PyRef<'py, PyConfig>>,
-        num_sms: u32,
-        streams: StreamArgs<'py>,
-    ) -> Result<Bound<'py, PyTuple>, Error> {
-        self.cached_dispatch_across_nodes(py, x, x_scales, handle, topk, config, num_sms, streams)
-    }
-
-    /// DeepEP's internode combine with the 10-tuple handle of the dispatch that delivered `x`'s
-    /// rows: (combined_x, combined_topk_weights, event). `bias`: (bias_0, bias_1). The cached
-    /// notify runs first (the entry barrier), as DeepEP's.
-    fn internode_combine<'py>(
-        &self,
-        py: Python<'py>,
-        x: Tensor<'py>,
-        handle: PyInternodeHandle<'py>,
-        topk_weights: Option<Tensor<'py>>,
-        bias: (Option<Tensor<'py>>, Option<Tensor<'py>>),
-        config: Option<PyRef<'py, PyConfig>>,
-        num_sms: u32,
-        streams: StreamArgs<'py>,
-    ) -> Result<Bound<'py, PyTuple>, Error> {
-        self.combine_across_nodes(py, x, handle, topk_weights, bias, config, num_sms, streams)
-    }
-
-    /// DeepEP's `clean_low_latency_buffer` (collective), on torch's current stream.
-    fn clean_low_latency_buffer(
-        &self,
-        py: Python<'_>,
-        num_max_dispatch_tokens_per_rank: usize,
-        hidden: usize,
-        num_experts: usize,
-    ) -> Result<(), Error> {
-        self.ll_clean(py, num_max_dispatch_tokens_per_rank, hidden, num_experts)
-    }
-
-    /// DeepEP's low-latency dispatch: (recv_x, the fp8 scales' storage or None, recv_count,
-    /// handle, event, hook). The scales' storage is [L, H / 128, R x T] (buffer.py returns its
-    /// transpose); see low_latency.rs for the shapes. `stats`:
-    /// (cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats); `fp8`: (use_fp8,
-    /// round_scale, use_ue8m0).
-    fn low_latency_dispatch<'py>(
-        &self,
-        py: Python<'py>,
-        x: Tensor<'py>,
-        topk_idx: Tensor<'py>,
-        num_max_dispatch_tokens_per_rank: usize,
-        num_experts: usize,
-        stats: (Option<Tensor<'py>>, Option<Tensor<'py>>),
-        fp8: (bool, bool, bool),
-        async_finish: bool,
-        return_recv_hook: bool,
-    ) -> Result<Bound<'py, PyTuple>, Error> {
-        self.ll_dispatch(
-            py,
-            x,
-            topk_idx,
-            num_max_dispatch_tokens_per_rank,
-            num_experts,
-            stats,
-            fp8,
-            async_finish,
-            return_recv_hook,
-        )
-    }
-
-    /// DeepEP's low-latency combine (`x` is not read with `zero_copy`, which combines the
-    /// staging rows of `next_low_latency_combine_buffer`): (combined_x, event, hook).
-    fn low_latency_combine<'py>(
-        &self,
-        py: Python<'py>,
-        x: Option<Bound<'py, PyAny>>,
-        topk_idx: Tensor<'py>,
-        topk_weights: Tensor<'py>,
-        handle: PyLlHandle<'py>,
-        zero_copy: bool,
-        async_finish: bool,
-        return_recv_hook: bool,
-        out: Option<Tensor<'py>>,
-        combine_wait_recv_cost_stats: Option<Tensor<'py>>,
-    ) -> Result<Bound<'py, PyTuple>, Error> {
-        self.ll_combine(
-            py,
-            x,
-            topk_idx,
-            topk_weights,
-            handle,
-            zero_copy,
-            async_finish,
-            return_recv_hook,
-            out,
-            combine_wait_recv_cost_stats,
-        )
     }
 }

@@ -1,8 +1,8 @@
-//! The bodies of `BufferCore`'s calls across nodes (issue 32: DeepEP's `internode_dispatch`,
-//! its cached form and `internode_combine`): the #[pymethods] in buffer.rs take DeepEP's
-//! arguments and hand them here. A child module of buffer.rs, so it uses that module's helpers
-//! (`enter_with`, `plan_and_allocate`, `streams`, `cu`, `tensors_used`), as `intranode_calls.rs`
-//! and `low_latency_calls.rs` do for the other calls.
+//! `BufferCore`'s calls across nodes (issue 32: DeepEP's `internode_dispatch`, its cached form
+//! and `internode_combine`), a #[pymethods] block of their own (PyO3's `multiple-pymethods`). A
+//! child module of buffer.rs, so it uses that module's helpers (`enter_with`,
+//! `plan_and_allocate`, `streams`, `cu`, `tensors_used`), as `intranode_calls.rs` and
+//! `low_latency_calls.rs` do for the other calls.
 
 use nvshmem_tutorial::config::{combine_config, dispatch_config};
 use nvshmem_tutorial::{
@@ -21,10 +21,21 @@ use crate::internode::{self, InternodeLayout, PyInternodeHandle};
 use crate::normal;
 use crate::torch::{Outputs, Tensor};
 
-#[allow(clippy::too_many_arguments)] // DeepEP's arguments, as the #[pymethods] take them
+/// Every call takes DeepEP's arguments in DeepEP's order (a few grouped in tuples: `streams`,
+/// `topk`, ...), which is more than clippy's limit.
+#[pymethods]
+#[allow(clippy::too_many_arguments)]
 impl BufferCore {
-    /// The body of `internode_dispatch` (buffer.rs, whose docs it follows).
-    pub(super) fn dispatch_across_nodes<'py>(
+    /// DeepEP's internode dispatch without a handle (issue 32): the notify step across nodes,
+    /// the host's wait for the counts (none with `num_worst_tokens`: outputs of that many rows,
+    /// received and forwarded, and no host sync, as DeepEP's), then the two-level dispatch.
+    /// Returns (recv_x, recv_x_scales, recv_topk_idx, recv_topk_weights,
+    /// num_recv_tokens_per_expert_list (empty with num_worst_tokens), handle, event), the handle
+    /// DeepEP's 10-tuple (internode.rs: position 7 as [M, 2] int32). `layout`:
+    /// (num_tokens_per_rank, num_tokens_per_rdma_rank, is_token_in_rank, num_tokens_per_expert)
+    /// from get_dispatch_layout. bf16 rows, or fp8 bytes with their scales (recv_x_scales row
+    /// major, as DeepEP's).
+    fn internode_dispatch<'py>(
         &self,
         py: Python<'py>,
         x: Tensor<'py>,
@@ -123,8 +134,10 @@ impl BufferCore {
         Ok(values.into_pyobject(py)?)
     }
 
-    /// The body of `internode_dispatch_cached` (buffer.rs, whose docs it follows).
-    pub(super) fn cached_dispatch_across_nodes<'py>(
+    /// DeepEP's internode dispatch with a cached `handle` (the 10-tuple of a full one, position
+    /// 7 as [M, 2] int32): the cached notify (the entry barrier), then the dispatch with the
+    /// handle's positions; no top-k, no host wait. Returns (recv_x, recv_x_scales, event).
+    fn internode_dispatch_cached<'py>(
         &self,
         py: Python<'py>,
         x: Tensor<'py>,
@@ -156,7 +169,7 @@ impl BufferCore {
                 plan_internode_cached_dispatch(call.buffer.spec(), &config, planned)
             })?;
         let (buffer, launch) = (&call.buffer, cu(streams.launch));
-        // SAFETY: as in `dispatch_in_node` (intranode_calls.rs).
+        // SAFETY: as in `dispatch` (intranode_calls.rs).
         unsafe { buffer.internode_cached_dispatch_raw(&dispatch, &config, launch) }?;
         let made = [&recv_x, &recv_scales].into_iter().chain(handle.objects());
         let used = tensors_used(&[&x], &[&x_scales], made);
@@ -164,8 +177,10 @@ impl BufferCore {
         Ok((recv_x, recv_scales, event).into_pyobject(py)?)
     }
 
-    /// The body of `internode_combine` (buffer.rs, whose docs it follows).
-    pub(super) fn combine_across_nodes<'py>(
+    /// DeepEP's internode combine with the 10-tuple handle of the dispatch that delivered `x`'s
+    /// rows: (combined_x, combined_topk_weights, event). `bias`: (bias_0, bias_1). The cached
+    /// notify runs first (the entry barrier), as DeepEP's.
+    fn internode_combine<'py>(
         &self,
         py: Python<'py>,
         x: Tensor<'py>,
@@ -195,7 +210,7 @@ impl BufferCore {
             |planned| plan_internode_combine(call.buffer.spec(), &config, &combine(*planned)),
         )?;
         let (buffer, launch) = (&call.buffer, cu(streams.launch));
-        // SAFETY: as in `dispatch_in_node` (intranode_calls.rs).
+        // SAFETY: as in `dispatch` (intranode_calls.rs).
         unsafe { buffer.internode_combine_raw(&combine(outputs), &config, launch) }?;
         let made = combined.iter().chain(handle.objects());
         let used = tensors_used(&[&x], &[&topk_weights, &bias.0, &bias.1], made);

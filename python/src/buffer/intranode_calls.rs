@@ -1,8 +1,8 @@
-//! The bodies of `BufferCore`'s calls on one node in normal mode (chapter 7: DeepEP's intranode
-//! `dispatch`, its cached form and `combine`): the #[pymethods] in buffer.rs take DeepEP's
-//! arguments and hand them here, as they hand the calls across nodes to `internode_calls.rs`
-//! and the low-latency ones to `low_latency_calls.rs`. A child module of buffer.rs, so it uses
-//! that module's helpers (`enter_with`, `plan_and_allocate`, `streams`, `cu`, `tensors_used`).
+//! `BufferCore`'s calls on one node in normal mode (chapter 7: DeepEP's intranode `dispatch`,
+//! its cached form and `combine`), a #[pymethods] block of their own (PyO3's
+//! `multiple-pymethods`), as the calls across nodes are in `internode_calls.rs` and the
+//! low-latency ones in `low_latency_calls.rs`. A child module of buffer.rs, so it uses that
+//! module's helpers (`enter_with`, `plan_and_allocate`, `streams`, `cu`, `tensors_used`).
 
 use nvshmem_tutorial::config::{combine_config, dispatch_config};
 use nvshmem_tutorial::{plan_combine, plan_dispatch, plan_notify};
@@ -16,10 +16,17 @@ use crate::events::StreamArgs;
 use crate::normal::{self, Layout, PyHandle};
 use crate::torch::{Outputs, Tensor};
 
-#[allow(clippy::too_many_arguments)] // DeepEP's arguments, as the #[pymethods] take them
+/// Every call takes DeepEP's arguments in DeepEP's order (a few grouped in tuples: `streams`,
+/// `topk`, ...), which is more than clippy's limit.
+#[pymethods]
+#[allow(clippy::too_many_arguments)]
 impl BufferCore {
-    /// The body of `dispatch` (buffer.rs, whose docs it follows).
-    pub(super) fn dispatch_in_node<'py>(
+    /// DeepEP's intranode dispatch without a handle: the notify step, the host's wait for
+    /// the counts (none with `num_worst_tokens`), then the dispatch. Returns (recv_x,
+    /// recv_x_scales, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert_list,
+    /// handle, event). `layout`: (num_tokens_per_rank, is_token_in_rank,
+    /// num_tokens_per_expert) from get_dispatch_layout.
+    fn dispatch<'py>(
         &self,
         py: Python<'py>,
         x: Tensor<'py>,
@@ -104,8 +111,9 @@ impl BufferCore {
         Ok(values.into_pyobject(py)?)
     }
 
-    /// The body of `dispatch_cached` (buffer.rs, whose docs it follows).
-    pub(super) fn cached_dispatch_in_node<'py>(
+    /// DeepEP's intranode dispatch with a cached `handle` (no notify step, no top-k).
+    /// Returns (recv_x, recv_x_scales, event).
+    fn dispatch_cached<'py>(
         &self,
         py: Python<'py>,
         x: Tensor<'py>,
@@ -134,7 +142,7 @@ impl BufferCore {
             |planned| plan_dispatch(call.buffer.spec(), &config, &inputs, &handle_views, planned),
         )?;
         let (buffer, launch) = (&call.buffer, cu(streams.launch));
-        // SAFETY: as in `dispatch_in_node`.
+        // SAFETY: as in `dispatch`.
         unsafe { buffer.dispatch_raw(&inputs, &handle_views, &outputs, &config, launch) }?;
         let made = [&recv_x, &recv_scales].into_iter().chain(handle.tensors());
         let used = tensors_used(&[&x], &[&x_scales], made);
@@ -142,8 +150,9 @@ impl BufferCore {
         Ok((recv_x, recv_scales, event).into_pyobject(py)?)
     }
 
-    /// The body of `combine` (buffer.rs, whose docs it follows).
-    pub(super) fn combine_in_node<'py>(
+    /// DeepEP's intranode combine with the handle of the dispatch that delivered `x`'s rows:
+    /// (combined_x, combined_topk_weights, event). `bias`: (bias_0, bias_1).
+    fn combine<'py>(
         &self,
         py: Python<'py>,
         x: Tensor<'py>,
@@ -168,7 +177,7 @@ impl BufferCore {
             |planned| plan_combine(call.buffer.spec(), &config, &inputs, &handle_views, planned),
         )?;
         let (buffer, launch) = (&call.buffer, cu(streams.launch));
-        // SAFETY: as in `dispatch_in_node`.
+        // SAFETY: as in `dispatch`.
         unsafe { buffer.combine_raw(&inputs, &handle_views, &outputs, &config, launch) }?;
         let made = combined.iter().chain(handle.tensors());
         let used = tensors_used(&[&x], &[&topk_weights, &bias.0, &bias.1], made);

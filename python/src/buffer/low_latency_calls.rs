@@ -1,8 +1,7 @@
-//! The bodies of `BufferCore`'s low-latency calls (chapter 8: DeepEP's `low_latency_dispatch`,
-//! `low_latency_combine`, `clean_low_latency_buffer` and the zero-copy combine's staging
-//! rows): the #[pymethods] in buffer.rs take DeepEP's arguments and hand them here. A child
-//! module of buffer.rs, so it uses that module's helpers (`region`, `comm`, `cu`,
-//! `tensors_used`).
+//! `BufferCore`'s low-latency calls (chapter 8: DeepEP's `low_latency_dispatch`,
+//! `low_latency_combine`, `clean_low_latency_buffer` and the zero-copy combine's staging rows),
+//! a #[pymethods] block of their own (PyO3's `multiple-pymethods`). A child module of
+//! buffer.rs, so it uses that module's helpers (`region`, `comm`, `cu`, `tensors_used`).
 
 use nvshmem_tutorial::{ElemType, LlDispatchOptions, plan_ll_combine, plan_ll_dispatch};
 use pyo3::prelude::*;
@@ -15,10 +14,15 @@ use crate::low_latency::{self, PyLlHandle, Receive};
 use crate::shared::Call;
 use crate::torch::{Outputs, Tensor, Torch, optional_view};
 
-#[allow(clippy::too_many_arguments)] // DeepEP's arguments, as the #[pymethods] take them
+/// Every call takes DeepEP's arguments in DeepEP's order (a few grouped in tuples: `streams`,
+/// `topk`, ...), which is more than clippy's limit.
+#[pymethods]
+#[allow(clippy::too_many_arguments)]
 impl BufferCore {
-    /// The body of `next_low_latency_combine_buffer` (buffer.rs, whose docs it follows).
-    pub(super) fn ll_combine_buffer(
+    /// The zero-copy combine's staging rows for `handle` (a low-latency dispatch's): a DLPack
+    /// capsule (uint8, bf16 rows) that keeps the buffer's memory alive, and the shape DeepEP
+    /// gives them, (num_local_experts, num_ranks x T, hidden).
+    fn next_low_latency_combine_buffer(
         &self,
         py: Python<'_>,
         handle: PyLlHandle<'_>,
@@ -34,8 +38,8 @@ impl BufferCore {
         Ok((capsule, (handle.num_experts / n, n * t, hidden)))
     }
 
-    /// The body of `clean_low_latency_buffer` (buffer.rs, whose docs it follows).
-    pub(super) fn ll_clean(
+    /// DeepEP's `clean_low_latency_buffer` (collective), on torch's current stream.
+    fn clean_low_latency_buffer(
         &self,
         py: Python<'_>,
         num_max_dispatch_tokens_per_rank: usize,
@@ -53,8 +57,12 @@ impl BufferCore {
         Ok(())
     }
 
-    /// The body of `low_latency_dispatch` (buffer.rs, whose docs it follows).
-    pub(super) fn ll_dispatch<'py>(
+    /// DeepEP's low-latency dispatch: (recv_x, the fp8 scales' storage or None, recv_count,
+    /// handle, event, hook). The scales' storage is [L, H / 128, R x T] (buffer.py returns its
+    /// transpose); see low_latency.rs for the shapes. `stats`:
+    /// (cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats); `fp8`: (use_fp8,
+    /// round_scale, use_ue8m0).
+    fn low_latency_dispatch<'py>(
         &self,
         py: Python<'py>,
         x: Tensor<'py>,
@@ -91,7 +99,7 @@ impl BufferCore {
         let alloc = Outputs::Allocated(&self.alloc);
         let (received, outputs) = low_latency::dispatch_outputs(py, &alloc, &options, shape)?;
         let launch = cu(streams.launch);
-        // SAFETY: as in `dispatch_in_node` (intranode_calls.rs).
+        // SAFETY: as in `dispatch` (intranode_calls.rs).
         unsafe {
             call.buffer
                 .low_latency_dispatch_raw(&inputs, &outputs, &options, phases, launch)
@@ -109,8 +117,9 @@ impl BufferCore {
         Ok((recv_x, scales, count, handle, event, hook).into_pyobject(py)?)
     }
 
-    /// The body of `low_latency_combine` (buffer.rs, whose docs it follows).
-    pub(super) fn ll_combine<'py>(
+    /// DeepEP's low-latency combine (`x` is not read with `zero_copy`, which combines the
+    /// staging rows of `next_low_latency_combine_buffer`): (combined_x, event, hook).
+    fn low_latency_combine<'py>(
         &self,
         py: Python<'py>,
         x: Option<Bound<'py, PyAny>>,
@@ -148,7 +157,7 @@ impl BufferCore {
         let streams = Streams::low_latency(&call, self.comm(py), async_finish, return_recv_hook)?;
         let (combined, out_view) = make(&Outputs::Allocated(&self.alloc))?;
         let launch = cu(streams.launch);
-        // SAFETY: as in `dispatch_in_node` (intranode_calls.rs).
+        // SAFETY: as in `dispatch` (intranode_calls.rs).
         unsafe {
             call.buffer
                 .low_latency_combine_raw(&inputs, &ll_handle, &out_view, phases, launch)
